@@ -1,1 +1,14 @@
-pub fn x(){}
+//! groupcast: bulk notifications through a provider's group API,
+//! event-sourced on Redis Streams.
+//!
+//! Where a chunk goes, in order: the ingest stream ([`keys`]) → a loader
+//! ([`worker::loader`]) → `accept` ([`store::batch`]) → a provider add
+//! ([`worker::ops`]) → `loaded` → a send work item → `send` → `poll` →
+//! the report. Every step is an event ([`events`]); the batch's state is
+//! their fold ([`projection`]).
+
+pub mod events;
+pub mod keys;
+pub mod projection;
+pub mod redis_server;
+pub mod store;

@@ -1,0 +1,420 @@
+//! The facts groupcast records, and how they are encoded.
+//!
+//! Every event is one stream entry with four fields, its *envelope*:
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `v` | envelope version (`1`) |
+//! | `t` | event type, e.g. `chunk_assigned` |
+//! | `k` | idempotency key, e.g. `loaded/0/17`; a key is appended once |
+//! | `d` | the event's fields, a MessagePack map (rmp-serde, named fields) |
+//!
+//! Some events are decided inside a server-side script (which generation a
+//! chunk joins, whether a generation is ready to send); those scripts encode
+//! `d` with Redis' `cmsgpack`, which is why every event is a *map* with named
+//! fields and never a positional array. `schemas/` documents each one.
+
+pub mod chunk;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use thiserror::Error;
+
+pub use chunk::{Chunk, ChunkError, Recipient, Template};
+
+/// The envelope version this build writes and reads.
+pub const ENVELOPE_VERSION: &str = "1";
+
+/// Why an entry could not be read as an event.
+#[derive(Debug, Error)]
+pub enum DecodeError {
+    /// A required envelope field is missing.
+    #[error("entry has no `{0}` field")]
+    MissingField(&'static str),
+    /// The envelope version is not one this build reads.
+    #[error("unknown envelope version {0:?} (this build reads version {ENVELOPE_VERSION})")]
+    UnknownVersion(String),
+    /// The event type is not one this build knows.
+    #[error("unknown event type {0:?}")]
+    UnknownType(String),
+    /// The entry is larger than we accept.
+    #[error("entry is {0} bytes, over the limit")]
+    TooLarge(usize),
+    /// The payload is not valid MessagePack for the type.
+    #[error("malformed {kind} payload: {source}")]
+    Malformed {
+        /// What was being decoded.
+        kind: String,
+        /// The decoder's complaint.
+        source: rmp_serde::decode::Error,
+    },
+}
+
+/// Decodes a named-field MessagePack payload.
+pub fn decode_payload<T: DeserializeOwned>(kind: &str, bytes: &[u8]) -> Result<T, DecodeError> {
+    rmp_serde::from_slice(bytes).map_err(|source| DecodeError::Malformed {
+        kind: kind.to_string(),
+        source,
+    })
+}
+
+/// Encodes a payload as a named-field MessagePack map.
+pub fn encode_payload<T: Serialize>(value: &T) -> Vec<u8> {
+    // Encoding our own plain structs into a Vec cannot fail: there is no I/O
+    // and every type has string keys.
+    rmp_serde::to_vec_named(value).unwrap_or_default()
+}
+
+macro_rules! events {
+    ($( $(#[$doc:meta])* $variant:ident($ty:ident) = $tag:literal, )*) => {
+        /// Every event of a batch's log.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Event {
+            $( $(#[$doc])* $variant($ty), )*
+        }
+
+        impl Event {
+            /// The `t` field of the envelope.
+            pub fn type_name(&self) -> &'static str {
+                match self { $( Event::$variant(_) => $tag, )* }
+            }
+
+            /// Every type name, for documentation and schema tests.
+            pub const TYPE_NAMES: &'static [&'static str] = &[$($tag),*];
+
+            /// Encodes the `d` field.
+            pub fn encode_data(&self) -> Vec<u8> {
+                match self { $( Event::$variant(e) => encode_payload(e), )* }
+            }
+
+            /// Decodes an event from its type name and `d` field.
+            pub fn decode(type_name: &str, data: &[u8]) -> Result<Event, DecodeError> {
+                match type_name {
+                    $( $tag => Ok(Event::$variant(decode_payload(type_name, data)?)), )*
+                    other => Err(DecodeError::UnknownType(other.to_string())),
+                }
+            }
+        }
+    };
+}
+
+events! {
+    /// A chunk was accepted and assigned to a generation, in one step.
+    ChunkAssigned(ChunkAssigned) = "chunk_assigned",
+    /// A generation takes no more chunks (it is full, or it is the last one).
+    GenerationClosed(GenerationClosed) = "generation_closed",
+    /// A chunk waits for its generation's group; its payload is kept aside.
+    ChunkParked(ChunkParked) = "chunk_parked",
+    /// A create-group work item was enqueued for a generation.
+    GroupRequested(GroupRequested) = "group_requested",
+    /// A generation's provider group was recorded (the one kept).
+    GroupCreated(GroupCreated) = "group_created",
+    /// The parked chunks of a generation were released to the work stream.
+    ChunksReleased(ChunksReleased) = "chunks_released",
+    /// A group that lost the creation race was deleted at the provider.
+    GroupDiscarded(GroupDiscarded) = "group_discarded",
+    /// Every message of a chunk was accepted by the provider.
+    ChunkLoaded(ChunkLoaded) = "chunk_loaded",
+    /// A generation is complete and its send work item was enqueued.
+    GenerationReady(GenerationReady) = "generation_ready",
+    /// A generation's group was sent (or found already sent).
+    SendTriggered(SendTriggered) = "send_triggered",
+    /// A send was refused because the provider disagreed with our counts.
+    SendRefused(SendRefused) = "send_refused",
+    /// A sent group finished at the provider.
+    GroupCompleted(GroupCompleted) = "group_completed",
+    /// The batch's report was decided (once).
+    BatchReported(BatchReported) = "batch_reported",
+    /// The report was accepted by the webhook.
+    ReportDelivered(ReportDelivered) = "report_delivered",
+    /// An input of this batch was rejected and dead-lettered.
+    InputRejected(InputRejected) = "input_rejected",
+    /// The watchdog found the batch quiet before its report.
+    BatchStalled(BatchStalled) = "batch_stalled",
+}
+
+/// See [`Event::ChunkAssigned`]. Key `assign/<seq>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkAssigned {
+    /// Chunk sequence number.
+    pub seq: u32,
+    /// The generation (provider group) it joins.
+    pub gen: u32,
+    /// Recipients in the chunk.
+    pub count: u32,
+    /// Whether the producer flagged it as the last chunk.
+    pub last: bool,
+    /// Digest of the chunk's content; a repeat with another digest is a conflict.
+    pub digest: String,
+}
+
+/// See [`Event::GenerationClosed`]. Key `close/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationClosed {
+    /// The generation.
+    pub gen: u32,
+    /// `full` (the next chunk would pass the cap) or `final` (every seq is assigned).
+    pub reason: String,
+    /// Chunks assigned to it.
+    pub chunks: u32,
+    /// Recipients assigned to it.
+    pub recipients: u32,
+}
+
+/// See [`Event::ChunkParked`]. Key `park/<seq>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkParked {
+    /// Chunk sequence number.
+    pub seq: u32,
+    /// Its generation.
+    pub gen: u32,
+}
+
+/// See [`Event::GroupRequested`]. Key `create/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRequested {
+    /// The generation.
+    pub gen: u32,
+}
+
+/// See [`Event::GroupCreated`]. Key `group/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupCreated {
+    /// The generation.
+    pub gen: u32,
+    /// The provider's group id.
+    pub group_id: String,
+}
+
+/// See [`Event::ChunksReleased`]. Key `release/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunksReleased {
+    /// The generation.
+    pub gen: u32,
+    /// How many parked chunks were released.
+    pub chunks: u32,
+}
+
+/// See [`Event::GroupDiscarded`]. Key `discard/<group_id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupDiscarded {
+    /// The generation it was created for.
+    pub gen: u32,
+    /// The deleted group.
+    pub group_id: String,
+    /// The group kept instead.
+    pub kept: String,
+}
+
+/// A recipient the provider did not register.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrationFailure {
+    /// The recipient's number.
+    pub to: String,
+    /// The provider's status code, e.g. `1062`.
+    pub code: String,
+}
+
+/// See [`Event::ChunkLoaded`]. Key `loaded/<gen>/<seq>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkLoaded {
+    /// The generation.
+    pub gen: u32,
+    /// Chunk sequence number.
+    pub seq: u32,
+    /// The group it was added to.
+    pub group_id: String,
+    /// Recipients registered (`2000`, or `1026` on a retried add).
+    pub registered: u32,
+    /// Of those, how many came back `1026` (already in the group).
+    pub duplicates: u32,
+    /// Recipients the provider refused, with their codes.
+    pub failed: Vec<RegistrationFailure>,
+}
+
+/// See [`Event::GenerationReady`]. Key `ready/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationReady {
+    /// The generation.
+    pub gen: u32,
+    /// Chunks loaded into it.
+    pub chunks: u32,
+}
+
+/// See [`Event::SendTriggered`]. Key `send/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendTriggered {
+    /// The generation.
+    pub gen: u32,
+    /// The group sent.
+    pub group_id: String,
+    /// `sent` (our call was answered 200) or `already_sent` (409, or the group was no longer PENDING).
+    pub outcome: String,
+}
+
+/// See [`Event::SendRefused`]. Key `refused/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendRefused {
+    /// The generation.
+    pub gen: u32,
+    /// The group not sent.
+    pub group_id: String,
+    /// Why, e.g. the count mismatch.
+    pub reason: String,
+}
+
+/// See [`Event::GroupCompleted`]. Key `done/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupCompleted {
+    /// The generation.
+    pub gen: u32,
+    /// The group.
+    pub group_id: String,
+    /// The provider's final status (`COMPLETE` or `FAILED`).
+    pub status: String,
+    /// Messages the provider delivered.
+    pub sent_success: u64,
+    /// Messages the provider failed to deliver.
+    pub sent_failed: u64,
+}
+
+/// See [`Event::BatchReported`]. Key `report`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchReported {
+    /// `completed`.
+    pub outcome: String,
+    /// Generations (provider groups) used.
+    pub generations: u32,
+    /// Chunks accepted.
+    pub chunks: u32,
+    /// Recipients accepted.
+    pub recipients: u64,
+    /// Recipients registered.
+    pub registered: u64,
+    /// Recipients refused at registration.
+    pub failed: u64,
+    /// Messages delivered, by the provider.
+    pub sent_success: u64,
+    /// Messages not delivered, by the provider.
+    pub sent_failed: u64,
+}
+
+/// See [`Event::ReportDelivered`]. Key `delivered`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportDelivered {
+    /// The webhook's HTTP status.
+    pub status: u16,
+}
+
+/// See [`Event::InputRejected`]. Key `reject/<seq>/<digest>` (or `reject/<entry id>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRejected {
+    /// The rejected chunk's seq, when it could be read.
+    pub seq: Option<u32>,
+    /// Why.
+    pub reason: String,
+}
+
+/// See [`Event::BatchStalled`]. Key `stalled/<last heartbeat ms>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchStalled {
+    /// The last heartbeat (ms since the epoch) before the batch went quiet.
+    pub quiet_since_ms: u64,
+    /// How long it had been quiet when found.
+    pub quiet_for_ms: u64,
+}
+
+/// One decoded stream entry of a batch's event log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// The stream entry id.
+    pub id: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The event.
+    pub event: Event,
+}
+
+impl Recorded {
+    /// Decodes a stream entry (its field/value pairs).
+    pub fn from_fields(id: &str, fields: &[(String, Vec<u8>)]) -> Result<Recorded, DecodeError> {
+        let get = |name: &'static str| {
+            fields
+                .iter()
+                .find(|(f, _)| f == name)
+                .map(|(_, v)| v.as_slice())
+                .ok_or(DecodeError::MissingField(name))
+        };
+        let v = get("v")?;
+        if v != ENVELOPE_VERSION.as_bytes() {
+            return Err(DecodeError::UnknownVersion(
+                String::from_utf8_lossy(v).into_owned(),
+            ));
+        }
+        let t = String::from_utf8_lossy(get("t")?).into_owned();
+        let key = String::from_utf8_lossy(get("k")?).into_owned();
+        let event = Event::decode(&t, get("d")?)?;
+        Ok(Recorded {
+            id: id.to_string(),
+            key,
+            event,
+        })
+    }
+
+    /// Milliseconds part of the entry id (when it was appended).
+    pub fn millis(&self) -> u64 {
+        entry_millis(&self.id)
+    }
+}
+
+/// The milliseconds part of a stream entry id.
+pub fn entry_millis(id: &str) -> u64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_round_trip_through_the_envelope() {
+        let e = Event::ChunkLoaded(ChunkLoaded {
+            gen: 1,
+            seq: 7,
+            group_id: "G4V".into(),
+            registered: 2,
+            duplicates: 0,
+            failed: vec![RegistrationFailure {
+                to: "0101".into(),
+                code: "1062".into(),
+            }],
+        });
+        let fields = vec![
+            ("v".to_string(), b"1".to_vec()),
+            ("t".to_string(), e.type_name().as_bytes().to_vec()),
+            ("k".to_string(), b"loaded/1/7".to_vec()),
+            ("d".to_string(), e.encode_data()),
+        ];
+        let r = Recorded::from_fields("5-0", &fields).expect("decodes");
+        assert_eq!(r.event, e);
+        assert_eq!(r.millis(), 5);
+    }
+
+    #[test]
+    fn unknown_versions_and_types_are_named() {
+        let fields = vec![("v".to_string(), b"9".to_vec())];
+        assert!(
+            matches!(Recorded::from_fields("1-0", &fields), Err(DecodeError::UnknownVersion(v)) if v == "9")
+        );
+        assert!(matches!(
+            Event::decode("nope", b""),
+            Err(DecodeError::UnknownType(_))
+        ));
+        assert!(matches!(
+            Event::decode("chunk_assigned", b"\xc1"),
+            Err(DecodeError::Malformed { .. })
+        ));
+    }
+}

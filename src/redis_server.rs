@@ -1,0 +1,200 @@
+//! A private `redis-server` process, for the demo, the benchmarks and the
+//! tests: started on a free port in a temporary directory and killed on drop
+//! (the way redis-rs' own test harness does it).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+/// Why a private server could not be started.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    /// No `redis-server` binary on the PATH.
+    #[error(
+        "no `redis-server` binary found on PATH. Install Redis 7 or newer, for example \
+         `sudo apt-get install redis-server` on Debian/Ubuntu, or pass --redis URL"
+    )]
+    NotInstalled,
+    /// It started but never answered.
+    #[error("redis-server on port {port} did not answer within {secs} s; its log: {log}")]
+    NoAnswer {
+        /// The port.
+        port: u16,
+        /// How long we waited.
+        secs: u64,
+        /// The end of its log file.
+        log: String,
+    },
+    /// An I/O failure.
+    #[error("starting redis-server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Options for a private server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Extra `redis-server` arguments, e.g. `["--appendonly", "yes"]`.
+    pub args: Vec<String>,
+    /// Run in this directory instead of a fresh temporary one (to restart
+    /// from an AOF, for instance).
+    pub dir: Option<PathBuf>,
+    /// Use this port instead of a free one.
+    pub port: Option<u16>,
+}
+
+/// A running private `redis-server`.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    owns_dir: bool,
+    options: ServerOptions,
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Whether a `redis-server` binary is on the PATH.
+pub fn installed() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl RedisServer {
+    /// Starts a server with default options.
+    pub fn start() -> Result<RedisServer, ServerError> {
+        Self::start_with(ServerOptions::default())
+    }
+
+    /// Starts a server.
+    pub fn start_with(options: ServerOptions) -> Result<RedisServer, ServerError> {
+        if !installed() {
+            return Err(ServerError::NotInstalled);
+        }
+        let port = match options.port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let (dir, owns_dir) = match &options.dir {
+            Some(d) => (d.clone(), false),
+            None => {
+                let d = std::env::temp_dir().join(format!(
+                    "groupcast-redis-{}-{}",
+                    std::process::id(),
+                    port
+                ));
+                (d, true)
+            }
+        };
+        std::fs::create_dir_all(&dir)?;
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            owns_dir,
+            options,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), ServerError> {
+        let log = self.dir.join("redis.log");
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--save")
+            .arg("")
+            .arg("--logfile")
+            .arg(&log)
+            .arg("--maxmemory-policy")
+            .arg("noeviction")
+            .args(&self.options.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        self.wait_ready(&log)
+    }
+
+    fn wait_ready(&self, log: &Path) -> Result<(), ServerError> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(client) = redis::Client::open(self.url()) {
+                if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
+                    // A server loading its AOF answers LOADING: not ready yet.
+                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: String = text.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+                return Err(ServerError::NoAnswer {
+                    port: self.port,
+                    secs: 20,
+                    log: tail,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's working directory (its AOF lives there).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server abruptly (SIGKILL), like a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory (after [`kill`](Self::kill)).
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        self.kill();
+        self.spawn()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        if self.owns_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! One batch's log: typed calls to the batch scripts, and reads of its state
+//! and events.
+
+use redis::{AsyncCommands, Value};
+
+use super::scripts::SCRIPTS;
+use super::{RedisConn, Store, StoreError, StoreResult};
+use crate::events::{ChunkLoaded, Event, Recorded};
+use crate::keys::BatchKeys;
+use crate::projection::{self, Projection, Update};
+
+/// What `accept` decided for a chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// Newly assigned to `gen`; `group` is its group when it already has one.
+    Assigned {
+        /// The generation.
+        gen: u32,
+        /// Its group, if recorded.
+        group: Option<String>,
+    },
+    /// Seen before with the same content.
+    Duplicate {
+        /// The generation it was assigned to.
+        gen: u32,
+        /// Its group, if recorded.
+        group: Option<String>,
+        /// Whether its loaded event exists.
+        loaded: bool,
+    },
+    /// Seen before with other content.
+    Conflict(String),
+    /// Refused against the batch's state (beyond the last seq, ...).
+    Rejected(String),
+}
+
+/// What `park` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parked {
+    /// Parked; a create-group work item exists.
+    Parked,
+    /// The group appeared meanwhile: load into it now.
+    Group(String),
+    /// The chunk is already loaded.
+    AlreadyLoaded,
+}
+
+/// What `record_group` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupRecord {
+    /// Ours was recorded.
+    Won,
+    /// Another was recorded first: ours must be deleted.
+    Lost {
+        /// The group kept.
+        kept: String,
+    },
+}
+
+/// Whether an append happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Appended {
+    /// Appended as this entry id.
+    New(String),
+    /// The key was appended before, as this entry id.
+    Duplicate(String),
+}
+
+/// The log of one batch.
+#[derive(Clone)]
+pub struct BatchLog {
+    conn: RedisConn,
+    /// The batch id.
+    pub batch: String,
+    /// Its keys.
+    pub keys: BatchKeys,
+}
+
+fn strings(script: &'static str, v: Value) -> StoreResult<Vec<String>> {
+    redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| StoreError::UnexpectedReply {
+        script,
+        reply: format!("{v:?}"),
+    })
+}
+
+fn unexpected(script: &'static str, reply: &[String]) -> StoreError {
+    StoreError::UnexpectedReply {
+        script,
+        reply: reply.join(" "),
+    }
+}
+
+fn opt(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+impl Store {
+    /// The log of a batch (the id must have been validated).
+    pub fn batch(&self, batch: &str) -> BatchLog {
+        BatchLog {
+            conn: self.conn.clone(),
+            batch: batch.to_string(),
+            keys: self.keys.batch(batch),
+        }
+    }
+}
+
+impl BatchLog {
+    /// Accepts chunk `seq` and assigns it to a generation (see `accept.lua`).
+    pub async fn accept(
+        &self,
+        seq: u32,
+        last: bool,
+        count: u32,
+        digest: &str,
+        cap: u64,
+    ) -> StoreResult<Accepted> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .accept
+            .key(&k.state)
+            .key(&k.events)
+            .key(&k.work)
+            .key(&k.active)
+            .arg(&self.batch)
+            .arg(seq)
+            .arg(if last { "1" } else { "0" })
+            .arg(count)
+            .arg(digest)
+            .arg(cap)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = strings("accept", v)?;
+        let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
+        match r.as_slice() {
+            [t, g, group, _] if t == "assigned" => Ok(Accepted::Assigned {
+                gen: gen(g)?,
+                group: opt(group),
+            }),
+            [t, g, group, l] if t == "duplicate" => Ok(Accepted::Duplicate {
+                gen: gen(g)?,
+                group: opt(group),
+                loaded: l == "1",
+            }),
+            [t, why] if t == "conflict" => Ok(Accepted::Conflict(why.clone())),
+            [t, why] if t == "rejected" => Ok(Accepted::Rejected(why.clone())),
+            _ => Err(unexpected("accept", &r)),
+        }
+    }
+
+    /// Parks a chunk until its generation has a group (see `park.lua`).
+    pub async fn park(&self, seq: u32, gen: u32, payload: &[u8]) -> StoreResult<Parked> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .park
+            .key(&k.state)
+            .key(&k.events)
+            .key(k.parked(gen))
+            .key(&k.work)
+            .arg(&self.batch)
+            .arg(seq)
+            .arg(gen)
+            .arg(payload)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = strings("park", v)?;
+        match r.as_slice() {
+            [t] if t == "parked" => Ok(Parked::Parked),
+            [t] if t == "loaded" => Ok(Parked::AlreadyLoaded),
+            [t, id] if t == "group" => Ok(Parked::Group(id.clone())),
+            _ => Err(unexpected("park", &r)),
+        }
+    }
+
+    /// Records generation `gen`'s group unless one was recorded first, and
+    /// releases the parked chunks (see `record_group.lua`).
+    pub async fn record_group(&self, gen: u32, group_id: &str) -> StoreResult<GroupRecord> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .record_group
+            .key(&k.state)
+            .key(&k.events)
+            .key(k.parked(gen))
+            .key(&k.work)
+            .arg(&self.batch)
+            .arg(gen)
+            .arg(group_id)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = strings("record_group", v)?;
+        match r.as_slice() {
+            [t, _] if t == "won" => Ok(GroupRecord::Won),
+            [t, kept] if t == "lost" => Ok(GroupRecord::Lost { kept: kept.clone() }),
+            _ => Err(unexpected("record_group", &r)),
+        }
+    }
+
+    /// Records a loaded chunk and evaluates completion (see `loaded.lua`).
+    /// Returns `Some(ready)` when appended, `None` when it already was.
+    pub async fn loaded(&self, e: &ChunkLoaded) -> StoreResult<Option<bool>> {
+        let k = &self.keys;
+        let data = Event::ChunkLoaded(e.clone()).encode_data();
+        let v: Value = SCRIPTS
+            .loaded
+            .key(&k.state)
+            .key(&k.events)
+            .key(&k.work)
+            .arg(&self.batch)
+            .arg(e.gen)
+            .arg(e.seq)
+            .arg(e.registered)
+            .arg(e.failed.len())
+            .arg(data)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = strings("loaded", v)?;
+        match r.as_slice() {
+            [t, ready] if t == "loaded" => Ok(Some(ready == "1")),
+            [t] if t == "duplicate" => Ok(None),
+            _ => Err(unexpected("loaded", &r)),
+        }
+    }
+
+    /// Records a send and schedules its first poll (see `sent.lua`).
+    /// Returns whether it was newly recorded.
+    pub async fn sent(
+        &self,
+        gen: u32,
+        group_id: &str,
+        outcome: &str,
+        poll_delay_ms: u64,
+        poll_entry: &[u8],
+    ) -> StoreResult<bool> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .sent
+            .key(&k.state)
+            .key(&k.events)
+            .key(&k.delayed)
+            .arg(&self.batch)
+            .arg(gen)
+            .arg(group_id)
+            .arg(outcome)
+            .arg(poll_delay_ms)
+            .arg(poll_entry)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = strings("sent", v)?;
+        match r.as_slice() {
+            [t] if t == "recorded" => Ok(true),
+            [t] if t == "duplicate" => Ok(false),
+            _ => Err(unexpected("sent", &r)),
+        }
+    }
+
+    /// Records a finished group; decides the report when it is the last one
+    /// (see `completed.lua`). Returns `completed`, `reported` or `duplicate`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn completed(
+        &self,
+        gen: u32,
+        group_id: &str,
+        status: &str,
+        sent_success: u64,
+        sent_failed: u64,
+        retention_secs: u64,
+        deliver: bool,
+    ) -> StoreResult<String> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .completed
+            .key(&k.state)
+            .key(&k.events)
+            .key(&k.active)
+            .key(&k.reports)
+            .key(&k.work)
+            .arg(&self.batch)
+            .arg(gen)
+            .arg(group_id)
+            .arg(status)
+            .arg(sent_success)
+            .arg(sent_failed)
+            .arg(retention_secs)
+            .arg(if deliver { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = strings("completed", v)?;
+        match r.as_slice() {
+            [t] if matches!(t.as_str(), "completed" | "reported" | "duplicate") => Ok(t.clone()),
+            _ => Err(unexpected("completed", &r)),
+        }
+    }
+
+    /// Appends an event whose state change is fixed in advance (see
+    /// `append.lua`). The scripted events (assignment, loading, ...) go
+    /// through their own calls above, which decide as they append.
+    pub async fn append(&self, key: &str, event: &Event) -> StoreResult<Appended> {
+        let k = &self.keys;
+        let mut inv = SCRIPTS.append.prepare_invoke();
+        inv.key(&k.state)
+            .key(&k.events)
+            .arg(&self.batch)
+            .arg(key)
+            .arg(event.type_name())
+            .arg(event.encode_data())
+            .arg(if projection::touches_heartbeat(event) {
+                "1"
+            } else {
+                "0"
+            });
+        for u in projection::updates(event) {
+            match u {
+                Update::Set(f, v) => inv.arg("set").arg(f).arg(v),
+                Update::Incr(f, by) => inv.arg("incr").arg(f).arg(by),
+                // No generic event raises a maximum; only the scripts do.
+                Update::Max(f, v) => inv.arg("set").arg(f).arg(v),
+            };
+        }
+        let v: Value = inv.invoke_async(&mut self.conn.clone()).await?;
+        let r = strings("append", v)?;
+        match r.as_slice() {
+            [t, id] if t == "appended" => Ok(Appended::New(id.clone())),
+            [t, id] if t == "duplicate" => Ok(Appended::Duplicate(id.clone())),
+            _ => Err(unexpected("append", &r)),
+        }
+    }
+
+    /// The live state hash.
+    pub async fn state(&self) -> StoreResult<Projection> {
+        let fields: std::collections::BTreeMap<String, String> =
+            self.conn.clone().hgetall(&self.keys.state).await?;
+        Ok(Projection { fields })
+    }
+
+    /// Some fields of the live state.
+    pub async fn fields(&self, names: &[String]) -> StoreResult<Vec<Option<String>>> {
+        Ok(redis::cmd("HMGET")
+            .arg(&self.keys.state)
+            .arg(names)
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    /// Every event, in order. Entries that do not decode are returned as errors
+    /// in place (an audit shows them; replay refuses to guess).
+    pub async fn events(&self) -> StoreResult<Vec<Result<Recorded, (String, String)>>> {
+        let mut out = Vec::new();
+        let mut start = "-".to_string();
+        loop {
+            let v: Value = redis::cmd("XRANGE")
+                .arg(&self.keys.events)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let entries = super::queue::parse_entries(&v);
+            let n = entries.len();
+            for e in entries {
+                start = format!("({}", e.id);
+                out.push(
+                    Recorded::from_fields(&e.id, &e.fields)
+                        .map_err(|err| (e.id.clone(), err.to_string())),
+                );
+            }
+            if n < 1000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Rebuilds the state from the events alone.
+    pub async fn replay(&self) -> StoreResult<Result<Projection, Vec<(String, String)>>> {
+        let mut p = Projection::default();
+        let mut bad = Vec::new();
+        for r in self.events().await? {
+            match r {
+                Ok(r) => p.apply(&r),
+                Err(e) => bad.push(e),
+            }
+        }
+        Ok(if bad.is_empty() { Ok(p) } else { Err(bad) })
+    }
+
+    /// Replaces the live state with a rebuilt one (keeping its TTL).
+    pub async fn restore(&self, p: &Projection) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        let ttl: i64 = conn.pttl(&self.keys.state).await?;
+        let mut pipe = redis::pipe();
+        pipe.atomic().del(&self.keys.state);
+        if !p.fields.is_empty() {
+            let pairs: Vec<(&String, &String)> = p.fields.iter().collect();
+            pipe.hset_multiple(&self.keys.state, &pairs);
+            if ttl > 0 {
+                pipe.pexpire(&self.keys.state, ttl);
+            }
+        }
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,300 @@
+//! The work plumbing on streams: consumer groups, acknowledgements, dead
+//! letters, delayed retries and reclaiming entries of crashed consumers.
+
+use redis::Value;
+use serde::{Deserialize, Serialize};
+
+use super::scripts::SCRIPTS;
+use super::{BlockingConn, Store, StoreResult};
+
+/// One stream entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its id.
+    pub id: String,
+    /// Its field/value pairs.
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+impl Entry {
+    /// A field's value.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(f, _)| f == name)
+            .map(|(_, v)| v.as_slice())
+    }
+    /// A field's value as text.
+    pub fn text(&self, name: &str) -> Option<String> {
+        self.get(name)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.as_bytes().to_vec()),
+        Value::Okay => Some(b"OK".to_vec()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+fn items(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) => a,
+        _ => &[],
+    }
+}
+
+/// Parses an `XRANGE`-shaped reply: `[[id, [field, value, ...]], ...]`.
+/// Entries already deleted come back as `[id, nil]` from some commands; they
+/// are returned with no fields.
+pub fn parse_entries(v: &Value) -> Vec<Entry> {
+    items(v)
+        .iter()
+        .filter_map(|e| {
+            let parts = items(e);
+            let id = text(parts.first()?)?;
+            let fields = parts
+                .get(1)
+                .map(items)
+                .unwrap_or(&[])
+                .chunks(2)
+                .filter_map(|kv| Some((text(kv.first()?)?, bytes(kv.get(1)?)?)))
+                .collect();
+            Some(Entry { id, fields })
+        })
+        .collect()
+}
+
+/// A work entry waiting in the delayed set, encoded so that `promote.lua`
+/// can put its fields back on the work stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelayedEntry {
+    /// The `op` field.
+    pub op: String,
+    /// The `d` field.
+    #[serde(with = "serde_bytes")]
+    pub d: Vec<u8>,
+    /// The `c` field (a chunk payload), if any.
+    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
+    pub c: Option<Vec<u8>>,
+}
+
+impl DelayedEntry {
+    /// Encodes it as a sorted-set member.
+    pub fn encode(&self) -> Vec<u8> {
+        crate::events::encode_payload(self)
+    }
+}
+
+/// An entry taken over from another consumer, with its delivery count.
+#[derive(Debug, Clone)]
+pub struct Reclaimed {
+    /// The entry.
+    pub entry: Entry,
+    /// How many times it was delivered (this one included).
+    pub deliveries: u64,
+}
+
+impl Store {
+    /// Creates a consumer group reading `stream` from its start (creating the
+    /// stream too). An existing group is fine.
+    pub async fn ensure_group(&self, stream: &str, group: &str) -> StoreResult<()> {
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(stream)
+            .arg(group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match r {
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    /// Acknowledges an entry.
+    pub async fn ack(&self, stream: &str, group: &str, id: &str) -> StoreResult<()> {
+        redis::cmd("XACK")
+            .arg(stream)
+            .arg(group)
+            .arg(id)
+            .query_async::<()>(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Writes a dead letter and acknowledges the source entry, in one step.
+    pub async fn dead_letter(
+        &self,
+        dlq: &str,
+        source: &str,
+        group: &str,
+        id: &str,
+        fields: &[(String, Vec<u8>)],
+    ) -> StoreResult<String> {
+        let mut inv = SCRIPTS.dead_letter.prepare_invoke();
+        inv.key(dlq).key(source).arg(group).arg(id);
+        for (f, v) in fields {
+            inv.arg(f).arg(v.as_slice());
+        }
+        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+    }
+
+    /// Puts a work entry in the delayed set and acknowledges the delivery that
+    /// failed, in one step.
+    pub async fn retry_later(
+        &self,
+        delayed: &str,
+        source: &str,
+        group: &str,
+        id: &str,
+        delay_ms: u64,
+        entry: &DelayedEntry,
+    ) -> StoreResult<()> {
+        SCRIPTS
+            .retry_later
+            .key(delayed)
+            .key(source)
+            .arg(group)
+            .arg(id)
+            .arg(delay_ms)
+            .arg(entry.encode())
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Moves up to `limit` due entries of a shard's delayed set back to its
+    /// work stream. Returns how many moved.
+    pub async fn promote(&self, shard: u32, limit: usize) -> StoreResult<usize> {
+        Ok(SCRIPTS
+            .promote
+            .key(self.keys.delayed(shard))
+            .key(self.keys.work(shard))
+            .arg(limit)
+            .invoke_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    /// Takes over entries idle longer than `min_idle_ms` (a crashed or stuck
+    /// consumer's), with their delivery counts. Entries trimmed away meanwhile
+    /// come back from `XAUTOCLAIM` as deleted ids: Redis has already dropped
+    /// them from the pending list, so they are only counted, never looped on.
+    pub async fn reclaim(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+        count: usize,
+    ) -> StoreResult<(Vec<Reclaimed>, usize)> {
+        let v: Value = redis::cmd("XAUTOCLAIM")
+            .arg(stream)
+            .arg(group)
+            .arg(consumer)
+            .arg(min_idle_ms)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let parts = items(&v);
+        let entries = parts.get(1).map(parse_entries).unwrap_or_default();
+        let deleted = parts.get(2).map(|d| items(d).len()).unwrap_or(0);
+        if entries.is_empty() {
+            return Ok((Vec::new(), deleted));
+        }
+        // Delivery counts of what we now own (XAUTOCLAIM does not return them).
+        let first = &entries[0].id;
+        let last = &entries[entries.len() - 1].id;
+        let pending: Value = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .arg(first)
+            .arg(last)
+            .arg(entries.len() * 2 + 10)
+            .arg(consumer)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let counts: std::collections::HashMap<String, u64> = items(&pending)
+            .iter()
+            .filter_map(|p| {
+                let p = items(p);
+                let id = text(p.first()?)?;
+                let n = match p.get(3)? {
+                    Value::Int(n) => *n as u64,
+                    other => text(other)?.parse().ok()?,
+                };
+                Some((id, n))
+            })
+            .collect();
+        let out = entries
+            .into_iter()
+            .map(|entry| Reclaimed {
+                deliveries: counts.get(&entry.id).copied().unwrap_or(1),
+                entry,
+            })
+            .collect();
+        Ok((out, deleted))
+    }
+}
+
+/// Reads new entries for `consumer` from several streams (one blocking call).
+/// Returns (stream, entry) pairs.
+pub async fn read_group(
+    conn: &mut BlockingConn,
+    group: &str,
+    consumer: &str,
+    streams: &[String],
+    count: usize,
+    block_ms: u64,
+) -> StoreResult<Vec<(String, Entry)>> {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("STREAMS")
+        .arg(streams);
+    for _ in streams {
+        cmd.arg(">");
+    }
+    let v: Value = cmd.query_async(conn).await?;
+    let mut out = Vec::new();
+    match &v {
+        Value::Array(per_stream) => {
+            for s in per_stream {
+                let parts = items(s);
+                let (Some(name), Some(entries)) = (parts.first().and_then(text), parts.get(1))
+                else {
+                    continue;
+                };
+                for e in parse_entries(entries) {
+                    out.push((name.clone(), e));
+                }
+            }
+        }
+        Value::Map(per_stream) => {
+            for (name, entries) in per_stream {
+                let Some(name) = text(name) else { continue };
+                for e in parse_entries(entries) {
+                    out.push((name.clone(), e));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(out)
+}

@@ -1,0 +1,56 @@
+//! The server-side scripts, from `streams/scripts/`.
+//!
+//! Each runs with `EVALSHA`; `redis::Script` loads it on a `NOSCRIPT` answer
+//! (a restarted server, a failed-over node, a cluster node seeing it first)
+//! and tries again, so scripts are loaded on demand wherever their slot lives.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+const PRELUDE: &str = include_str!("../../streams/scripts/prelude.lua");
+
+fn batch_script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+/// Every script, compiled once.
+pub struct Scripts {
+    /// `accept.lua`.
+    pub accept: Script,
+    /// `park.lua`.
+    pub park: Script,
+    /// `record_group.lua`.
+    pub record_group: Script,
+    /// `loaded.lua`.
+    pub loaded: Script,
+    /// `sent.lua`.
+    pub sent: Script,
+    /// `completed.lua`.
+    pub completed: Script,
+    /// `append.lua`.
+    pub append: Script,
+    /// `dead_letter.lua`.
+    pub dead_letter: Script,
+    /// `retry_later.lua`.
+    pub retry_later: Script,
+    /// `promote.lua`.
+    pub promote: Script,
+    /// `rate_limit.lua`.
+    pub rate_limit: Script,
+}
+
+/// The scripts.
+pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    accept: batch_script(include_str!("../../streams/scripts/accept.lua")),
+    park: batch_script(include_str!("../../streams/scripts/park.lua")),
+    record_group: batch_script(include_str!("../../streams/scripts/record_group.lua")),
+    loaded: batch_script(include_str!("../../streams/scripts/loaded.lua")),
+    sent: batch_script(include_str!("../../streams/scripts/sent.lua")),
+    completed: batch_script(include_str!("../../streams/scripts/completed.lua")),
+    append: batch_script(include_str!("../../streams/scripts/append.lua")),
+    dead_letter: Script::new(include_str!("../../streams/scripts/dead_letter.lua")),
+    retry_later: Script::new(include_str!("../../streams/scripts/retry_later.lua")),
+    promote: Script::new(include_str!("../../streams/scripts/promote.lua")),
+    rate_limit: Script::new(include_str!("../../streams/scripts/rate_limit.lua")),
+});

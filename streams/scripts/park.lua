@@ -1,0 +1,26 @@
+-- Park a chunk whose generation has no group yet, and make sure one
+-- create-group work item exists for that generation.
+-- KEYS: state, events, parked(gen), work
+-- ARGV: batch, seq, gen, chunk payload
+-- Returns {'parked'} or {'group', id} (the group appeared meanwhile: load now)
+--      or {'loaded'} (nothing to do)
+local PARKED, WORK = KEYS[3], KEYS[4]
+local seq, gen = ARGV[2], ARGV[3]
+local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'k:park/' .. seq, 'k:create/' .. gen,
+  'k:loaded/' .. gen .. '/' .. seq)
+if f[1] then
+  return {'group', f[1]}
+end
+if f[4] then
+  return {'loaded'}
+end
+redis.call('HSET', PARKED, seq, ARGV[4])
+if not f[2] then
+  emit('park/' .. seq, 'chunk_parked', cmsgpack.pack({seq = tonumber(seq), gen = tonumber(gen)}))
+end
+if not f[3] then
+  emit('create/' .. gen, 'group_requested', cmsgpack.pack({gen = tonumber(gen)}))
+  redis.call('XADD', WORK, '*', 'op', 'create', 'd', cmsgpack.pack({batch = BATCH, gen = tonumber(gen), attempt = 0}))
+end
+flush()
+return {'parked'}

@@ -1,0 +1,44 @@
+-- Prepended to every batch script (see src/store/scripts.rs).
+--
+-- KEYS[1] is the batch's state hash (projection + idempotency keys),
+-- KEYS[2] its event stream; ARGV[1] is the batch id. A script reads what it
+-- needs with one HMGET, appends events with emit(), collects every state
+-- change with put(), and writes them with one HSET in flush(): so appending
+-- an event and updating the projection are one atomic step, in few commands.
+local STATE, EVENTS, BATCH = KEYS[1], KEYS[2], ARGV[1]
+local updates = {}
+
+local function put(field, value)
+  updates[#updates + 1] = field
+  updates[#updates + 1] = tostring(value)
+end
+
+local function num(x)
+  return tonumber(x) or 0
+end
+
+-- Appends one event. Its idempotency key is recorded as `k:<key>` = entry id
+-- (the caller checked it was absent). Every event but a stall refreshes the
+-- batch's heartbeat `hb` (the entry id's milliseconds).
+local function emit(key, etype, data, touch)
+  local id = redis.call('XADD', EVENTS, '*', 'v', '1', 't', etype, 'k', key, 'd', data)
+  put('k:' .. key, id)
+  if touch ~= false then
+    put('hb', string.match(id, '^(%d+)'))
+  end
+  return id
+end
+
+local function flush()
+  if #updates > 0 then
+    redis.call('HSET', STATE, unpack(updates))
+  end
+end
+
+-- A generation whose every assigned chunk is loaded, and which takes no more
+-- chunks, is ready: record it and enqueue its one send work item.
+local function make_ready(work, gen, chunks)
+  emit('ready/' .. gen, 'generation_ready', cmsgpack.pack({gen = gen, chunks = chunks}))
+  put('g:' .. gen .. ':ready', 1)
+  redis.call('XADD', work, '*', 'op', 'send', 'd', cmsgpack.pack({batch = BATCH, gen = gen, attempt = 0}))
+end

@@ -1,0 +1,25 @@
+-- Record a generation's group, unless another racer's was recorded first, and
+-- release every chunk parked for it, in the same step (no lost wake-ups).
+-- KEYS: state, events, parked(gen), work
+-- ARGV: batch, gen, group id
+-- Returns {'won', id} or {'lost', kept id}
+local PARKED, WORK = KEYS[3], KEYS[4]
+local gen, group = tonumber(ARGV[2]), ARGV[3]
+local kept = redis.call('HGET', STATE, 'g:' .. gen .. ':group')
+if kept then
+  return {'lost', kept}
+end
+emit('group/' .. gen, 'group_created', cmsgpack.pack({gen = gen, group_id = group}))
+put('g:' .. gen .. ':group', group)
+local parked = redis.call('HGETALL', PARKED)
+for i = 1, #parked, 2 do
+  redis.call('XADD', WORK, '*', 'op', 'load',
+    'd', cmsgpack.pack({batch = BATCH, gen = gen, seq = tonumber(parked[i]), group_id = group, attempt = 0}),
+    'c', parked[i + 1])
+end
+if #parked > 0 then
+  emit('release/' .. gen, 'chunks_released', cmsgpack.pack({gen = gen, chunks = #parked / 2}))
+  redis.call('DEL', PARKED)
+end
+flush()
+return {'won', group}
