@@ -12,3 +12,7 @@ pub mod keys;
 pub mod projection;
 pub mod redis_server;
 pub mod store;
+pub mod mock;
+pub mod phone;
+pub mod provider;
+pub mod worker;

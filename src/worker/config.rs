@@ -1,0 +1,114 @@
+//! Worker settings. Every one has a flag and a `GROUPCAST_*` variable in the
+//! CLI (`groupcast worker --help`); the defaults are documented here.
+
+use std::time::Duration;
+
+/// The roles a worker process can run; `--roles` splits them across processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Reads the ingest streams: validates, accepts and loads chunks.
+    Load,
+    /// Reads the work streams: provider operations and report delivery.
+    Operate,
+    /// Moves due delayed retries back to their streams; trims the streams.
+    Promote,
+    /// Scans for batches that went quiet before their report.
+    Watchdog,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 4] = [Role::Load, Role::Operate, Role::Promote, Role::Watchdog];
+
+    /// Parses `load`, `operate`, `promote`, `watchdog`.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "load" => Some(Role::Load),
+            "operate" => Some(Role::Operate),
+            "promote" => Some(Role::Promote),
+            "watchdog" => Some(Role::Watchdog),
+            _ => None,
+        }
+    }
+}
+
+/// How a worker behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Roles to run. Default: all.
+    pub roles: Vec<Role>,
+    /// Entries processed at once per stream. Default 8.
+    pub concurrency: usize,
+    /// The group cap: most recipients in one generation (provider group).
+    /// Default 1,000,000 (the real provider's cap).
+    pub group_cap: u64,
+    /// Provider requests per second across every worker (0 = no limit).
+    /// Default 300.
+    pub rate_limit: u32,
+    /// Requests allowed at once above the rate. Default 50.
+    pub rate_burst: u32,
+    /// Attempts of one work item before it is dead-lettered. Default 8.
+    pub max_attempts: u32,
+    /// First retry delay; doubles each attempt, with full jitter. Default 200 ms.
+    pub backoff_base: Duration,
+    /// Longest retry delay. Default 30 s.
+    pub backoff_max: Duration,
+    /// An entry unacknowledged this long is reclaimed by another consumer.
+    /// Default 30 s.
+    pub visibility_timeout: Duration,
+    /// Deliveries of one entry before it is dead-lettered as poison. Default 10.
+    pub max_deliveries: u64,
+    /// How often a sent group's status is read. Default 500 ms.
+    pub poll_interval: Duration,
+    /// Where to POST each batch's report (none: reports only go to the
+    /// reports stream). Default none.
+    pub report_webhook: Option<String>,
+    /// How long a finished batch's events and state are kept. Default 7 days.
+    pub retention: Duration,
+    /// A batch with no event for this long before its report is stalled.
+    /// Default 5 min.
+    pub stall_after: Duration,
+    /// How often the watchdog scans. Default 10 s.
+    pub watchdog_interval: Duration,
+    /// How long a blocking read waits for new entries. Default 2 s.
+    pub block: Duration,
+    /// How long shutdown waits for in-flight entries. Default 10 s.
+    pub drain_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            roles: Role::ALL.to_vec(),
+            concurrency: 8,
+            group_cap: 1_000_000,
+            rate_limit: 300,
+            rate_burst: 50,
+            max_attempts: 8,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            visibility_timeout: Duration::from_secs(30),
+            max_deliveries: 10,
+            poll_interval: Duration::from_millis(500),
+            report_webhook: None,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            stall_after: Duration::from_secs(300),
+            watchdog_interval: Duration::from_secs(10),
+            block: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The delay before retry number `attempt` (1-based): exponential with
+    /// full jitter, so that workers that failed together do not retry together.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self
+            .backoff_base
+            .saturating_mul(1u32.checked_shl(attempt.saturating_sub(1).min(20)).unwrap_or(u32::MAX));
+        let cap = exp.min(self.backoff_max);
+        let jitter: f64 = rand::random::<f64>();
+        cap.mul_f64(0.5 + jitter * 0.5)
+    }
+}

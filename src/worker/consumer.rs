@@ -1,0 +1,246 @@
+//! A consumer-group reader for one stream, and the one place where an entry's
+//! outcome is settled: acknowledged, retried later, or dead-lettered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Semaphore};
+
+use crate::events::encode_payload;
+use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
+use crate::store::queue::{read_group, DelayedEntry, Entry};
+use crate::worker::ops::Outcome;
+use crate::worker::{loader, operator, Ctx, Handled};
+
+/// Which stream a consumer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A shard's ingest stream (the loaders).
+    Ingest,
+    /// A shard's work stream (the operators).
+    Work,
+}
+
+impl Source {
+    /// Its consumer group.
+    pub fn group(self) -> &'static str {
+        match self {
+            Source::Ingest => LOADERS_GROUP,
+            Source::Work => OPERATORS_GROUP,
+        }
+    }
+    /// Its stream on a shard.
+    pub fn stream(self, ctx: &Ctx, shard: u32) -> String {
+        match self {
+            Source::Ingest => ctx.store.keys.ingest(shard),
+            Source::Work => ctx.store.keys.work(shard),
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Source::Ingest => "ingest",
+            Source::Work => "work",
+        }
+    }
+}
+
+/// Reads `source` on `shard` until `shutdown`, `ctx.config.concurrency`
+/// entries at a time; every `visibility_timeout / 2` it also takes over
+/// entries another consumer left pending too long.
+pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch::Receiver<bool>) {
+    let stream = source.stream(&ctx, shard);
+    let group = source.group();
+    let permits = Arc::new(Semaphore::new(ctx.config.concurrency.max(1)));
+    let total = ctx.config.concurrency.max(1) as u32;
+    let mut conn = None;
+    let mut last_reclaim = Instant::now();
+    let reclaim_every = (ctx.config.visibility_timeout / 2).max(Duration::from_millis(100));
+    let mut failures = 0u32;
+    while !*shutdown.borrow() {
+        // Wait for a free slot before reading, so entries are never read
+        // ahead of the capacity to handle them (they would idle as pending).
+        let first = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = shutdown.changed() => break,
+        };
+        let mut slots = vec![first];
+        while let Ok(p) = permits.clone().try_acquire_owned() {
+            slots.push(p);
+        }
+
+        let mut batch: Vec<(Entry, u64)> = Vec::new();
+        if last_reclaim.elapsed() >= reclaim_every {
+            last_reclaim = Instant::now();
+            let min_idle = ctx.config.visibility_timeout.as_millis() as u64;
+            match ctx.store.reclaim(&stream, group, &ctx.consumer, min_idle, slots.len()).await {
+                Ok((got, deleted)) => {
+                    if deleted > 0 {
+                        tracing::warn!(%stream, deleted, "pending entries were trimmed before they were handled");
+                        metrics::counter!("groupcast_reclaimed_trimmed_total", "stream" => source.label())
+                            .increment(deleted as u64);
+                    }
+                    if !got.is_empty() {
+                        tracing::info!(%stream, n = got.len(), "reclaimed idle entries");
+                        metrics::counter!("groupcast_reclaimed_total", "stream" => source.label())
+                            .increment(got.len() as u64);
+                    }
+                    batch.extend(got.into_iter().map(|r| (r.entry, r.deliveries)));
+                }
+                Err(e) => tracing::warn!(%stream, error = %e, "reclaim failed"),
+            }
+        }
+        if batch.is_empty() {
+            if conn.is_none() {
+                match ctx.store.blocking().await {
+                    Ok(c) => conn = Some(c),
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(error = %e, "cannot open a reading connection");
+                        pause(&mut shutdown, failures).await;
+                        continue;
+                    }
+                }
+            }
+            let Some(c) = conn.as_mut() else { continue };
+            let block = ctx.config.block.as_millis() as u64;
+            let streams = [stream.clone()];
+            let read = tokio::select! {
+                r = read_group(c, group, &ctx.consumer, &streams, slots.len(), block) => r,
+                _ = shutdown.changed() => break,
+            };
+            match read {
+                Ok(entries) => {
+                    failures = 0;
+                    batch.extend(entries.into_iter().map(|(_, e)| (e, 1)));
+                }
+                Err(e) => {
+                    failures += 1;
+                    if e.to_string().contains("NOGROUP") {
+                        let _ = ctx.store.ensure_group(&stream, group).await;
+                    }
+                    tracing::warn!(%stream, error = %e, "read failed");
+                    conn = None;
+                    pause(&mut shutdown, failures).await;
+                    continue;
+                }
+            }
+        }
+        for (entry, deliveries) in batch {
+            let Some(slot) = slots.pop() else { break };
+            let ctx = ctx.clone();
+            let stream = stream.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                process(&ctx, source, shard, &stream, entry, deliveries).await;
+            });
+        }
+    }
+    // Drain: wait for in-flight entries; what does not finish stays pending
+    // and is reclaimed by another consumer after the visibility timeout.
+    let _ = tokio::time::timeout(ctx.config.drain_timeout, permits.acquire_many(total)).await;
+}
+
+async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
+    let d = Duration::from_millis(100 * u64::from(failures.min(30)));
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// Handles and settles one entry.
+pub async fn process(ctx: &Ctx, source: Source, shard: u32, stream: &str, entry: Entry, deliveries: u64) {
+    let group = source.group();
+    if deliveries > ctx.config.max_deliveries {
+        let reason = format!("delivered {deliveries} times without being settled (a poison entry?)");
+        settle(ctx, source, shard, stream, &entry, Handled::new(Outcome::Dead(reason)), deliveries).await;
+        return;
+    }
+    ctx.in_flight(1);
+    let handled = match source {
+        Source::Ingest => loader::handle(ctx, shard, &entry).await,
+        Source::Work => operator::handle(ctx, &entry).await,
+    };
+    ctx.in_flight(-1);
+    match handled {
+        Ok(h) => settle(ctx, source, shard, stream, &entry, h, deliveries).await,
+        Err(e) => {
+            // Redis trouble: leave the entry pending; it is reclaimed after
+            // the visibility timeout (by us or by another consumer).
+            tracing::warn!(%stream, id = %entry.id, error = %e, group, "entry left pending");
+            metrics::counter!("groupcast_entries_left_pending_total").increment(1);
+        }
+    }
+}
+
+async fn settle(
+    ctx: &Ctx,
+    source: Source,
+    shard: u32,
+    stream: &str,
+    entry: &Entry,
+    handled: Handled,
+    deliveries: u64,
+) {
+    let group = source.group();
+    let keys = &ctx.store.keys;
+    let result = match handled.outcome {
+        Outcome::Done => ctx.store.ack(stream, group, &entry.id).await,
+        Outcome::Retry { delay, spend, cause, reason } => match handled.retry_as {
+            Some((op, mut item, chunk)) => {
+                if spend {
+                    item.attempt += 1;
+                }
+                if spend && item.attempt >= ctx.config.max_attempts {
+                    let reason = format!("gave up after {} attempts: {reason}", item.attempt);
+                    dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
+                } else {
+                    let delay = delay.unwrap_or_else(|| ctx.config.backoff(item.attempt));
+                    metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
+                        .increment(1);
+                    tracing::debug!(op = op.name(), attempt = item.attempt, ?delay, %reason, "retry later");
+                    let delayed = DelayedEntry {
+                        op: op.name().into(),
+                        d: encode_payload(&item),
+                        c: chunk,
+                    };
+                    ctx.store
+                        .retry_later(&keys.delayed(shard), stream, group, &entry.id, delay.as_millis() as u64, &delayed)
+                        .await
+                }
+            }
+            None => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,
+        },
+        Outcome::Dead(reason) => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,
+    };
+    if let Err(e) = result {
+        tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
+    }
+}
+
+async fn dead_letter(
+    ctx: &Ctx,
+    source: Source,
+    shard: u32,
+    stream: &str,
+    entry: &Entry,
+    reason: &str,
+    deliveries: u64,
+) -> crate::store::StoreResult<()> {
+    tracing::warn!(%stream, id = %entry.id, %reason, "dead-lettered");
+    metrics::counter!("groupcast_dead_letters_total", "stream" => source.label()).increment(1);
+    let mut fields = vec![
+        ("reason".to_string(), reason.as_bytes().to_vec()),
+        ("source".to_string(), stream.as_bytes().to_vec()),
+        ("entry".to_string(), entry.id.as_bytes().to_vec()),
+        ("deliveries".to_string(), deliveries.to_string().into_bytes()),
+        ("consumer".to_string(), ctx.consumer.as_bytes().to_vec()),
+    ];
+    for (f, v) in &entry.fields {
+        fields.push((format!("f:{f}"), v.clone()));
+    }
+    ctx.store
+        .dead_letter(&ctx.store.keys.dead_letters(shard), stream, source.group(), &entry.id, &fields)
+        .await
+        .map(|_| ())
+}

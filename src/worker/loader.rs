@@ -1,0 +1,111 @@
+//! The loader role: an ingest entry becomes an accepted, assigned chunk, then
+//! either a parked one (its generation has no group yet) or a loaded one.
+
+use crate::events::{Chunk, Event, InputRejected, ENVELOPE_VERSION};
+use crate::keys::validate_batch_id;
+use crate::store::batch::{Accepted, Parked};
+use crate::store::queue::Entry;
+use crate::worker::ops::{load_chunk, Op, OpError, Outcome, WorkItem};
+use crate::worker::{Ctx, Handled};
+
+/// Handles one ingest entry of shard `shard`.
+pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpError> {
+    let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
+    match entry.get("v") {
+        Some(v) if v == ENVELOPE_VERSION.as_bytes() => {}
+        Some(v) => {
+            return dead(format!(
+                "unknown envelope version {:?} (this worker reads version {ENVELOPE_VERSION})",
+                String::from_utf8_lossy(v)
+            ))
+        }
+        None => return dead("entry has no `v` (envelope version) field".into()),
+    }
+    match entry.get("t") {
+        Some(b"chunk") => {}
+        other => {
+            return dead(format!(
+                "ingest entry type {:?} is not `chunk`",
+                other.map(String::from_utf8_lossy)
+            ))
+        }
+    }
+    let Some(data) = entry.get("d") else {
+        return dead("entry has no `d` (payload) field".into());
+    };
+    let chunk = match Chunk::decode(data) {
+        Ok(c) => c,
+        Err(e) => return dead(format!("undecodable chunk: {e}")),
+    };
+    if let Err(e) = validate_batch_id(&chunk.batch) {
+        return dead(format!("invalid batch id: {e}"));
+    }
+    let span = tracing::info_span!("chunk", batch = %chunk.batch, seq = chunk.seq);
+    let _enter = span.enter();
+    let owner = ctx.store.keys.shard_of(&chunk.batch);
+    if owner != shard {
+        return dead(format!(
+            "batch {} belongs to shard {owner} but was written to shard {shard}'s ingest stream",
+            chunk.batch
+        ));
+    }
+    let log = ctx.store.batch(&chunk.batch);
+    let digest = chunk.digest();
+    let reject = |reason: String| {
+        let log = log.clone();
+        let key = format!("reject/{}/{}", chunk.seq, digest);
+        let e = Event::InputRejected(InputRejected { seq: Some(chunk.seq), reason: reason.clone() });
+        async move {
+            log.append(&key, &e).await?;
+            metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);
+            tracing::warn!(%reason, "chunk rejected");
+            Ok::<_, OpError>(Handled::new(Outcome::Dead(reason)))
+        }
+    };
+    if let Err(e) = chunk.validate() {
+        return reject(e.to_string()).await;
+    }
+    let count = chunk.recipients.len() as u32;
+    let accepted = log
+        .accept(chunk.seq, chunk.last, count, &digest, ctx.config.group_cap)
+        .await?;
+    let (gen, group) = match accepted {
+        Accepted::Conflict(reason) | Accepted::Rejected(reason) => return reject(reason).await,
+        Accepted::Duplicate { loaded: true, .. } => {
+            metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
+            return Ok(Handled::new(Outcome::Done));
+        }
+        Accepted::Assigned { gen, group } => {
+            metrics::counter!("groupcast_chunks_total", "outcome" => "accepted").increment(1);
+            (gen, group)
+        }
+        Accepted::Duplicate { gen, group, .. } => {
+            metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
+            (gen, group)
+        }
+    };
+    let group = match group {
+        Some(g) => g,
+        None => match log.park(chunk.seq, gen, data).await? {
+            Parked::Parked => {
+                metrics::counter!("groupcast_chunks_total", "outcome" => "parked").increment(1);
+                return Ok(Handled::new(Outcome::Done));
+            }
+            Parked::AlreadyLoaded => return Ok(Handled::new(Outcome::Done)),
+            Parked::Group(g) => g,
+        },
+    };
+    let outcome = load_chunk::run(ctx, &log, &chunk, gen, &group).await?;
+    // Should the add fail, the retry is a `load` work item carrying the chunk.
+    let retry = WorkItem {
+        batch: chunk.batch.clone(),
+        gen,
+        seq: Some(chunk.seq),
+        group_id: Some(group),
+        attempt: 0,
+    };
+    Ok(Handled {
+        outcome,
+        retry_as: Some((Op::Load, retry, Some(data.to_vec()))),
+    })
+}

@@ -1,0 +1,147 @@
+//! Maintenance: due delayed retries go back to their work streams (one atomic
+//! script per shard), and the ingest and work streams are trimmed up to the
+//! oldest entry still pending or undelivered, so they never grow with input.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use tokio::sync::watch;
+
+use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
+use crate::store::{Store, StoreResult};
+use crate::worker::Ctx;
+
+/// How often due retries are looked for.
+const PROMOTE_EVERY: Duration = Duration::from_millis(100);
+/// How often streams are trimmed.
+const TRIM_EVERY: Duration = Duration::from_secs(30);
+
+/// Runs until shutdown.
+pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
+    let mut last_trim = Instant::now();
+    while !*shutdown.borrow() {
+        for shard in 0..ctx.store.keys.shards() {
+            loop {
+                match ctx.store.promote(shard, 500).await {
+                    Ok(n) if n == 500 => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(shard, error = %e, "promoting delayed retries failed");
+                        break;
+                    }
+                }
+            }
+        }
+        if last_trim.elapsed() >= TRIM_EVERY {
+            last_trim = Instant::now();
+            if let Err(e) = trim_all(&ctx.store).await {
+                tracing::warn!(error = %e, "trimming failed");
+            }
+            sample_gauges(&ctx.store).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(PROMOTE_EVERY) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Trims every shard's ingest and work streams.
+pub async fn trim_all(store: &Store) -> StoreResult<()> {
+    let keys = &store.keys;
+    for shard in 0..keys.shards() {
+        trim(store, &keys.ingest(shard), LOADERS_GROUP).await?;
+        trim(store, &keys.work(shard), OPERATORS_GROUP).await?;
+    }
+    Ok(())
+}
+
+/// Trims `stream` below the oldest entry its group still needs: the oldest
+/// pending one, or else the first not yet delivered.
+pub async fn trim(store: &Store, stream: &str, group: &str) -> StoreResult<()> {
+    let mut conn = store.conn.clone();
+    let groups: redis::Value = redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(&mut conn).await?;
+    let Some(last_delivered) = group_field(&groups, group, "last-delivered-id") else {
+        return Ok(());
+    };
+    let pending: redis::Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(&mut conn).await?;
+    let oldest_pending = match &pending {
+        redis::Value::Array(a) => a.get(1).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()),
+        _ => None,
+    };
+    // Everything at or below last-delivered that is not pending was acked.
+    let keep_from = match oldest_pending {
+        Some(p) => p,
+        None => next_id(&last_delivered),
+    };
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(stream)
+        .arg("MINID")
+        .arg(&keep_from)
+        .query_async(&mut conn)
+        .await?;
+    Ok(())
+}
+
+fn next_id(id: &str) -> String {
+    match id.split_once('-') {
+        Some((ms, seq)) => format!("{ms}-{}", seq.parse::<u64>().unwrap_or(0) + 1),
+        None => id.to_string(),
+    }
+}
+
+fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<String> {
+    let redis::Value::Array(list) = groups else { return None };
+    for g in list {
+        let pairs: Vec<(String, redis::Value)> = match g {
+            redis::Value::Array(a) => a
+                .chunks(2)
+                .filter_map(|kv| Some((redis::from_redis_value::<String>(kv.first()?.clone()).ok()?, kv.get(1)?.clone())))
+                .collect(),
+            redis::Value::Map(m) => m
+                .iter()
+                .filter_map(|(k, v)| Some((redis::from_redis_value::<String>(k.clone()).ok()?, v.clone())))
+                .collect(),
+            _ => continue,
+        };
+        let name = pairs.iter().find(|(k, _)| k == "name").and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok());
+        if name.as_deref() == Some(group) {
+            return pairs
+                .iter()
+                .find(|(k, _)| k == field)
+                .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok());
+        }
+    }
+    None
+}
+
+/// Samples stream lengths, pending counts and lag into gauges.
+pub async fn sample_gauges(store: &Store) {
+    let keys = &store.keys;
+    let mut conn = store.conn.clone();
+    for shard in 0..keys.shards() {
+        for (stream, group, label) in [
+            (keys.ingest(shard), LOADERS_GROUP, "ingest"),
+            (keys.work(shard), OPERATORS_GROUP, "work"),
+        ] {
+            let shard_label = shard.to_string();
+            if let Ok(len) = conn.xlen::<_, u64>(&stream).await {
+                metrics::gauge!("groupcast_stream_length", "stream" => label, "shard" => shard_label.clone()).set(len as f64);
+            }
+            if let Ok(groups) = redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async::<redis::Value>(&mut conn).await {
+                for (field, metric) in [("pending", "groupcast_stream_pending"), ("lag", "groupcast_stream_lag")] {
+                    if let Some(v) = group_field(&groups, group, field).and_then(|v| v.parse::<f64>().ok()) {
+                        metrics::gauge!(metric, "stream" => label, "shard" => shard_label.clone(), "group" => group).set(v);
+                    }
+                }
+            }
+        }
+        if let Ok(n) = conn.zcard::<_, u64>(keys.delayed(shard)).await {
+            metrics::gauge!("groupcast_delayed_retries", "shard" => shard.to_string()).set(n as f64);
+        }
+        if let Ok(n) = conn.xlen::<_, u64>(keys.dead_letters(shard)).await {
+            metrics::gauge!("groupcast_dead_letters", "shard" => shard.to_string()).set(n as f64);
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The operator role: runs work items (provider operations, report delivery).
+
+use crate::events::{decode_payload, Chunk};
+use crate::keys::validate_batch_id;
+use crate::store::queue::Entry;
+use crate::worker::ops::{self, Op, OpError, Outcome, WorkItem};
+use crate::worker::{Ctx, Handled};
+
+/// Handles one work entry.
+pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
+    let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
+    let Some(op) = entry.text("op").as_deref().and_then(Op::parse) else {
+        return dead(format!("unknown work op {:?}", entry.text("op")));
+    };
+    let item: WorkItem = match entry.get("d").map(|d| decode_payload("work item", d)) {
+        Some(Ok(i)) => i,
+        Some(Err(e)) => return dead(e.to_string()),
+        None => return dead("work entry has no `d` field".into()),
+    };
+    if let Err(e) = validate_batch_id(&item.batch) {
+        return dead(format!("invalid batch id: {e}"));
+    }
+    let span = tracing::info_span!("op", op = op.name(), batch = %item.batch, gen = item.gen, seq = item.seq);
+    let _enter = span.enter();
+    let chunk_bytes = entry.get("c").map(<[u8]>::to_vec);
+    let outcome = match op {
+        Op::Create => ops::create_group::run(ctx, &item).await?,
+        Op::Send => ops::send_group::run(ctx, &item).await?,
+        Op::Poll => ops::poll_group::run(ctx, &item).await?,
+        Op::Delete => ops::delete_group::run(ctx, &item).await?,
+        Op::Report => ops::deliver_report::run(ctx, &item).await?,
+        Op::Load => {
+            let (Some(seq), Some(group), Some(bytes)) = (item.seq, item.group_id.as_deref(), chunk_bytes.as_deref())
+            else {
+                return dead("load item without seq, group or chunk".into());
+            };
+            let chunk = match Chunk::decode(bytes) {
+                Ok(c) => c,
+                Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
+            };
+            let log = ctx.store.batch(&item.batch);
+            if log.fields(&[format!("k:loaded/{}/{seq}", item.gen)]).await?[0].is_some() {
+                Outcome::Done
+            } else {
+                ops::load_chunk::run(ctx, &log, &chunk, item.gen, group).await?
+            }
+        }
+    };
+    metrics::counter!("groupcast_work_items_total", "op" => op.name(), "outcome" => outcome_name(&outcome))
+        .increment(1);
+    Ok(Handled {
+        outcome,
+        retry_as: Some((op, item, chunk_bytes)),
+    })
+}
+
+fn outcome_name(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Done => "done",
+        Outcome::Retry { .. } => "retry",
+        Outcome::Dead(_) => "dead",
+    }
+}

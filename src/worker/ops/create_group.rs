@@ -1,0 +1,44 @@
+//! `create`: create a generation's provider group and record it. Two racers
+//! may both create one; `record_group.lua` keeps the first recorded and the
+//! loser enqueues the deletion of its own.
+
+use std::collections::BTreeMap;
+
+use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
+use crate::worker::Ctx;
+use crate::store::batch::GroupRecord;
+
+/// Runs a create item.
+pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch(&item.batch);
+    let gen = item.gen;
+    if log.fields(&[format!("g:{gen}:group")]).await?[0].is_some() {
+        return Ok(Outcome::Done);
+    }
+    ctx.limiter.acquire(1).await?;
+    let fields = BTreeMap::from([
+        ("batchId".to_string(), item.batch.clone()),
+        ("generation".to_string(), gen.to_string()),
+    ]);
+    let group = match ctx.provider.create_group(&fields).await {
+        Ok(g) => g,
+        Err(e) => return Ok(Outcome::from_provider(&e)),
+    };
+    match log.record_group(gen, &group.group_id).await? {
+        GroupRecord::Won => {
+            tracing::info!(batch = %item.batch, gen, group = %group.group_id, "group created");
+        }
+        GroupRecord::Lost { kept } => {
+            tracing::info!(batch = %item.batch, gen, group = %group.group_id, %kept, "lost the creation race: deleting ours");
+            let delete = WorkItem {
+                batch: item.batch.clone(),
+                gen,
+                seq: None,
+                group_id: Some(group.group_id),
+                attempt: 0,
+            };
+            ctx.enqueue(&log.keys.work, Op::Delete, &delete, None).await?;
+        }
+    }
+    Ok(Outcome::Done)
+}

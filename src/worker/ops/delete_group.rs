@@ -1,0 +1,36 @@
+//! `delete`: delete a group that lost the creation race, and record it.
+
+use crate::events::{Event, GroupDiscarded};
+use crate::provider::ProviderErrorKind;
+use crate::worker::ops::{OpError, Outcome, WorkItem};
+use crate::worker::Ctx;
+
+/// Runs a delete item.
+pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+    let Some(group_id) = item.group_id.as_deref() else {
+        return Ok(Outcome::Dead("delete item without a group id".into()));
+    };
+    let log = ctx.store.batch(&item.batch);
+    let key = format!("discard/{group_id}");
+    if log.fields(&[format!("k:{key}")]).await?[0].is_some() {
+        return Ok(Outcome::Done);
+    }
+    ctx.limiter.acquire(1).await?;
+    match ctx.provider.delete_group(group_id).await {
+        Ok(()) => {}
+        // Already gone: a retried delete whose first answer was lost.
+        Err(e) if e.status() == Some(404) => {}
+        Err(e) if e.kind() == ProviderErrorKind::Permanent => {
+            return Ok(Outcome::Dead(format!("cannot delete losing group {group_id}: {e}")))
+        }
+        Err(e) => return Ok(Outcome::from_provider(&e)),
+    }
+    let kept = log.fields(&[format!("g:{}:group", item.gen)]).await?[0].clone().unwrap_or_default();
+    let e = Event::GroupDiscarded(GroupDiscarded {
+        gen: item.gen,
+        group_id: group_id.to_string(),
+        kept,
+    });
+    log.append(&key, &e).await?;
+    Ok(Outcome::Done)
+}

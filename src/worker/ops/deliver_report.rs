@@ -1,0 +1,78 @@
+//! `report`: POST a decided report to the webhook, with an `Idempotency-Key`
+//! header, until it is accepted.
+
+use serde_json::json;
+
+use crate::events::{Event, ReportDelivered};
+use crate::projection::Projection;
+use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
+use crate::worker::Ctx;
+
+/// The report of a batch, as JSON, from its state.
+pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
+    let groups: Vec<_> = (0..p.generations())
+        .map(|g| {
+            json!({
+                "generation": g,
+                "groupId": p.gen_field(g, "group"),
+                "recipients": p.gen_int(g, "n"),
+                "registered": p.gen_int(g, "reg"),
+                "failed": p.gen_int(g, "fail"),
+                "status": p.gen_field(g, "done"),
+            })
+        })
+        .collect();
+    json!({
+        "batchId": batch,
+        "outcome": p.get("report"),
+        "chunks": p.int("seqs"),
+        "recipients": p.int("recipients"),
+        "registered": p.int("registered"),
+        "failed": p.int("failed"),
+        "sentSuccess": p.int("sent_success"),
+        "sentFailed": p.int("sent_failed"),
+        "groups": groups,
+    })
+}
+
+/// Runs a report item.
+pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+    let Some(url) = ctx.config.report_webhook.as_deref() else {
+        return Ok(Outcome::Done);
+    };
+    let log = ctx.store.batch(&item.batch);
+    let state = log.state().await?;
+    if state.get("k:delivered").is_some() {
+        return Ok(Outcome::Done);
+    }
+    if state.get("report").is_none() {
+        return Ok(Outcome::Dead("report work item for a batch with no report".into()));
+    }
+    let body = report_json(&item.batch, &state);
+    let sent = ctx
+        .webhook
+        .post(url)
+        .header("Idempotency-Key", format!("{}:report", item.batch))
+        .json(&body)
+        .send()
+        .await;
+    match sent {
+        Ok(r) if r.status().is_success() => {
+            let e = Event::ReportDelivered(ReportDelivered { status: r.status().as_u16() });
+            log.append("delivered", &e).await?;
+            Ok(Outcome::Done)
+        }
+        Ok(r) => Ok(Outcome::Retry {
+            delay: None,
+            spend: true,
+            cause: RetryCause::Webhook,
+            reason: format!("report webhook answered {}", r.status()),
+        }),
+        Err(e) => Ok(Outcome::Retry {
+            delay: None,
+            spend: true,
+            cause: RetryCause::Webhook,
+            reason: format!("report webhook unreachable: {e}"),
+        }),
+    }
+}

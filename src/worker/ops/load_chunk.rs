@@ -1,0 +1,93 @@
+//! `load`: add a chunk's messages to its generation's group, then append
+//! `chunk_loaded` (only after every piece was accepted: write order replaces
+//! recovery logic) and evaluate the generation's completion.
+
+use crate::events::{Chunk, ChunkLoaded, RegistrationFailure};
+use crate::provider::{KakaoOptions, Message, MessageType, Registration};
+use crate::store::batch::BatchLog;
+use crate::worker::ops::{OpError, Outcome};
+use crate::worker::Ctx;
+
+/// The provider messages of a chunk: the template rendered per recipient.
+pub fn messages(chunk: &Chunk) -> Vec<Message> {
+    let t = &chunk.template;
+    let kind = match t.kind.as_str() {
+        "LMS" => MessageType::Lms,
+        "ATA" => MessageType::Ata,
+        "CTA" => MessageType::Cta,
+        _ => MessageType::Sms,
+    };
+    chunk
+        .recipients
+        .iter()
+        .map(|r| Message {
+            to: r.to.clone(),
+            from: t.from.clone(),
+            r#type: kind,
+            text: t.render(&r.vars),
+            kakao_options: t.kakao_options.as_ref().map(|k| KakaoOptions {
+                pf_id: k.pf_id.clone(),
+                template_id: k.template_id.clone(),
+                variables: r.vars.iter().map(|(n, v)| (format!("#{{{n}}}"), v.clone())).collect(),
+            }),
+        })
+        .collect()
+}
+
+/// Loads `chunk` into `group_id` and records it.
+pub async fn run(ctx: &Ctx, log: &BatchLog, chunk: &Chunk, gen: u32, group_id: &str) -> Result<Outcome, OpError> {
+    let msgs = messages(chunk);
+    let requests = msgs.len().div_ceil(crate::provider::MAX_MESSAGES_PER_REQUEST) as u32;
+    ctx.limiter.acquire(requests).await?;
+    let results = match ctx.provider.add_messages(group_id, &msgs).await {
+        Ok(r) => r,
+        Err(e) => {
+            let outcome = Outcome::from_provider(&e);
+            if matches!(outcome, Outcome::Dead(_)) {
+                // A repeat delivery racing the original can find the group
+                // already sent (400 InvalidGroupStatus): harmless if the chunk
+                // is recorded as loaded.
+                let key = format!("k:loaded/{gen}/{}", chunk.seq);
+                if log.fields(&[key]).await?.first().is_some_and(Option::is_some) {
+                    return Ok(Outcome::Done);
+                }
+            }
+            return Ok(outcome);
+        }
+    };
+    let mut registered = 0u32;
+    let mut duplicates = 0u32;
+    let mut failed = Vec::new();
+    for (r, m) in results.iter().zip(&msgs) {
+        match r {
+            Registration::Registered { .. } => registered += 1,
+            // 1026: already in this group, i.e. an earlier attempt of this
+            // very add registered it (the response was lost).
+            Registration::Duplicate => {
+                registered += 1;
+                duplicates += 1;
+            }
+            Registration::Failed { code } => failed.push(RegistrationFailure {
+                to: m.to.clone(),
+                code: code.clone(),
+            }),
+        }
+    }
+    metrics::counter!("groupcast_recipients_registered_total").increment(u64::from(registered));
+    metrics::counter!("groupcast_recipients_failed_total").increment(failed.len() as u64);
+    let event = ChunkLoaded {
+        gen,
+        seq: chunk.seq,
+        group_id: group_id.to_string(),
+        registered,
+        duplicates,
+        failed,
+    };
+    if let Some(ready) = log.loaded(&event).await? {
+        metrics::counter!("groupcast_chunks_total", "outcome" => "loaded").increment(1);
+        if ready {
+            tracing::info!(batch = %log.batch, gen, "generation complete: send enqueued");
+        }
+    }
+    Ok(Outcome::Done)
+}

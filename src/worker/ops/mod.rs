@@ -1,0 +1,161 @@
+//! Work items: one file per operation, and a thin dispatcher.
+//!
+//! A work stream entry has the fields `op` (below), `d` (a MessagePack
+//! [`WorkItem`]) and, for `load`, `c` (the chunk payload). Every provider call
+//! is one of these, so that one rate limiter counts them all and retries,
+//! backoff and dead letters come from one place ([`crate::worker::consumer`]).
+
+pub mod create_group;
+pub mod delete_group;
+pub mod deliver_report;
+pub mod load_chunk;
+pub mod poll_group;
+pub mod send_group;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::provider::{ProviderError, RetryDecision};
+use crate::store::StoreError;
+
+/// The operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Create a generation's group (the losing racer deletes its own).
+    Create,
+    /// Add a chunk's messages to its generation's group.
+    Load,
+    /// Send a complete generation's group, once.
+    Send,
+    /// Read a sent group until it finishes.
+    Poll,
+    /// Delete a group that lost the creation race.
+    Delete,
+    /// POST the batch's report to the webhook.
+    Report,
+}
+
+impl Op {
+    /// The `op` field.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Create => "create",
+            Op::Load => "load",
+            Op::Send => "send",
+            Op::Poll => "poll",
+            Op::Delete => "delete",
+            Op::Report => "report",
+        }
+    }
+
+    /// Parses the `op` field.
+    pub fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "create" => Op::Create,
+            "load" => Op::Load,
+            "send" => Op::Send,
+            "poll" => Op::Poll,
+            "delete" => Op::Delete,
+            "report" => Op::Report,
+            _ => return None,
+        })
+    }
+}
+
+/// The `d` field of a work entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkItem {
+    /// The batch.
+    pub batch: String,
+    /// The generation.
+    pub gen: u32,
+    /// The chunk, for `load`.
+    #[serde(default)]
+    pub seq: Option<u32>,
+    /// The group, for `load` and `delete`.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// Attempts already spent.
+    #[serde(default)]
+    pub attempt: u32,
+}
+
+/// How a handler settled an entry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Done: acknowledge.
+    Done,
+    /// Try again later. `delay` None means the backoff for the next attempt;
+    /// `spend` false means this try does not count (a 429, a poll).
+    Retry {
+        /// A delay fixed by the cause (Retry-After, poll interval).
+        delay: Option<Duration>,
+        /// Whether this counts as an attempt.
+        spend: bool,
+        /// What kind of trouble it is, for metrics.
+        cause: RetryCause,
+        /// Why, for the log and the dead letter if attempts run out.
+        reason: String,
+    },
+    /// Never worth retrying: dead-letter with the reason.
+    Dead(String),
+}
+
+/// Why an entry is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryCause {
+    /// A transient failure (5xx, timeout, dropped connection).
+    Transient,
+    /// The provider asked us to slow down (429 with Retry-After).
+    RateLimited,
+    /// Waiting for the provider to finish (a poll).
+    NotFinished,
+    /// The report webhook did not accept the report.
+    Webhook,
+}
+
+impl RetryCause {
+    /// A metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            RetryCause::Transient => "transient",
+            RetryCause::RateLimited => "rate_limited",
+            RetryCause::NotFinished => "not_finished",
+            RetryCause::Webhook => "webhook",
+        }
+    }
+}
+
+/// A handler failure, before it is turned into an [`Outcome`].
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The provider failed.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// Redis failed: the entry stays pending and is reclaimed later.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Outcome {
+    /// The outcome a provider error calls for.
+    pub fn from_provider(e: &ProviderError) -> Outcome {
+        match e.retry_decision() {
+            RetryDecision::RetryWithBackoff => Outcome::Retry {
+                delay: None,
+                spend: true,
+                cause: RetryCause::Transient,
+                reason: e.to_string(),
+            },
+            RetryDecision::RetryAfter(d) => Outcome::Retry {
+                delay: Some(d),
+                spend: false,
+                cause: RetryCause::RateLimited,
+                reason: e.to_string(),
+            },
+            RetryDecision::AlreadyDone => Outcome::Done,
+            RetryDecision::Abort => Outcome::Dead(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! `poll`: read a sent group until the provider finishes it, then record it
+//! (which decides the batch's report when it is the last one).
+
+use crate::provider::GroupStatus;
+use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
+use crate::worker::Ctx;
+
+/// Runs a poll item.
+pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch(&item.batch);
+    let gen = item.gen;
+    if log.fields(&[format!("k:done/{gen}")]).await?[0].is_some() {
+        return Ok(Outcome::Done);
+    }
+    let Some(group_id) = item.group_id.as_deref() else {
+        return Ok(Outcome::Dead("poll item without a group id".into()));
+    };
+    ctx.limiter.acquire(1).await?;
+    let group = match ctx.provider.get_group(group_id).await {
+        Ok(g) => g,
+        Err(e) => return Ok(Outcome::from_provider(&e)),
+    };
+    let status = match group.status {
+        GroupStatus::Complete => "COMPLETE",
+        GroupStatus::Failed => "FAILED",
+        _ => {
+            // Not finished: look again later; waiting is not a failed attempt.
+            return Ok(Outcome::Retry {
+                delay: Some(ctx.config.poll_interval),
+                spend: false,
+                cause: RetryCause::NotFinished,
+                reason: format!("group {group_id} is still {:?}", group.status),
+            });
+        }
+    };
+    let r = log
+        .completed(
+            gen,
+            group_id,
+            status,
+            group.count.sent_success,
+            group.count.sent_failed,
+            ctx.config.retention.as_secs(),
+            ctx.config.report_webhook.is_some(),
+        )
+        .await?;
+    if r == "reported" {
+        metrics::counter!("groupcast_batches_reported_total").increment(1);
+        tracing::info!(batch = %item.batch, "batch reported");
+    }
+    Ok(Outcome::Done)
+}

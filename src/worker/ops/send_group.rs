@@ -1,0 +1,75 @@
+//! `send`: trigger a complete generation's send, exactly once.
+//!
+//! Guarded twice: the terminal marker (the `send/<gen>` event key) on entry,
+//! then the provider's own view (a group no longer `PENDING` was sent). Before
+//! sending, the provider's registered count must equal what our events say
+//! was loaded, else the send is refused and dead-lettered (fail closed): a
+//! silent rejection at the provider must never go out as a partial send. A
+//! `409` means another worker's send already happened.
+
+use crate::events::{Event, SendRefused};
+use crate::provider::{GroupStatus, ProviderErrorKind};
+use crate::store::queue::DelayedEntry;
+use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
+use crate::worker::Ctx;
+
+/// Runs a send item.
+pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch(&item.batch);
+    let gen = item.gen;
+    let f = log
+        .fields(&[format!("k:send/{gen}"), format!("g:{gen}:group"), format!("g:{gen}:reg")])
+        .await?;
+    if f[0].is_some() {
+        return Ok(Outcome::Done);
+    }
+    let Some(group_id) = f[1].clone() else {
+        return Ok(Outcome::Dead(format!("generation {gen} is ready but has no group")));
+    };
+    let registered: u64 = f[2].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let poll = DelayedEntry {
+        op: Op::Poll.name().into(),
+        d: crate::events::encode_payload(&WorkItem {
+            batch: item.batch.clone(),
+            gen,
+            seq: None,
+            group_id: Some(group_id.clone()),
+            attempt: 0,
+        }),
+        c: None,
+    }
+    .encode();
+    let poll_ms = ctx.config.poll_interval.as_millis() as u64;
+
+    ctx.limiter.acquire(1).await?;
+    let group = match ctx.provider.get_group(&group_id).await {
+        Ok(g) => g,
+        Err(e) => return Ok(Outcome::from_provider(&e)),
+    };
+    if group.status != GroupStatus::Pending {
+        log.sent(gen, &group_id, "already_sent", poll_ms, &poll).await?;
+        return Ok(Outcome::Done);
+    }
+    if group.count.registered_success != registered {
+        let reason = format!(
+            "provider has {} registered messages in group {group_id}, our events say {registered}: not sending",
+            group.count.registered_success
+        );
+        tracing::error!(batch = %item.batch, gen, %reason, "send refused");
+        metrics::counter!("groupcast_sends_refused_total").increment(1);
+        let e = Event::SendRefused(SendRefused { gen, group_id, reason: reason.clone() });
+        log.append(&format!("refused/{gen}"), &e).await?;
+        return Ok(Outcome::Dead(reason));
+    }
+    ctx.limiter.acquire(1).await?;
+    let outcome = match ctx.provider.send_group(&group_id).await {
+        Ok(_) => "sent",
+        Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",
+        Err(e) => return Ok(Outcome::from_provider(&e)),
+    };
+    if log.sent(gen, &group_id, outcome, poll_ms, &poll).await? {
+        metrics::counter!("groupcast_groups_sent_total", "outcome" => outcome).increment(1);
+        tracing::info!(batch = %item.batch, gen, group = %group_id, outcome, "group sent");
+    }
+    Ok(Outcome::Done)
+}
