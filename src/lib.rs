@@ -1,1 +1,4 @@
 pub fn x(){}
+pub mod mock;
+pub mod phone;
+pub mod provider;
