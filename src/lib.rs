@@ -9,10 +9,10 @@
 
 pub mod events;
 pub mod keys;
-pub mod projection;
-pub mod redis_server;
-pub mod store;
 pub mod mock;
 pub mod phone;
+pub mod projection;
 pub mod provider;
+pub mod redis_server;
+pub mod store;
 pub mod worker;

@@ -1,0 +1,349 @@
+//! The mock's HTTP routes: the provider API (guarded by faults and auth)
+//! and the `/_mock/...` test hooks (no auth, no faults).
+
+use std::borrow::Cow;
+use std::io::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use super::config::Faults;
+use super::faults::Verdict;
+use super::ledger::{self, Code, MockError};
+use super::{lock, MockState};
+use crate::provider::auth::{self, AuthError};
+use crate::provider::model::{CreateGroupRequest, ErrorBody};
+use crate::provider::MAX_MESSAGES_PER_REQUEST;
+
+/// Largest request body read: far above 10,000 messages, so that an
+/// oversized add is answered `413 RecipientsTooMany` by the contract's rule
+/// rather than cut off by the HTTP layer.
+const MAX_BODY: usize = 256 * 1024 * 1024;
+
+/// Endpoint names, as counted in the totals and used in the client metrics.
+pub(crate) const ENDPOINTS: [&str; 6] = ["create", "add", "send", "get", "delete", "other"];
+
+pub(crate) fn router(state: Arc<MockState>) -> Router {
+    let api = Router::new()
+        .route("/messages/v4/groups", post(create_group))
+        .route(
+            "/messages/v4/groups/{id}",
+            get(get_group).delete(delete_group),
+        )
+        .route("/messages/v4/groups/{id}/messages", put(add_messages))
+        .route("/messages/v4/groups/{id}/send", post(send_group))
+        .layer(middleware::from_fn_with_state(state.clone(), guard));
+    let hooks = Router::new()
+        .route("/_mock/faults", get(get_faults).post(set_faults))
+        .route("/_mock/ledger", get(ledger_full))
+        .route("/_mock/ledger/summary", get(ledger_summary))
+        .route("/_mock/reset", post(reset));
+    api.merge(hooks)
+        .fallback(|| async { error(404, "ResourceNotFound", "no such resource") })
+        .method_not_allowed_fallback(|| async {
+            error(405, "MethodNotAllowed", "method not allowed here")
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+fn error(status: u16, code: &str, message: impl Into<String>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        Json(ErrorBody {
+            error_code: code.to_owned(),
+            error_message: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+impl IntoResponse for MockError {
+    fn into_response(self) -> Response {
+        error(self.status, self.code, self.message)
+    }
+}
+
+fn classify(method: &Method, path: &str) -> usize {
+    let path = path.trim_end_matches('/');
+    let Some(rest) = path.strip_prefix("/messages/v4/groups") else {
+        return 5;
+    };
+    let segments = rest.split('/').filter(|s| !s.is_empty()).count();
+    match (method, segments, rest.rsplit('/').next()) {
+        (&Method::POST, 0, _) => 0,
+        (&Method::PUT, 2, Some("messages")) => 1,
+        (&Method::POST, 2, Some("send")) => 2,
+        (&Method::GET, 1, _) => 3,
+        (&Method::DELETE, 1, _) => 4,
+        _ => 5,
+    }
+}
+
+/// Faults and authentication in front of every provider route.
+async fn guard(State(s): State<Arc<MockState>>, req: Request, next: Next) -> Response {
+    let ep = classify(req.method(), req.uri().path());
+    s.requests[ep].fetch_add(1, Ordering::Relaxed);
+    let plan = s.faults.plan();
+    if !plan.delay.is_zero() {
+        tokio::time::sleep(plan.delay).await;
+    }
+    let verdict = s.faults.verdict();
+    let refusal = match verdict {
+        Verdict::RateLimited { retry_after_secs } => {
+            let mut r = error(429, "TooManyRequests", "request rate limit exceeded");
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            Some(r)
+        }
+        Verdict::Error => Some(error(500, "InternalError", "injected server error")),
+        Verdict::Proceed { .. } => match s.authenticate(req.headers()) {
+            Ok(()) => None,
+            Err(e) => Some(error(403, e.error_code(), e.to_string())),
+        },
+    };
+    if let Some(refusal) = refusal {
+        // Read the unread request body before answering: a server that
+        // answers and closes with request bytes still unread makes the
+        // kernel reset the connection, and the client would see a transport
+        // error instead of this status.
+        let _ = axum::body::to_bytes(req.into_body(), MAX_BODY).await;
+        return refusal;
+    }
+    let resp = next.run(req).await;
+    if verdict == (Verdict::Proceed { drop: true }) {
+        s.faults.drops.fetch_add(1, Ordering::Relaxed);
+        return dropped(resp);
+    }
+    resp
+}
+
+/// The same answer with a body that fails: hyper aborts the connection
+/// (before or during the body), so the client gets a transport error after
+/// the request took effect.
+fn dropped(resp: Response) -> Response {
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.remove(CONTENT_LENGTH);
+    let body = Body::from_stream(futures_util::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("mock: answer dropped"))
+    }));
+    Response::from_parts(parts, body)
+}
+
+impl MockState {
+    fn authenticate(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+        let value = headers
+            .get(AUTHORIZATION)
+            .ok_or(AuthError::Malformed("missing Authorization header"))?
+            .to_str()
+            .map_err(|_| AuthError::Malformed("non-ASCII Authorization header"))?;
+        let h = auth::parse_authorization(value)?;
+        let sig = h.verify(&self.api_key, &self.api_secret)?;
+        auth::check_date(h.date, SystemTime::now())?;
+        // Remembered only once everything else passed, so that forged or
+        // stale requests cannot fill the memory.
+        if !lock(&self.replay).first_use(sig, Instant::now()) {
+            return Err(AuthError::DuplicatedSignature);
+        }
+        Ok(())
+    }
+}
+
+async fn create_group(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
+    let req = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateGroupRequest::default()
+    } else {
+        match serde_json::from_slice::<CreateGroupRequest>(&body) {
+            Ok(r) => r,
+            Err(e) => return error(400, "ValidationError", format!("invalid body: {e}")),
+        }
+    };
+    let g = lock(&s.ledger).create(req.custom_fields, req.allow_duplicates);
+    Json(g).into_response()
+}
+
+#[derive(Deserialize)]
+struct AddBody<'a> {
+    #[serde(borrow)]
+    messages: Vec<InMessage<'a>>,
+}
+
+/// Only `to` matters to the mock; the other fields are skipped unparsed.
+#[derive(Deserialize)]
+struct InMessage<'a> {
+    #[serde(borrow)]
+    to: Cow<'a, str>,
+}
+
+async fn add_messages(
+    State(s): State<Arc<MockState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    // Parsing and packing happen before the lock is taken.
+    let parsed: AddBody<'_> = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(400, "ValidationError", format!("invalid body: {e}")),
+    };
+    let n = parsed.messages.len();
+    if n > MAX_MESSAGES_PER_REQUEST {
+        return error(
+            413,
+            "RecipientsTooMany",
+            format!("{n} messages, at most {MAX_MESSAGES_PER_REQUEST} per request"),
+        );
+    }
+    let keys: Vec<Option<u64>> = parsed
+        .messages
+        .iter()
+        .map(|m| ledger::pack(&m.to))
+        .collect();
+    let outcome = {
+        let mut l = lock(&s.ledger);
+        l.add(
+            &id,
+            keys.iter()
+                .zip(&parsed.messages)
+                .map(|(k, m)| (*k, m.to.as_ref())),
+            s.cap,
+            s.complete_after,
+        )
+    };
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    // The answer is written by hand: one buffer, no per-message allocation.
+    let errors = outcome
+        .codes
+        .iter()
+        .filter(|c| **c != Code::Registered)
+        .count();
+    let mut out = Vec::with_capacity(64 + n * 128);
+    out.extend_from_slice(b"{\"groupId\":");
+    json_str(&mut out, &id);
+    if s.error_count_as_string {
+        let _ = write!(out, ",\"errorCount\":\"{errors}\",\"resultList\":[");
+    } else {
+        let _ = write!(out, ",\"errorCount\":{errors},\"resultList\":[");
+    }
+    for (i, (m, code)) in parsed.messages.iter().zip(&outcome.codes).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"to\":");
+        json_str(&mut out, &m.to);
+        // Writing to a Vec cannot fail.
+        let _ = write!(
+            out,
+            ",\"messageId\":\"M4V{}{:06}{:09}\",\"statusCode\":\"{}\",\"statusMessage\":\"{}\"}}",
+            s.nonce,
+            outcome.group_seq,
+            outcome.base_index + i as u64,
+            code.status_code(),
+            code.status_message()
+        );
+    }
+    out.extend_from_slice(b"]}");
+    ([(CONTENT_TYPE, "application/json")], out).into_response()
+}
+
+/// Appends `s` as a JSON string.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+async fn send_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
+    let r = lock(&s.ledger).send(&id, s.complete_after);
+    match r {
+        Ok(g) => Json(g).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
+    let r = lock(&s.ledger).get(&id, s.complete_after);
+    match r {
+        Ok(g) => Json(g).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn delete_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
+    let r = lock(&s.ledger).delete(&id, s.complete_after);
+    match r {
+        Ok(g) => Json(g).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_faults(State(s): State<Arc<MockState>>) -> Json<Faults> {
+    Json(s.faults.get())
+}
+
+async fn set_faults(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
+    match serde_json::from_slice::<Faults>(&body) {
+        Ok(f) => {
+            s.faults.set(f);
+            Json(f).into_response()
+        }
+        Err(e) => error(400, "ValidationError", format!("invalid faults: {e}")),
+    }
+}
+
+async fn ledger_full(State(s): State<Arc<MockState>>) -> Response {
+    Json(s.ledger_snapshot()).into_response()
+}
+
+async fn ledger_summary(State(s): State<Arc<MockState>>) -> Response {
+    Json(s.ledger_summary()).into_response()
+}
+
+async fn reset(State(s): State<Arc<MockState>>) -> StatusCode {
+    s.reset();
+    StatusCode::NO_CONTENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_classification() {
+        assert_eq!(classify(&Method::POST, "/messages/v4/groups"), 0);
+        assert_eq!(classify(&Method::PUT, "/messages/v4/groups/G1/messages"), 1);
+        assert_eq!(classify(&Method::POST, "/messages/v4/groups/G1/send"), 2);
+        assert_eq!(classify(&Method::GET, "/messages/v4/groups/G1"), 3);
+        assert_eq!(classify(&Method::DELETE, "/messages/v4/groups/G1"), 4);
+        assert_eq!(classify(&Method::GET, "/elsewhere"), 5);
+    }
+
+    #[test]
+    fn json_strings() {
+        let mut v = Vec::new();
+        json_str(&mut v, "010");
+        json_str(&mut v, "a\"b");
+        json_str(&mut v, "가");
+        assert_eq!(String::from_utf8(v).unwrap(), r#""010""a\"b""가""#);
+    }
+}

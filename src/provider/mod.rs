@@ -1,0 +1,19 @@
+//! The provider client: a typed, signed HTTP client for the provider's group
+//! API (`/work/shared/spec/provider-api.md`, a subset of Solapi Message API v4).
+//!
+//! - [`model`]: the JSON objects.
+//! - [`auth`]: request signing (and verification, for the mock).
+//! - [`error`]: failures with their retry decision as data.
+//! - [`client`]: [`ProviderClient`] and its [`ProviderConfig`].
+
+pub mod auth;
+pub mod client;
+pub mod error;
+pub mod model;
+
+pub use client::{ProviderClient, ProviderConfig, MAX_MESSAGES_PER_REQUEST};
+pub use error::{ProviderError, ProviderErrorKind, RetryDecision};
+pub use model::{
+    AddMessagesResponse, CreateGroupRequest, Group, GroupCount, GroupStatus, KakaoOptions, Message,
+    MessageResult, MessageType, Registration,
+};
