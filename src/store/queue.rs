@@ -2,7 +2,6 @@
 //! letters, delayed retries and reclaiming entries of crashed consumers.
 
 use redis::Value;
-use serde::{Deserialize, Serialize};
 
 use super::scripts::SCRIPTS;
 use super::{BlockingConn, Store, StoreResult};
@@ -74,23 +73,31 @@ pub fn parse_entries(v: &Value) -> Vec<Entry> {
 }
 
 /// A work entry waiting in the delayed set, encoded so that `promote.lua`
-/// can put its fields back on the work stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// can put its fields back on the work stream: `<op>|<length of d>|<d><c>`.
+/// (Redis' Lua `cmsgpack` cannot read MessagePack binary strings, so the
+/// member is framed by hand; Lua string functions are binary-safe.)
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DelayedEntry {
     /// The `op` field.
     pub op: String,
     /// The `d` field.
-    #[serde(with = "serde_bytes")]
     pub d: Vec<u8>,
     /// The `c` field (a chunk payload), if any.
-    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
     pub c: Option<Vec<u8>>,
 }
 
 impl DelayedEntry {
     /// Encodes it as a sorted-set member.
     pub fn encode(&self) -> Vec<u8> {
-        crate::events::encode_payload(self)
+        let c = self.c.as_deref().unwrap_or_default();
+        let mut out = Vec::with_capacity(self.op.len() + 12 + self.d.len() + c.len());
+        out.extend_from_slice(self.op.as_bytes());
+        out.push(b'|');
+        out.extend_from_slice(self.d.len().to_string().as_bytes());
+        out.push(b'|');
+        out.extend_from_slice(&self.d);
+        out.extend_from_slice(c);
+        out
     }
 }
 

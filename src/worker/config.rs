@@ -104,9 +104,10 @@ impl WorkerConfig {
     /// The delay before retry number `attempt` (1-based): exponential with
     /// full jitter, so that workers that failed together do not retry together.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
-            .backoff_base
-            .saturating_mul(1u32.checked_shl(attempt.saturating_sub(1).min(20)).unwrap_or(u32::MAX));
+        let exp = self.backoff_base.saturating_mul(
+            1u32.checked_shl(attempt.saturating_sub(1).min(20))
+                .unwrap_or(u32::MAX),
+        );
         let cap = exp.min(self.backoff_max);
         let jitter: f64 = rand::random::<f64>();
         cap.mul_f64(0.5 + jitter * 0.5)

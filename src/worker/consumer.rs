@@ -72,7 +72,11 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
         if last_reclaim.elapsed() >= reclaim_every {
             last_reclaim = Instant::now();
             let min_idle = ctx.config.visibility_timeout.as_millis() as u64;
-            match ctx.store.reclaim(&stream, group, &ctx.consumer, min_idle, slots.len()).await {
+            match ctx
+                .store
+                .reclaim(&stream, group, &ctx.consumer, min_idle, slots.len())
+                .await
+            {
                 Ok((got, deleted)) => {
                     if deleted > 0 {
                         tracing::warn!(%stream, deleted, "pending entries were trimmed before they were handled");
@@ -149,11 +153,28 @@ async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
 }
 
 /// Handles and settles one entry.
-pub async fn process(ctx: &Ctx, source: Source, shard: u32, stream: &str, entry: Entry, deliveries: u64) {
+pub async fn process(
+    ctx: &Ctx,
+    source: Source,
+    shard: u32,
+    stream: &str,
+    entry: Entry,
+    deliveries: u64,
+) {
     let group = source.group();
     if deliveries > ctx.config.max_deliveries {
-        let reason = format!("delivered {deliveries} times without being settled (a poison entry?)");
-        settle(ctx, source, shard, stream, &entry, Handled::new(Outcome::Dead(reason)), deliveries).await;
+        let reason =
+            format!("delivered {deliveries} times without being settled (a poison entry?)");
+        settle(
+            ctx,
+            source,
+            shard,
+            stream,
+            &entry,
+            Handled::new(Outcome::Dead(reason)),
+            deliveries,
+        )
+        .await;
         return;
     }
     ctx.in_flight(1);
@@ -186,7 +207,12 @@ async fn settle(
     let keys = &ctx.store.keys;
     let result = match handled.outcome {
         Outcome::Done => ctx.store.ack(stream, group, &entry.id).await,
-        Outcome::Retry { delay, spend, cause, reason } => match handled.retry_as {
+        Outcome::Retry {
+            delay,
+            spend,
+            cause,
+            reason,
+        } => match handled.retry_as {
             Some((op, mut item, chunk)) => {
                 if spend {
                     item.attempt += 1;
@@ -205,13 +231,22 @@ async fn settle(
                         c: chunk,
                     };
                     ctx.store
-                        .retry_later(&keys.delayed(shard), stream, group, &entry.id, delay.as_millis() as u64, &delayed)
+                        .retry_later(
+                            &keys.delayed(shard),
+                            stream,
+                            group,
+                            &entry.id,
+                            delay.as_millis() as u64,
+                            &delayed,
+                        )
                         .await
                 }
             }
             None => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,
         },
-        Outcome::Dead(reason) => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,
+        Outcome::Dead(reason) => {
+            dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
+        }
     };
     if let Err(e) = result {
         tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
@@ -233,14 +268,23 @@ async fn dead_letter(
         ("reason".to_string(), reason.as_bytes().to_vec()),
         ("source".to_string(), stream.as_bytes().to_vec()),
         ("entry".to_string(), entry.id.as_bytes().to_vec()),
-        ("deliveries".to_string(), deliveries.to_string().into_bytes()),
+        (
+            "deliveries".to_string(),
+            deliveries.to_string().into_bytes(),
+        ),
         ("consumer".to_string(), ctx.consumer.as_bytes().to_vec()),
     ];
     for (f, v) in &entry.fields {
         fields.push((format!("f:{f}"), v.clone()));
     }
     ctx.store
-        .dead_letter(&ctx.store.keys.dead_letters(shard), stream, source.group(), &entry.id, &fields)
+        .dead_letter(
+            &ctx.store.keys.dead_letters(shard),
+            stream,
+            source.group(),
+            &entry.id,
+            &fields,
+        )
         .await
         .map(|_| ())
 }

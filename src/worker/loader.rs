@@ -54,7 +54,10 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
     let reject = |reason: String| {
         let log = log.clone();
         let key = format!("reject/{}/{}", chunk.seq, digest);
-        let e = Event::InputRejected(InputRejected { seq: Some(chunk.seq), reason: reason.clone() });
+        let e = Event::InputRejected(InputRejected {
+            seq: Some(chunk.seq),
+            reason: reason.clone(),
+        });
         async move {
             log.append(&key, &e).await?;
             metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);

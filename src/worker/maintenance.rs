@@ -61,13 +61,23 @@ pub async fn trim_all(store: &Store) -> StoreResult<()> {
 /// pending one, or else the first not yet delivered.
 pub async fn trim(store: &Store, stream: &str, group: &str) -> StoreResult<()> {
     let mut conn = store.conn.clone();
-    let groups: redis::Value = redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(&mut conn).await?;
+    let groups: redis::Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(&mut conn)
+        .await?;
     let Some(last_delivered) = group_field(&groups, group, "last-delivered-id") else {
         return Ok(());
     };
-    let pending: redis::Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(&mut conn).await?;
+    let pending: redis::Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .query_async(&mut conn)
+        .await?;
     let oldest_pending = match &pending {
-        redis::Value::Array(a) => a.get(1).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()),
+        redis::Value::Array(a) => a
+            .get(1)
+            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()),
         _ => None,
     };
     // Everything at or below last-delivered that is not pending was acked.
@@ -92,20 +102,35 @@ fn next_id(id: &str) -> String {
 }
 
 fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<String> {
-    let redis::Value::Array(list) = groups else { return None };
+    let redis::Value::Array(list) = groups else {
+        return None;
+    };
     for g in list {
         let pairs: Vec<(String, redis::Value)> = match g {
             redis::Value::Array(a) => a
                 .chunks(2)
-                .filter_map(|kv| Some((redis::from_redis_value::<String>(kv.first()?.clone()).ok()?, kv.get(1)?.clone())))
+                .filter_map(|kv| {
+                    Some((
+                        redis::from_redis_value::<String>(kv.first()?.clone()).ok()?,
+                        kv.get(1)?.clone(),
+                    ))
+                })
                 .collect(),
             redis::Value::Map(m) => m
                 .iter()
-                .filter_map(|(k, v)| Some((redis::from_redis_value::<String>(k.clone()).ok()?, v.clone())))
+                .filter_map(|(k, v)| {
+                    Some((
+                        redis::from_redis_value::<String>(k.clone()).ok()?,
+                        v.clone(),
+                    ))
+                })
                 .collect(),
             _ => continue,
         };
-        let name = pairs.iter().find(|(k, _)| k == "name").and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok());
+        let name = pairs
+            .iter()
+            .find(|(k, _)| k == "name")
+            .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok());
         if name.as_deref() == Some(group) {
             return pairs
                 .iter()
@@ -129,16 +154,27 @@ pub async fn sample_gauges(store: &Store) {
             if let Ok(len) = conn.xlen::<_, u64>(&stream).await {
                 metrics::gauge!("groupcast_stream_length", "stream" => label, "shard" => shard_label.clone()).set(len as f64);
             }
-            if let Ok(groups) = redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async::<redis::Value>(&mut conn).await {
-                for (field, metric) in [("pending", "groupcast_stream_pending"), ("lag", "groupcast_stream_lag")] {
-                    if let Some(v) = group_field(&groups, group, field).and_then(|v| v.parse::<f64>().ok()) {
+            if let Ok(groups) = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&stream)
+                .query_async::<redis::Value>(&mut conn)
+                .await
+            {
+                for (field, metric) in [
+                    ("pending", "groupcast_stream_pending"),
+                    ("lag", "groupcast_stream_lag"),
+                ] {
+                    if let Some(v) =
+                        group_field(&groups, group, field).and_then(|v| v.parse::<f64>().ok())
+                    {
                         metrics::gauge!(metric, "stream" => label, "shard" => shard_label.clone(), "group" => group).set(v);
                     }
                 }
             }
         }
         if let Ok(n) = conn.zcard::<_, u64>(keys.delayed(shard)).await {
-            metrics::gauge!("groupcast_delayed_retries", "shard" => shard.to_string()).set(n as f64);
+            metrics::gauge!("groupcast_delayed_retries", "shard" => shard.to_string())
+                .set(n as f64);
         }
         if let Ok(n) = conn.xlen::<_, u64>(keys.dead_letters(shard)).await {
             metrics::gauge!("groupcast_dead_letters", "shard" => shard.to_string()).set(n as f64);

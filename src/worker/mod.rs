@@ -41,7 +41,10 @@ pub struct Handled {
 impl Handled {
     /// An outcome with nothing to retry as.
     pub fn new(outcome: Outcome) -> Handled {
-        Handled { outcome, retry_as: None }
+        Handled {
+            outcome,
+            retry_as: None,
+        }
     }
 }
 
@@ -83,7 +86,13 @@ impl Ctx {
     }
 
     /// Appends a work item to a work stream.
-    pub async fn enqueue(&self, work: &str, op: Op, item: &WorkItem, chunk: Option<&[u8]>) -> StoreResult<()> {
+    pub async fn enqueue(
+        &self,
+        work: &str,
+        op: Op,
+        item: &WorkItem,
+        chunk: Option<&[u8]>,
+    ) -> StoreResult<()> {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(work)
             .arg("*")
@@ -94,7 +103,8 @@ impl Ctx {
         if let Some(c) = chunk {
             cmd.arg("c").arg(c);
         }
-        cmd.query_async::<String>(&mut self.store.conn.clone()).await?;
+        cmd.query_async::<String>(&mut self.store.conn.clone())
+            .await?;
         Ok(())
     }
 
@@ -118,8 +128,12 @@ impl Worker {
         let ctx = Arc::new(ctx);
         let keys = &ctx.store.keys;
         for shard in 0..keys.shards() {
-            ctx.store.ensure_group(&keys.ingest(shard), crate::keys::LOADERS_GROUP).await?;
-            ctx.store.ensure_group(&keys.work(shard), crate::keys::OPERATORS_GROUP).await?;
+            ctx.store
+                .ensure_group(&keys.ingest(shard), crate::keys::LOADERS_GROUP)
+                .await?;
+            ctx.store
+                .ensure_group(&keys.work(shard), crate::keys::OPERATORS_GROUP)
+                .await?;
         }
         let (tx, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();

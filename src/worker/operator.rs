@@ -30,7 +30,8 @@ pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
         Op::Delete => ops::delete_group::run(ctx, &item).await?,
         Op::Report => ops::deliver_report::run(ctx, &item).await?,
         Op::Load => {
-            let (Some(seq), Some(group), Some(bytes)) = (item.seq, item.group_id.as_deref(), chunk_bytes.as_deref())
+            let (Some(seq), Some(group), Some(bytes)) =
+                (item.seq, item.group_id.as_deref(), chunk_bytes.as_deref())
             else {
                 return dead("load item without seq, group or chunk".into());
             };
@@ -39,7 +40,11 @@ pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
                 Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
             };
             let log = ctx.store.batch(&item.batch);
-            if log.fields(&[format!("k:loaded/{}/{seq}", item.gen)]).await?[0].is_some() {
+            if log
+                .fields(&[format!("k:loaded/{}/{seq}", item.gen)])
+                .await?[0]
+                .is_some()
+            {
                 Outcome::Done
             } else {
                 ops::load_chunk::run(ctx, &log, &chunk, item.gen, group).await?

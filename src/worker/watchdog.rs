@@ -60,7 +60,11 @@ fn now_ms() -> u64 {
 pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
     let store = &ctx.store;
     let mut conn = store.conn.clone();
-    let lock_ms = ctx.config.watchdog_interval.max(Duration::from_millis(100)).as_millis() as u64;
+    let lock_ms = ctx
+        .config
+        .watchdog_interval
+        .max(Duration::from_millis(100))
+        .as_millis() as u64;
     let got: Option<String> = redis::cmd("SET")
         .arg(store.keys.watchdog_lock())
         .arg(&ctx.consumer)
@@ -80,7 +84,9 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
         let batches: Vec<String> = conn.smembers(&active_key).await?;
         for batch in batches {
             let log = store.batch(&batch);
-            let f = log.fields(&["hb".to_string(), "report".to_string()]).await?;
+            let f = log
+                .fields(&["hb".to_string(), "report".to_string()])
+                .await?;
             if f[1].is_some() {
                 let _: i64 = conn.srem(&active_key, &batch).await?;
                 report.healed += 1;

@@ -21,3 +21,296 @@ pub async fn store(shards: u32) -> (RedisServer, Store) {
         .expect("connect to the private redis-server");
     (server, store)
 }
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use groupcast::events::{Chunk, Recipient, Template};
+use groupcast::mock::{self, Faults, MockConfig, MockHandle};
+use groupcast::provider::{GroupStatus, ProviderClient, ProviderConfig};
+use groupcast::verify::verify_batch;
+use groupcast::worker::{Ctx, Worker, WorkerConfig};
+
+pub const KEY: &str = "test-key";
+pub const SECRET: &str = "test-secret";
+
+/// Worker settings tuned for tests: short delays and timeouts.
+pub fn test_config() -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 4,
+        rate_limit: 0,
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(300),
+        visibility_timeout: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(30),
+        block: Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(2),
+        max_attempts: 30,
+        ..WorkerConfig::default()
+    }
+}
+
+/// A mock provider config for tests.
+pub fn mock_config() -> MockConfig {
+    MockConfig {
+        api_key: KEY.into(),
+        api_secret: SECRET.into(),
+        complete_after: Duration::from_millis(30),
+        ..MockConfig::default()
+    }
+}
+
+/// A whole pipeline on loopback: redis, the mock provider, workers.
+pub struct Rig {
+    pub server: RedisServer,
+    pub store: Store,
+    pub mock: MockHandle,
+    pub provider: ProviderClient,
+    pub workers: Vec<Worker>,
+    pub config: WorkerConfig,
+}
+
+impl Rig {
+    pub async fn start(workers: usize, config: WorkerConfig, mock: MockConfig) -> Rig {
+        init_tracing();
+        let (server, store) = store(1).await;
+        let mock = mock::start(mock, "127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("mock provider");
+        let provider = provider_for(&mock);
+        let mut rig = Rig {
+            server,
+            store,
+            mock,
+            provider,
+            workers: Vec::new(),
+            config,
+        };
+        for _ in 0..workers {
+            rig.add_worker().await;
+        }
+        rig
+    }
+
+    pub async fn add_worker(&mut self) {
+        let ctx = Ctx::new(
+            self.store.clone(),
+            self.provider.clone(),
+            self.config.clone(),
+        );
+        self.workers
+            .push(Worker::start(ctx).await.expect("worker starts"));
+    }
+
+    /// Waits (bounded) until every batch has reported; panics with the
+    /// batches' states otherwise.
+    pub async fn wait_reported(&self, batches: &[String], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut pending = Vec::new();
+            for b in batches {
+                let st = self.store.batch(b).state().await.expect("state");
+                if st.get("report").is_none() {
+                    pending.push((b.clone(), st));
+                }
+            }
+            if pending.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                let (b, st) = &pending[0];
+                let dlq = dead_letters(&self.store).await;
+                panic!(
+                    "{} batch(es) did not report in {limit:?}; {b}: {:?}\ndead letters: {dlq:?}",
+                    pending.len(),
+                    st.fields
+                        .iter()
+                        .filter(|(k, _)| !k.starts_with("k:") && !k.starts_with("s:"))
+                        .collect::<Vec<_>>()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every invariant, from our events and the provider, for each batch.
+    pub async fn verify(&self, batches: &[String]) {
+        for b in batches {
+            let v = verify_batch(&self.store, Some(&self.provider), b, self.config.group_cap)
+                .await
+                .expect("verify");
+            assert!(
+                v.passed(),
+                "batch {b} failed verification: {:#?}",
+                v.failures()
+            );
+            assert!(v.reported, "batch {b} not reported");
+        }
+    }
+
+    /// The invariants as the mock provider's ledger sees them.
+    pub fn check_ledger(&self, expected: &BTreeMap<String, usize>) {
+        check_ledger(&self.mock, expected, self.config.group_cap);
+    }
+
+    pub async fn stop(self) {
+        for w in self.workers {
+            w.stop().await;
+        }
+    }
+}
+
+pub fn provider_for(mock: &MockHandle) -> ProviderClient {
+    ProviderClient::new(ProviderConfig {
+        base_url: mock.base_url(),
+        api_key: KEY.into(),
+        api_secret: SECRET.into(),
+        request_timeout: Duration::from_secs(5),
+        ..ProviderConfig::default()
+    })
+    .expect("provider client")
+}
+
+/// From the ledger: per (batch, generation) exactly one used group (empty,
+/// never-sent orphans of lost create responses are tolerated and counted),
+/// sent with exactly one `200`; every recipient registered once across all
+/// groups; each batch's registered total as expected; the cap held.
+pub fn check_ledger(mock: &MockHandle, expected: &BTreeMap<String, usize>, cap: u64) -> usize {
+    let summary = mock.ledger_summary();
+    assert!(
+        summary.duplicate_registrations.is_empty(),
+        "recipients registered twice: {:?}",
+        &summary.duplicate_registrations[..summary.duplicate_registrations.len().min(5)]
+    );
+    let mut used: BTreeMap<(String, String), Vec<&groupcast::mock::GroupSummary>> = BTreeMap::new();
+    let mut orphans = 0;
+    for g in &summary.groups {
+        let batch = g.custom_fields.get("batchId").cloned().unwrap_or_default();
+        let gen = g
+            .custom_fields
+            .get("generation")
+            .cloned()
+            .unwrap_or_default();
+        let empty = g.count.total == 0;
+        if g.status == GroupStatus::Deleted
+            || (empty && g.status == GroupStatus::Pending && g.send_calls.is_empty())
+        {
+            orphans += usize::from(g.status != GroupStatus::Deleted);
+            continue;
+        }
+        used.entry((batch, gen)).or_default().push(g);
+    }
+    let mut registered: BTreeMap<String, u64> = BTreeMap::new();
+    for ((batch, gen), groups) in &used {
+        assert_eq!(
+            groups.len(),
+            1,
+            "batch {batch} gen {gen}: {} used groups",
+            groups.len()
+        );
+        let g = groups[0];
+        let ok_sends = g.send_calls.iter().filter(|c| c.status == 200).count();
+        assert_eq!(
+            ok_sends, 1,
+            "batch {batch} gen {gen}: {ok_sends} successful sends ({:?})",
+            g.send_calls
+        );
+        assert!(
+            g.count.registered_success <= cap,
+            "batch {batch} gen {gen} holds {} > cap {cap}",
+            g.count.registered_success
+        );
+        *registered.entry(batch.clone()).or_default() += g.count.registered_success;
+    }
+    for (batch, n) in expected {
+        assert_eq!(
+            registered.get(batch).copied().unwrap_or(0),
+            *n as u64,
+            "batch {batch}: registered at the provider"
+        );
+    }
+    orphans
+}
+
+pub async fn dead_letters(store: &Store) -> Vec<(String, String)> {
+    let v: redis::Value = redis::cmd("XRANGE")
+        .arg(store.keys.dead_letters(0))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut store.conn.clone())
+        .await
+        .expect("xrange");
+    groupcast::store::queue::parse_entries(&v)
+        .into_iter()
+        .map(|e| {
+            (
+                e.text("source").unwrap_or_default(),
+                e.text("reason").unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+pub fn template() -> Template {
+    Template {
+        kind: "ATA".into(),
+        from: "0212345678".into(),
+        text: "#{name}님, 주문 #{order} 배송이 시작되었습니다.".into(),
+        kakao_options: Some(groupcast::events::chunk::KakaoTemplate {
+            pf_id: "PF1".into(),
+            template_id: "T1".into(),
+        }),
+    }
+}
+
+/// `n` recipients with numbers unique across batches numbered `k`.
+pub fn recipients(k: u32, n: usize) -> Vec<Recipient> {
+    (0..n)
+        .map(|i| Recipient {
+            to: format!("010{:08}", u64::from(k) * 1_000_000 + i as u64),
+            vars: BTreeMap::from([
+                ("name".to_string(), format!("고객{i}")),
+                ("order".to_string(), format!("A{i}")),
+            ]),
+        })
+        .collect()
+}
+
+/// Chunks of a batch, shuffled, with some sent twice.
+pub fn shuffled_chunks(batch: &str, k: u32, n: usize, size: usize, seed: u64) -> Vec<Chunk> {
+    let mut chunks = groupcast::producer::cut(batch, &template(), recipients(k, n), size);
+    let dups: Vec<Chunk> = chunks.iter().step_by(3).cloned().collect();
+    chunks.extend(dups);
+    shuffle(&mut chunks, seed);
+    chunks
+}
+
+pub fn shuffle<T>(v: &mut [T], seed: u64) {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    for i in (1..v.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+}
+
+pub fn faults(error_rate: f64, drop_rate: f64) -> Faults {
+    Faults {
+        error_rate,
+        drop_rate,
+        ..Faults::default()
+    }
+}
+
+/// Logs to the test output, filtered by RUST_LOG (default: warnings).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}

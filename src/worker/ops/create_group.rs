@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::store::batch::GroupRecord;
 use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
-use crate::store::batch::GroupRecord;
 
 /// Runs a create item.
 pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
@@ -37,7 +37,8 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
                 group_id: Some(group.group_id),
                 attempt: 0,
             };
-            ctx.enqueue(&log.keys.work, Op::Delete, &delete, None).await?;
+            ctx.enqueue(&log.keys.work, Op::Delete, &delete, None)
+                .await?;
         }
     }
     Ok(Outcome::Done)

@@ -21,11 +21,15 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         // Already gone: a retried delete whose first answer was lost.
         Err(e) if e.status() == Some(404) => {}
         Err(e) if e.kind() == ProviderErrorKind::Permanent => {
-            return Ok(Outcome::Dead(format!("cannot delete losing group {group_id}: {e}")))
+            return Ok(Outcome::Dead(format!(
+                "cannot delete losing group {group_id}: {e}"
+            )))
         }
         Err(e) => return Ok(Outcome::from_provider(&e)),
     }
-    let kept = log.fields(&[format!("g:{}:group", item.gen)]).await?[0].clone().unwrap_or_default();
+    let kept = log.fields(&[format!("g:{}:group", item.gen)]).await?[0]
+        .clone()
+        .unwrap_or_default();
     let e = Event::GroupDiscarded(GroupDiscarded {
         gen: item.gen,
         group_id: group_id.to_string(),

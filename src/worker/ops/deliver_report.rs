@@ -46,7 +46,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         return Ok(Outcome::Done);
     }
     if state.get("report").is_none() {
-        return Ok(Outcome::Dead("report work item for a batch with no report".into()));
+        return Ok(Outcome::Dead(
+            "report work item for a batch with no report".into(),
+        ));
     }
     let body = report_json(&item.batch, &state);
     let sent = ctx
@@ -58,7 +60,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         .await;
     match sent {
         Ok(r) if r.status().is_success() => {
-            let e = Event::ReportDelivered(ReportDelivered { status: r.status().as_u16() });
+            let e = Event::ReportDelivered(ReportDelivered {
+                status: r.status().as_u16(),
+            });
             log.append("delivered", &e).await?;
             Ok(Outcome::Done)
         }

@@ -28,16 +28,28 @@ pub fn messages(chunk: &Chunk) -> Vec<Message> {
             kakao_options: t.kakao_options.as_ref().map(|k| KakaoOptions {
                 pf_id: k.pf_id.clone(),
                 template_id: k.template_id.clone(),
-                variables: r.vars.iter().map(|(n, v)| (format!("#{{{n}}}"), v.clone())).collect(),
+                variables: r
+                    .vars
+                    .iter()
+                    .map(|(n, v)| (format!("#{{{n}}}"), v.clone()))
+                    .collect(),
             }),
         })
         .collect()
 }
 
 /// Loads `chunk` into `group_id` and records it.
-pub async fn run(ctx: &Ctx, log: &BatchLog, chunk: &Chunk, gen: u32, group_id: &str) -> Result<Outcome, OpError> {
+pub async fn run(
+    ctx: &Ctx,
+    log: &BatchLog,
+    chunk: &Chunk,
+    gen: u32,
+    group_id: &str,
+) -> Result<Outcome, OpError> {
     let msgs = messages(chunk);
-    let requests = msgs.len().div_ceil(crate::provider::MAX_MESSAGES_PER_REQUEST) as u32;
+    let requests = msgs
+        .len()
+        .div_ceil(crate::provider::MAX_MESSAGES_PER_REQUEST) as u32;
     ctx.limiter.acquire(requests).await?;
     let results = match ctx.provider.add_messages(group_id, &msgs).await {
         Ok(r) => r,
@@ -48,7 +60,12 @@ pub async fn run(ctx: &Ctx, log: &BatchLog, chunk: &Chunk, gen: u32, group_id: &
                 // already sent (400 InvalidGroupStatus): harmless if the chunk
                 // is recorded as loaded.
                 let key = format!("k:loaded/{gen}/{}", chunk.seq);
-                if log.fields(&[key]).await?.first().is_some_and(Option::is_some) {
+                if log
+                    .fields(&[key])
+                    .await?
+                    .first()
+                    .is_some_and(Option::is_some)
+                {
                     return Ok(Outcome::Done);
                 }
             }

@@ -18,13 +18,19 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch(&item.batch);
     let gen = item.gen;
     let f = log
-        .fields(&[format!("k:send/{gen}"), format!("g:{gen}:group"), format!("g:{gen}:reg")])
+        .fields(&[
+            format!("k:send/{gen}"),
+            format!("g:{gen}:group"),
+            format!("g:{gen}:reg"),
+        ])
         .await?;
     if f[0].is_some() {
         return Ok(Outcome::Done);
     }
     let Some(group_id) = f[1].clone() else {
-        return Ok(Outcome::Dead(format!("generation {gen} is ready but has no group")));
+        return Ok(Outcome::Dead(format!(
+            "generation {gen} is ready but has no group"
+        )));
     };
     let registered: u64 = f[2].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
     let poll = DelayedEntry {
@@ -47,7 +53,8 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         Err(e) => return Ok(Outcome::from_provider(&e)),
     };
     if group.status != GroupStatus::Pending {
-        log.sent(gen, &group_id, "already_sent", poll_ms, &poll).await?;
+        log.sent(gen, &group_id, "already_sent", poll_ms, &poll)
+            .await?;
         return Ok(Outcome::Done);
     }
     if group.count.registered_success != registered {
@@ -57,7 +64,11 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         );
         tracing::error!(batch = %item.batch, gen, %reason, "send refused");
         metrics::counter!("groupcast_sends_refused_total").increment(1);
-        let e = Event::SendRefused(SendRefused { gen, group_id, reason: reason.clone() });
+        let e = Event::SendRefused(SendRefused {
+            gen,
+            group_id,
+            reason: reason.clone(),
+        });
         log.append(&format!("refused/{gen}"), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
