@@ -7,8 +7,10 @@
 //! the report. Every step is an event ([`events`]); the batch's state is
 //! their fold ([`projection`]).
 
+pub mod cli;
 pub mod events;
 pub mod keys;
+pub mod metrics;
 pub mod mock;
 pub mod phone;
 pub mod producer;

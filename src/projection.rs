@@ -11,6 +11,7 @@
 //! |---|---|
 //! | `k:<key>` | idempotency key → id of the entry that appended it |
 //! | `hb` | ms of the last event (stalls excluded): the heartbeat |
+//! | `t0` | ms of the first chunk's acceptance |
 //! | `s:<seq>` | `<gen>\|<count>\|<digest>`: the chunk's assignment |
 //! | `seqs`, `recipients` | chunks and recipients accepted |
 //! | `max`, `last` | highest seq accepted; the seq flagged last |
@@ -132,6 +133,13 @@ impl Projection {
         self.fields.insert(kf, r.id.clone());
         if touches_heartbeat(&r.event) {
             self.max("hb", r.millis());
+        }
+        if let Event::ChunkAssigned(_) = r.event {
+            // When the batch's first chunk was accepted.
+            let t0 = self.fields.get("t0").and_then(|v| v.parse::<u64>().ok());
+            if t0.is_none_or(|t| r.millis() < t) {
+                self.fields.insert("t0".into(), r.millis().to_string());
+            }
         }
         for u in updates(&r.event) {
             match u {

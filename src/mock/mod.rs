@@ -21,6 +21,7 @@
 
 mod config;
 mod faults;
+pub mod invariants;
 mod ledger;
 mod replay;
 mod routes;

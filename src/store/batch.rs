@@ -76,11 +76,23 @@ pub struct BatchLog {
     pub keys: BatchKeys,
 }
 
+/// A script's reply, without its trailing `ev=<types>` element, whose event
+/// types are counted in `groupcast_events_appended_total`.
 fn strings(script: &'static str, v: Value) -> StoreResult<Vec<String>> {
-    redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| StoreError::UnexpectedReply {
-        script,
-        reply: format!("{v:?}"),
-    })
+    let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {
+        StoreError::UnexpectedReply {
+            script,
+            reply: format!("{v:?}"),
+        }
+    })?;
+    if let Some(types) = r.last().and_then(|l| l.strip_prefix("ev=")) {
+        for t in types.split(',').filter(|t| !t.is_empty()) {
+            metrics::counter!("groupcast_events_appended_total", "type" => t.to_string())
+                .increment(1);
+        }
+        r.pop();
+    }
+    Ok(r)
 }
 
 fn unexpected(script: &'static str, reply: &[String]) -> StoreError {

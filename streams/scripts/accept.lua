@@ -12,24 +12,24 @@ if f[1] then
   -- A repeat delivery: same content is a no-op, other content a conflict.
   local g, d = string.match(f[1], '^(%d+)|%d+|(.*)$')
   if d ~= digest then
-    return {'conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d .. ', this one ' .. digest .. ')'}
+    return reply({'conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d .. ', this one ' .. digest .. ')'})
   end
   local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
-  return {'duplicate', g, h[1] or '', h[2] and '1' or '0'}
+  return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0'})
 end
 
 local last, max = tonumber(f[2]), tonumber(f[3])
 if last and seq > last then
-  return {'rejected', 'seq ' .. seq .. ' is beyond the last seq ' .. last}
+  return reply({'rejected', 'seq ' .. seq .. ' is beyond the last seq ' .. last})
 end
 if is_last and last and last ~= seq then
-  return {'rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. last .. ' already was'}
+  return reply({'rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. last .. ' already was'})
 end
 if is_last and max and max > seq then
-  return {'rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. max .. ' was already accepted'}
+  return reply({'rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. max .. ' was already accepted'})
 end
 if count > cap then
-  return {'rejected', 'chunk has ' .. count .. ' recipients, more than the group cap ' .. cap}
+  return reply({'rejected', 'chunk has ' .. count .. ' recipients, more than the group cap ' .. cap})
 end
 
 local gen, seqs, recipients = num(f[4]), num(f[5]), num(f[6])
@@ -53,7 +53,7 @@ if g[5] or (n > 0 and n + count > cap) then
 end
 
 n, c, seqs, recipients = n + count, c + 1, seqs + 1, recipients + count
-emit('assign/' .. seq, 'chunk_assigned',
+local assigned_id = emit('assign/' .. seq, 'chunk_assigned',
   cmsgpack.pack({seq = seq, gen = gen, count = count, last = is_last, digest = digest}))
 put('s:' .. seq, gen .. '|' .. count .. '|' .. digest)
 put(gk .. 'n', n)
@@ -69,6 +69,8 @@ if is_last then
   last = seq
 end
 if seqs == 1 then
+  -- The batch's first chunk: it is in flight from now (t0) on.
+  put('t0', string.match(assigned_id, '^(%d+)'))
   redis.call('SADD', ACTIVE, BATCH)
 end
 -- Every seq 0..last is assigned: this generation is the final one.
@@ -77,4 +79,4 @@ if last and seqs == last + 1 then
   put(gk .. 'closed', 'final')
 end
 flush()
-return {'assigned', tostring(gen), group or '', '0'}
+return reply({'assigned', tostring(gen), group or '', '0'})

@@ -6,7 +6,7 @@
 local key = ARGV[2]
 local first = redis.call('HGET', STATE, 'k:' .. key)
 if first then
-  return {'duplicate', first}
+  return reply({'duplicate', first})
 end
 local id = emit(key, ARGV[3], ARGV[4], ARGV[5] == '1')
 for i = 6, #ARGV, 3 do
@@ -17,4 +17,4 @@ for i = 6, #ARGV, 3 do
   end
 end
 flush()
-return {'appended', id}
+return reply({'appended', id})

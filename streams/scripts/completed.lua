@@ -8,7 +8,7 @@ local gen, ss, sf = tonumber(ARGV[2]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local f = redis.call('HMGET', STATE, 'k:done/' .. gen, 'done', 'gen', 'last', 'seqs', 'sent_success', 'sent_failed',
   'recipients', 'registered', 'failed', 'k:report')
 if f[1] then
-  return {'duplicate'}
+  return reply({'duplicate'})
 end
 emit('done/' .. gen, 'group_completed',
   cmsgpack.pack({gen = gen, group_id = ARGV[3], status = ARGV[4], sent_success = ss, sent_failed = sf}))
@@ -35,7 +35,7 @@ if all_assigned and done == num(f[3]) + 1 and not f[11] then
     redis.call('EXPIRE', STATE, ttl)
     redis.call('EXPIRE', EVENTS, ttl)
   end
-  return {'reported'}
+  return reply({'reported'})
 end
 flush()
-return {'completed'}
+return reply({'completed'})

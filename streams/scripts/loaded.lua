@@ -11,7 +11,7 @@ local key = 'loaded/' .. gen .. '/' .. seq
 local f = redis.call('HMGET', STATE, 'k:' .. key, gk .. 'l', gk .. 'c', gk .. 'closed', gk .. 'reg', gk .. 'fail',
   'registered', 'failed', gk .. 'ready')
 if f[1] then
-  return {'duplicate'}
+  return reply({'duplicate'})
 end
 emit(key, 'chunk_loaded', ARGV[6])
 local l, c = num(f[2]) + 1, num(f[3])
@@ -25,4 +25,4 @@ if ready then
   make_ready(WORK, gen, c)
 end
 flush()
-return {'loaded', ready and '1' or '0'}
+return reply({'loaded', ready and '1' or '0'})

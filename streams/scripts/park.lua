@@ -9,10 +9,10 @@ local seq, gen = ARGV[2], ARGV[3]
 local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'k:park/' .. seq, 'k:create/' .. gen,
   'k:loaded/' .. gen .. '/' .. seq)
 if f[1] then
-  return {'group', f[1]}
+  return reply({'group', f[1]})
 end
 if f[4] then
-  return {'loaded'}
+  return reply({'loaded'})
 end
 redis.call('HSET', PARKED, seq, ARGV[4])
 if not f[2] then
@@ -23,4 +23,4 @@ if not f[3] then
   redis.call('XADD', WORK, '*', 'op', 'create', 'd', cmsgpack.pack({batch = BATCH, gen = tonumber(gen), attempt = 0}))
 end
 flush()
-return {'parked'}
+return reply({'parked'})

@@ -7,6 +7,9 @@
 -- an event and updating the projection are one atomic step, in few commands.
 local STATE, EVENTS, BATCH = KEYS[1], KEYS[2], ARGV[1]
 local updates = {}
+-- Types of the events appended, returned to the caller (for its metrics) as
+-- the reply's last element, `ev=<type>,<type>...`.
+local emitted = {}
 
 local function put(field, value)
   updates[#updates + 1] = field
@@ -23,6 +26,7 @@ end
 local function emit(key, etype, data, touch)
   local id = redis.call('XADD', EVENTS, '*', 'v', '1', 't', etype, 'k', key, 'd', data)
   put('k:' .. key, id)
+  emitted[#emitted + 1] = etype
   if touch ~= false then
     put('hb', string.match(id, '^(%d+)'))
   end
@@ -33,6 +37,12 @@ local function flush()
   if #updates > 0 then
     redis.call('HSET', STATE, unpack(updates))
   end
+end
+
+-- A script's reply: its own fields, then what it appended.
+local function reply(t)
+  t[#t + 1] = 'ev=' .. table.concat(emitted, ',')
+  return t
 end
 
 -- A generation whose every assigned chunk is loaded, and which takes no more

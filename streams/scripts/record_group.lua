@@ -7,7 +7,7 @@ local PARKED, WORK = KEYS[3], KEYS[4]
 local gen, group = tonumber(ARGV[2]), ARGV[3]
 local kept = redis.call('HGET', STATE, 'g:' .. gen .. ':group')
 if kept then
-  return {'lost', kept}
+  return reply({'lost', kept})
 end
 emit('group/' .. gen, 'group_created', cmsgpack.pack({gen = gen, group_id = group}))
 put('g:' .. gen .. ':group', group)
@@ -22,4 +22,4 @@ if #parked > 0 then
   redis.call('DEL', PARKED)
 end
 flush()
-return {'won', group}
+return reply({'won', group})

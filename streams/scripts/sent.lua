@@ -6,11 +6,11 @@
 local DELAYED = KEYS[3]
 local gen = tonumber(ARGV[2])
 if redis.call('HEXISTS', STATE, 'k:send/' .. gen) == 1 then
-  return {'duplicate'}
+  return reply({'duplicate'})
 end
 emit('send/' .. gen, 'send_triggered', cmsgpack.pack({gen = gen, group_id = ARGV[3], outcome = ARGV[4]}))
 put('g:' .. gen .. ':sent', ARGV[4])
 local t = redis.call('TIME')
 redis.call('ZADD', DELAYED, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[5]), ARGV[6])
 flush()
-return {'recorded'}
+return reply({'recorded'})

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use groupcast::events::{Chunk, Recipient, Template};
 use groupcast::mock::{self, Faults, MockConfig, MockHandle};
-use groupcast::provider::{GroupStatus, ProviderClient, ProviderConfig};
+use groupcast::provider::{ProviderClient, ProviderConfig};
 use groupcast::verify::verify_batch;
 use groupcast::worker::{Ctx, Worker, WorkerConfig};
 
@@ -171,65 +171,19 @@ pub fn provider_for(mock: &MockHandle) -> ProviderClient {
     .expect("provider client")
 }
 
-/// From the ledger: per (batch, generation) exactly one used group (empty,
-/// never-sent orphans of lost create responses are tolerated and counted),
-/// sent with exactly one `200`; every recipient registered once across all
-/// groups; each batch's registered total as expected; the cap held.
+/// The ledger's half of the invariants (see `groupcast::mock::invariants`),
+/// plus each batch's registered total as expected. Returns the orphan count.
 pub fn check_ledger(mock: &MockHandle, expected: &BTreeMap<String, usize>, cap: u64) -> usize {
-    let summary = mock.ledger_summary();
-    assert!(
-        summary.duplicate_registrations.is_empty(),
-        "recipients registered twice: {:?}",
-        &summary.duplicate_registrations[..summary.duplicate_registrations.len().min(5)]
-    );
-    let mut used: BTreeMap<(String, String), Vec<&groupcast::mock::GroupSummary>> = BTreeMap::new();
-    let mut orphans = 0;
-    for g in &summary.groups {
-        let batch = g.custom_fields.get("batchId").cloned().unwrap_or_default();
-        let gen = g
-            .custom_fields
-            .get("generation")
-            .cloned()
-            .unwrap_or_default();
-        let empty = g.count.total == 0;
-        if g.status == GroupStatus::Deleted
-            || (empty && g.status == GroupStatus::Pending && g.send_calls.is_empty())
-        {
-            orphans += usize::from(g.status != GroupStatus::Deleted);
-            continue;
-        }
-        used.entry((batch, gen)).or_default().push(g);
-    }
-    let mut registered: BTreeMap<String, u64> = BTreeMap::new();
-    for ((batch, gen), groups) in &used {
-        assert_eq!(
-            groups.len(),
-            1,
-            "batch {batch} gen {gen}: {} used groups",
-            groups.len()
-        );
-        let g = groups[0];
-        let ok_sends = g.send_calls.iter().filter(|c| c.status == 200).count();
-        assert_eq!(
-            ok_sends, 1,
-            "batch {batch} gen {gen}: {ok_sends} successful sends ({:?})",
-            g.send_calls
-        );
-        assert!(
-            g.count.registered_success <= cap,
-            "batch {batch} gen {gen} holds {} > cap {cap}",
-            g.count.registered_success
-        );
-        *registered.entry(batch.clone()).or_default() += g.count.registered_success;
-    }
+    let check = groupcast::mock::invariants::check(&mock.ledger_summary(), cap);
+    assert!(check.ok(), "ledger violations: {:#?}", check.violations);
     for (batch, n) in expected {
         assert_eq!(
-            registered.get(batch).copied().unwrap_or(0),
+            check.registered.get(batch).copied().unwrap_or(0),
             *n as u64,
             "batch {batch}: registered at the provider"
         );
     }
-    orphans
+    check.orphans
 }
 
 pub async fn dead_letters(store: &Store) -> Vec<(String, String)> {

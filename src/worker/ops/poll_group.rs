@@ -46,6 +46,14 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         .await?;
     if r == "reported" {
         metrics::counter!("groupcast_batches_reported_total").increment(1);
+        let f = log.fields(&["t0".to_string(), "hb".to_string()]).await?;
+        let ms = |i: usize| {
+            f[i].as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let took = ms(1).saturating_sub(ms(0));
+        metrics::histogram!("groupcast_batch_duration_seconds").record(took as f64 / 1000.0);
         tracing::info!(batch = %item.batch, "batch reported");
     }
     Ok(Outcome::Done)

@@ -1,0 +1,155 @@
+//! `groupcast audit BATCH`: a batch's full event history as a timeline.
+
+use clap::Args;
+
+use super::{human_duration, human_time, print_table, CliError, RedisArgs};
+use crate::events::{Event, Recorded};
+use crate::keys::validate_batch_id;
+use crate::phone::mask;
+
+/// Audit flags.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// The batch.
+    pub batch: String,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Show recipient numbers in full (masked as 010****5678 by default).
+    #[arg(long)]
+    pub show_numbers: bool,
+}
+
+/// A one-line summary of an event.
+pub fn summary(e: &Event, show_numbers: bool) -> String {
+    let num = |n: &str| if show_numbers { n.to_string() } else { mask(n) };
+    match e {
+        Event::ChunkAssigned(e) => format!(
+            "chunk {} ({} recipients{}) → generation {}",
+            e.seq,
+            e.count,
+            if e.last { ", last" } else { "" },
+            e.gen
+        ),
+        Event::GenerationClosed(e) => format!(
+            "generation {} closed ({}): {} chunks, {} recipients",
+            e.gen, e.reason, e.chunks, e.recipients
+        ),
+        Event::ChunkParked(e) => format!(
+            "chunk {} parked until generation {} has a group",
+            e.seq, e.gen
+        ),
+        Event::GroupRequested(e) => format!("group requested for generation {}", e.gen),
+        Event::GroupCreated(e) => format!("generation {} group {}", e.gen, e.group_id),
+        Event::ChunksReleased(e) => format!(
+            "{} parked chunk(s) of generation {} released",
+            e.chunks, e.gen
+        ),
+        Event::GroupDiscarded(e) => format!(
+            "losing group {} of generation {} deleted (kept {})",
+            e.group_id, e.gen, e.kept
+        ),
+        Event::ChunkLoaded(e) => {
+            let mut s = format!(
+                "chunk {} loaded into {}: {} registered ({} already there), {} failed",
+                e.seq,
+                e.group_id,
+                e.registered,
+                e.duplicates,
+                e.failed.len()
+            );
+            for f in e.failed.iter().take(3) {
+                s.push_str(&format!(" [{} {}]", num(&f.to), f.code));
+            }
+            if e.failed.len() > 3 {
+                s.push_str(" …");
+            }
+            s
+        }
+        Event::GenerationReady(e) => format!(
+            "generation {} complete ({} chunks): send enqueued",
+            e.gen, e.chunks
+        ),
+        Event::SendTriggered(e) => format!(
+            "generation {} group {} {}",
+            e.gen,
+            e.group_id,
+            e.outcome.replace('_', " ")
+        ),
+        Event::SendRefused(e) => format!("generation {} send REFUSED: {}", e.gen, e.reason),
+        Event::GroupCompleted(e) => format!(
+            "generation {} group {} {}: {} delivered, {} failed",
+            e.gen, e.group_id, e.status, e.sent_success, e.sent_failed
+        ),
+        Event::BatchReported(e) => format!(
+            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered",
+            e.outcome, e.generations, e.recipients, e.registered, e.failed, e.sent_success
+        ),
+        Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
+        Event::InputRejected(e) => format!("input rejected (seq {:?}): {}", e.seq, e.reason),
+        Event::BatchStalled(e) => format!("STALLED: quiet for {}", human_duration(e.quiet_for_ms)),
+    }
+}
+
+fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id,
+        "time": human_time(r.millis()),
+        "type": r.event.type_name(),
+        "key": r.key,
+        "summary": summary(&r.event, show_numbers),
+    })
+}
+
+/// Runs audit.
+pub async fn run(args: AuditArgs) -> Result<(), CliError> {
+    validate_batch_id(&args.batch)
+        .map_err(|e| CliError::Usage(format!("{:?}: {e}", args.batch)))?;
+    let store = args.redis.connect().await?;
+    let events = store.batch(&args.batch).events().await?;
+    if events.is_empty() {
+        return Err(CliError::Failed(format!(
+            "no events for batch {} (unknown, or past its retention)",
+            args.batch
+        )));
+    }
+    let t0 = events
+        .iter()
+        .find_map(|r| r.as_ref().ok().map(Recorded::millis))
+        .unwrap_or(0);
+    let mut rows = Vec::new();
+    for r in &events {
+        match r {
+            Ok(r) => {
+                if args.json {
+                    println!("{}", json_of(r, args.show_numbers));
+                } else {
+                    rows.push(vec![
+                        human_time(r.millis()),
+                        format!("+{}", human_duration(r.millis().saturating_sub(t0))),
+                        r.event.type_name().to_string(),
+                        summary(&r.event, args.show_numbers),
+                    ]);
+                }
+            }
+            Err((id, why)) => {
+                if args.json {
+                    println!("{}", serde_json::json!({"id": id, "error": why}));
+                } else {
+                    rows.push(vec![
+                        id.clone(),
+                        String::new(),
+                        "UNREADABLE".into(),
+                        why.clone(),
+                    ]);
+                }
+            }
+        }
+    }
+    if !args.json {
+        print_table(&["time", "since start", "event", "what"], &rows);
+    }
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! `groupcast demo`: the whole pipeline on this machine. Workers, the mock
+//! provider and a report receiver run in this process; a batch is submitted
+//! with its chunks shuffled and some sent twice; the report and the
+//! verification are printed. Exit 0 only if every invariant held.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use axum::{Json, Router};
+use clap::Args;
+
+use super::CliError;
+use crate::events::{Recipient, Template};
+use crate::keys::Keyspace;
+use crate::mock::{self, Faults, MockConfig};
+use crate::provider::{ProviderClient, ProviderConfig};
+use crate::redis_server::{RedisServer, ServerError};
+use crate::store::Store;
+use crate::verify::verify_batch;
+use crate::worker::{Ctx, Worker, WorkerConfig};
+
+/// Demo flags.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Redis to use. Default: the local server if one answers on
+    /// 127.0.0.1:6379 (under a fresh key prefix), else a private
+    /// redis-server started for the demo.
+    #[arg(long = "redis", env = "GROUPCAST_REDIS_URL")]
+    pub redis: Option<String>,
+    /// Recipients per batch.
+    #[arg(long, default_value_t = 100_000)]
+    pub recipients: usize,
+    /// Batches submitted at once.
+    #[arg(long, default_value_t = 1)]
+    pub batches: usize,
+    /// Recipients per chunk.
+    #[arg(long, default_value_t = 1_000)]
+    pub chunk_size: usize,
+    /// Most recipients per provider group (small, to show generations rolling over).
+    #[arg(long, default_value_t = 40_000)]
+    pub group_cap: u64,
+    /// Worker instances (each with every role).
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Share of chunks submitted twice.
+    #[arg(long, default_value_t = 0.1)]
+    pub duplicates: f64,
+    /// Share of provider requests answered 500 (retried).
+    #[arg(long, default_value_t = 0.02)]
+    pub error_rate: f64,
+    /// Share of provider requests whose answer is dropped after the effect.
+    #[arg(long, default_value_t = 0.01)]
+    pub drop_rate: f64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Clone, Default)]
+struct Received(Arc<Mutex<Vec<(String, serde_json::Value)>>>);
+
+async fn receive(
+    State(r): State<Received>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> &'static str {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if let Ok(mut v) = r.0.lock() {
+        v.push((key, body));
+    }
+    "ok"
+}
+
+fn say(msg: impl AsRef<str>) {
+    eprintln!("» {}", msg.as_ref());
+}
+
+async fn local_redis_answers() -> bool {
+    let Ok(client) = redis::Client::open("redis://127.0.0.1:6379/") else {
+        return false;
+    };
+    let attempt = async {
+        let mut c = client.get_multiplexed_async_connection().await.ok()?;
+        redis::cmd("PING").query_async::<String>(&mut c).await.ok()
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), attempt).await,
+        Ok(Some(_))
+    )
+}
+
+fn demo_recipients(k: usize, n: usize) -> Vec<Recipient> {
+    (0..n)
+        .map(|i| Recipient {
+            to: format!("010{:08}", (k * 10_000_000 + i) % 100_000_000),
+            vars: BTreeMap::from([
+                ("name".to_string(), format!("고객{i}")),
+                ("order".to_string(), format!("A-{k}-{i}")),
+            ]),
+        })
+        .collect()
+}
+
+/// Runs the demo.
+pub async fn run(args: DemoArgs) -> Result<(), CliError> {
+    if args.recipients == 0 || args.batches == 0 || args.workers == 0 {
+        return Err(CliError::Usage(
+            "--recipients, --batches and --workers must be at least 1".into(),
+        ));
+    }
+    if args.chunk_size == 0 || args.chunk_size > crate::events::chunk::MAX_CHUNK_RECIPIENTS {
+        return Err(CliError::Usage(
+            "--chunk-size must be between 1 and 10000".into(),
+        ));
+    }
+    if args.recipients * args.batches > 10_000_000 {
+        return Err(CliError::Usage(
+            "at most 10,000,000 recipients in all".into(),
+        ));
+    }
+    let started = Instant::now();
+    // 1. Redis.
+    let mut private: Option<RedisServer> = None;
+    let url = match &args.redis {
+        Some(u) => u.clone(),
+        None if local_redis_answers().await => "redis://127.0.0.1:6379/".to_string(),
+        None => match RedisServer::start() {
+            Ok(s) => {
+                let u = s.url();
+                private = Some(s);
+                u
+            }
+            Err(e @ ServerError::NotInstalled) => return Err(CliError::Usage(e.to_string())),
+            Err(e) => return Err(CliError::Failed(e.to_string())),
+        },
+    };
+    let prefix = format!("demo-{}", ulid::Ulid::new().to_string().to_lowercase());
+    let store = Store::connect(&url, Keyspace::new(prefix.clone(), 1))
+        .await
+        .map_err(|e| {
+            CliError::Redis(format!(
+                "cannot use redis at {}: {e}",
+                crate::store::redact_url(&url)
+            ))
+        })?;
+    say(format!(
+        "redis: {} ({}), keys under {prefix}:",
+        crate::store::redact_url(&url),
+        if private.is_some() {
+            "a private redis-server started for the demo"
+        } else {
+            "existing server"
+        }
+    ));
+
+    // 2. The mock provider, 3. a report receiver.
+    let key = format!("demo-key-{}", ulid::Ulid::new());
+    let secret = format!("demo-secret-{}", ulid::Ulid::new());
+    let mock = mock::start(
+        MockConfig {
+            api_key: key.clone(),
+            api_secret: secret.clone(),
+            complete_after: Duration::from_millis(300),
+            faults: Faults {
+                error_rate: args.error_rate,
+                drop_rate: args.drop_rate,
+                ..Faults::default()
+            },
+            ..MockConfig::default()
+        },
+        "127.0.0.1:0"
+            .parse()
+            .map_err(|_| CliError::Failed("address".into()))?,
+    )
+    .await
+    .map_err(|e| CliError::Failed(format!("cannot start the mock provider: {e}")))?;
+    say(format!(
+        "mock provider: {} ({:.0}% of requests answered 500, {:.0}% answered then dropped)",
+        mock.base_url(),
+        args.error_rate * 100.0,
+        args.drop_rate * 100.0
+    ));
+    let received = Received::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot start the report receiver: {e}")))?;
+    let receiver_url = format!(
+        "http://{}/reports",
+        listener
+            .local_addr()
+            .map_err(|e| CliError::Failed(e.to_string()))?
+    );
+    let app = Router::new()
+        .route("/reports", post(receive))
+        .with_state(received.clone());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    // 4. Workers.
+    let provider = ProviderClient::new(ProviderConfig {
+        base_url: mock.base_url(),
+        api_key: key,
+        api_secret: secret,
+        ..ProviderConfig::default()
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    let config = WorkerConfig {
+        group_cap: args.group_cap,
+        rate_limit: 0,
+        poll_interval: Duration::from_millis(100),
+        backoff_base: Duration::from_millis(50),
+        backoff_max: Duration::from_secs(2),
+        visibility_timeout: Duration::from_secs(10),
+        max_attempts: 20,
+        block: Duration::from_millis(500),
+        report_webhook: Some(receiver_url.clone()),
+        retention: Duration::from_secs(3600),
+        ..WorkerConfig::default()
+    };
+    let mut workers = Vec::new();
+    for _ in 0..args.workers {
+        let w = Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone())).await?;
+        workers.push(w);
+    }
+    say(format!(
+        "{} workers running (group cap {})",
+        args.workers, args.group_cap
+    ));
+
+    // 5. Submit, shuffled, some chunks twice.
+    let template = Template {
+        kind: "ATA".into(),
+        from: "0212345678".into(),
+        text: "#{name}님, 주문하신 #{order} 상품이 출발했습니다.".into(),
+        kakao_options: Some(crate::events::chunk::KakaoTemplate {
+            pf_id: "KA01PF-demo".into(),
+            template_id: "ORDER_SHIPPED".into(),
+        }),
+    };
+    let batches: Vec<String> = (0..args.batches)
+        .map(|k| format!("demo-campaign-{k}"))
+        .collect();
+    let mut chunks = Vec::new();
+    for (k, b) in batches.iter().enumerate() {
+        chunks.extend(crate::producer::cut(
+            b,
+            &template,
+            demo_recipients(k, args.recipients),
+            args.chunk_size,
+        ));
+    }
+    let originals = chunks.len();
+    let dups: Vec<_> = chunks
+        .iter()
+        .filter(|_| rand::random::<f64>() < args.duplicates)
+        .cloned()
+        .collect();
+    chunks.extend(dups);
+    use rand::seq::SliceRandom;
+    chunks.shuffle(&mut rand::rng());
+    crate::producer::append_chunks(&store, &chunks).await?;
+    say(format!(
+        "submitted {} batch(es): {} recipients in {originals} chunks, plus {} duplicate deliveries, in random order",
+        batches.len(),
+        args.recipients * batches.len(),
+        chunks.len() - originals
+    ));
+
+    // 6. Progress until every report is delivered.
+    let total = (args.recipients * batches.len()) as u64;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "  {bar:40} {pos}/{len} recipients loaded, {msg} {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut last_line = Instant::now();
+    loop {
+        let mut loaded = 0u64;
+        let mut reported = 0;
+        for b in &batches {
+            let f = store
+                .batch(b)
+                .fields(&["registered".into(), "failed".into(), "report".into()])
+                .await?;
+            loaded += f
+                .iter()
+                .take(2)
+                .filter_map(|v| v.as_deref()?.parse::<u64>().ok())
+                .sum::<u64>();
+            reported += usize::from(f[2].is_some());
+        }
+        let delivered = received.0.lock().map(|v| v.len()).unwrap_or(0);
+        let msg = format!("{reported}/{} reported", batches.len());
+        match &bar {
+            Some(b) => {
+                b.set_position(loaded);
+                b.set_message(msg.clone());
+            }
+            None if last_line.elapsed() >= Duration::from_secs(2) => {
+                last_line = Instant::now();
+                say(format!("{loaded}/{total} recipients loaded, {msg}"));
+            }
+            None => {}
+        }
+        if reported == batches.len() && delivered >= batches.len() {
+            break;
+        }
+        if Instant::now() > deadline {
+            if let Some(b) = &bar {
+                b.abandon();
+            }
+            return Err(CliError::Failed(format!(
+                "not finished after {}s: {loaded}/{total} loaded, {reported} reported; see `groupcast status --prefix {prefix}`",
+                args.timeout_secs
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let elapsed = started.elapsed();
+    for w in workers {
+        w.stop().await;
+    }
+
+    // 7. Report, verification, ledger.
+    let mut failures = Vec::new();
+    let deliveries = received.0.lock().map(|v| v.clone()).unwrap_or_default();
+    for b in &batches {
+        let key = format!("{b}:report");
+        let mine: Vec<_> = deliveries.iter().filter(|(k, _)| *k == key).collect();
+        if let Some((_, body)) = mine.first() {
+            println!("report for {b} (received by the webhook with Idempotency-Key {key}):");
+            println!("{}", serde_json::to_string_pretty(body).unwrap_or_default());
+        }
+        if mine.len() != 1 {
+            failures.push(format!(
+                "{b}: the webhook received {} report(s)",
+                mine.len()
+            ));
+        }
+        let v = verify_batch(&store, Some(&provider), b, args.group_cap).await?;
+        let failed = v.failures();
+        println!(
+            "verify {b}: {} checks from our events and the provider's view, {} failed",
+            v.checks.len(),
+            failed.len()
+        );
+        for f in failed {
+            failures.push(format!("{b}: invariant {}: {}", f.invariant, f.detail));
+        }
+    }
+    let ledger = mock::invariants::check(&mock.ledger_summary(), args.group_cap);
+    let summary = mock.ledger_summary();
+    println!(
+        "provider ledger: {} group(s) used, {} deleted, {} orphaned, {} recipients registered, {} requests, faults injected: {} errors, {} dropped answers",
+        ledger.groups.values().sum::<usize>(),
+        ledger.deleted,
+        ledger.orphans,
+        ledger.registered.values().sum::<u64>(),
+        summary.totals.requests.values().sum::<u64>(),
+        summary.totals.faults.errors,
+        summary.totals.faults.drops,
+    );
+    failures.extend(ledger.violations.iter().cloned());
+    for b in &batches {
+        let got = ledger.registered.get(b).copied().unwrap_or(0);
+        if got != args.recipients as u64 {
+            failures.push(format!(
+                "{b}: {got} of {} recipients registered at the provider",
+                args.recipients
+            ));
+        }
+    }
+    let dead = crate::verify::count_dead_letters(&store, &batches[0]).await?;
+    println!(
+        "{} recipients in {:.1}s ({:.0} recipients/s end to end), {dead} dead letter(s)",
+        total,
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64()
+    );
+    drop(private);
+    if failures.is_empty() {
+        println!("every invariant held: one group per generation, each sent once, every recipient registered once, one report per batch");
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "invariants broken:\n  {}",
+            failures.join("\n  ")
+        )))
+    }
+}

@@ -1,0 +1,281 @@
+//! The command line: one file per command, and this thin dispatcher.
+
+pub mod audit;
+pub mod demo;
+pub mod dlq;
+pub mod mock_provider;
+pub mod replay;
+pub mod status;
+pub mod submit;
+pub mod verify;
+pub mod worker;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::keys::Keyspace;
+use crate::store::{Store, StoreError};
+
+/// Bulk notifications through a provider's group API, event-sourced on Redis Streams.
+#[derive(Debug, Parser)]
+#[command(name = "groupcast", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human, env = "GROUPCAST_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How logs are written (to stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a worker: loaders, provider operations, retries, watchdog.
+    Worker(worker::WorkerArgs),
+    /// Cut a recipients file into chunks and append them.
+    Submit(submit::SubmitArgs),
+    /// A batch's full event history as a timeline.
+    Audit(audit::AuditArgs),
+    /// Rebuild batch states from their events; --verify compares with the live copy.
+    Replay(replay::ReplayArgs),
+    /// A batch's state, or an overview of the streams.
+    Status(status::StatusArgs),
+    /// Inspect and redrive dead letters.
+    Dlq(dlq::DlqArgs),
+    /// Check the six invariants for a batch.
+    Verify(verify::VerifyArgs),
+    /// Run everything on this machine: workers, a mock provider, a batch.
+    Demo(demo::DemoArgs),
+    /// Serve the mock provider (the provider contract plus test hooks).
+    MockProvider(mock_provider::MockProviderArgs),
+}
+
+/// Where Redis is and how keys are named.
+#[derive(Debug, Clone, Args)]
+pub struct RedisArgs {
+    /// Redis URL: redis://, rediss:// (TLS), or redis+cluster://host:port,host:port.
+    /// Put no password here (a command line is visible to `ps`): use
+    /// GROUPCAST_REDIS_PASSWORD or GROUPCAST_REDIS_PASSWORD_FILE.
+    #[arg(
+        long = "redis",
+        env = "GROUPCAST_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub url: String,
+    /// Key prefix, so that deployments can share a server.
+    #[arg(long, env = "GROUPCAST_PREFIX", default_value = "gc")]
+    pub prefix: String,
+    /// Number of shards (hash tags) batches are spread over. Changing it
+    /// moves batches to other shards: drain first (see README).
+    #[arg(long, env = "GROUPCAST_SHARDS", default_value_t = 1)]
+    pub shards: u32,
+}
+
+impl RedisArgs {
+    /// The URL with the password from the environment or a file put in.
+    pub fn resolved_url(&self) -> Result<String, CliError> {
+        let password = secret_from_env("GROUPCAST_REDIS_PASSWORD")?;
+        let username = std::env::var("GROUPCAST_REDIS_USERNAME").ok();
+        Ok(match (password, username) {
+            (None, None) => self.url.clone(),
+            (password, username) => {
+                with_credentials(&self.url, username.as_deref(), password.as_deref())
+            }
+        })
+    }
+
+    /// Connects.
+    pub async fn connect(&self) -> Result<Store, CliError> {
+        let url = self.resolved_url()?;
+        Store::connect(&url, Keyspace::new(self.prefix.clone(), self.shards))
+            .await
+            .map_err(|e| CliError::Redis(explain_connect(&self.url, e)))
+    }
+}
+
+/// Puts a username and password into a URL (`scheme://user:pass@host...`).
+pub fn with_credentials(url: &str, username: Option<&str>, password: Option<&str>) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let host = rest.rsplit_once('@').map(|(_, h)| h).unwrap_or(rest);
+    let user = username.unwrap_or("");
+    match password {
+        Some(p) => format!("{scheme}://{user}:{}@{host}", percent(p)),
+        None => format!("{scheme}://{user}@{host}"),
+    }
+}
+
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Reads a secret from `NAME` or from the file named by `NAME_FILE`.
+pub fn secret_from_env(name: &str) -> Result<Option<String>, CliError> {
+    if let Ok(v) = std::env::var(name) {
+        return Ok(Some(v));
+    }
+    let file_var = format!("{name}_FILE");
+    if let Ok(path) = std::env::var(&file_var) {
+        return std::fs::read_to_string(&path)
+            .map(|s| Some(s.trim_end_matches(['\n', '\r']).to_string()))
+            .map_err(|e| {
+                CliError::Usage(format!(
+                    "{file_var}={path}: cannot read the secret file: {e}"
+                ))
+            });
+    }
+    Ok(None)
+}
+
+fn explain_connect(url: &str, e: StoreError) -> String {
+    let redacted = crate::store::redact_url(url);
+    let text = e.to_string();
+    let hint = if text.contains("WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("invalid username-password")
+    {
+        "the credentials were refused: check GROUPCAST_REDIS_USERNAME / GROUPCAST_REDIS_PASSWORD(_FILE)"
+    } else if text.contains("refused") || text.contains("Connection refused") {
+        "nothing listens there: is redis-server running? (Debian: sudo apt-get install redis-server)"
+    } else if text.contains("NOPERM") {
+        "the ACL user lacks permissions: groupcast needs streams, hashes, sets, sorted sets, strings and EVALSHA on its prefix"
+    } else {
+        "check the URL, the network and the server's log"
+    };
+    format!("cannot use redis at {redacted}: {text} ({hint})")
+}
+
+/// What a command failed with, and its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad input or usage: exit 2.
+    #[error("{0}")]
+    Usage(String),
+    /// Redis could not be used: exit 1.
+    #[error("{0}")]
+    Redis(String),
+    /// The command ran and found a failure (verification, differences): exit 1.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        CliError::Redis(e.to_string())
+    }
+}
+
+impl CliError {
+    fn code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Redis(_) | CliError::Failed(_) => 1,
+        }
+    }
+}
+
+/// Sets up logging.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GROUPCAST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Human => builder.try_init(),
+    };
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> ExitCode {
+    let quiet = matches!(cli.command, Command::Demo(_) | Command::Submit(_));
+    if !quiet || std::env::var("GROUPCAST_LOG").is_ok() {
+        init_logging(cli.log_format);
+    }
+    let result = match cli.command {
+        Command::Worker(a) => worker::run(a).await,
+        Command::Submit(a) => submit::run(a).await,
+        Command::Audit(a) => audit::run(a).await,
+        Command::Replay(a) => replay::run(a).await,
+        Command::Status(a) => status::run(a).await,
+        Command::Dlq(a) => dlq::run(a).await,
+        Command::Verify(a) => verify::run(a).await,
+        Command::Demo(a) => demo::run(a).await,
+        Command::MockProvider(a) => mock_provider::run(a).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("groupcast: {e}");
+            ExitCode::from(e.code())
+        }
+    }
+}
+
+/// Formats a duration for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
+pub fn human_duration(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if ms < 3_600_000 {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+    } else {
+        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
+    }
+}
+
+/// Formats epoch milliseconds as an RFC 3339 UTC time (to the millisecond).
+pub fn human_time(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Prints rows as an aligned table.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    println!("{}", line(headers.iter().map(|h| h.to_string()).collect()));
+    for r in rows {
+        println!("{}", line(r.clone()));
+    }
+}

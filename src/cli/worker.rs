@@ -1,0 +1,273 @@
+//! `groupcast worker`: runs the pipeline's roles until SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use super::{secret_from_env, CliError, RedisArgs};
+use crate::provider::{ProviderClient, ProviderConfig};
+use crate::store::Store;
+use crate::worker::{Ctx, Role, Worker, WorkerConfig};
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
+}
+
+/// The durability the deployment expects from Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Durability {
+    /// AOF with `appendfsync always`: no acknowledged write is lost in a crash.
+    Always,
+    /// AOF with `appendfsync everysec`: a crash can lose about a second.
+    Everysec,
+    /// No persistence expected (tests, throwaway demos).
+    None,
+}
+
+/// Worker flags. Every flag has a `GROUPCAST_*` variable.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+}
+
+/// The worker's own settings.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerFlags {
+    /// Provider base URL. Credentials come only from GROUPCAST_PROVIDER_API_KEY
+    /// and GROUPCAST_PROVIDER_API_SECRET (or their _FILE variants).
+    #[arg(
+        long,
+        env = "GROUPCAST_PROVIDER_URL",
+        default_value = "https://api.solapi.com"
+    )]
+    pub provider_url: String,
+    /// Roles to run, comma-separated: load, operate, promote, watchdog.
+    #[arg(
+        long,
+        env = "GROUPCAST_ROLES",
+        default_value = "load,operate,promote,watchdog",
+        value_delimiter = ','
+    )]
+    pub roles: Vec<String>,
+    /// Entries handled at once per stream.
+    #[arg(long, env = "GROUPCAST_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: usize,
+    /// Most recipients in one provider group (generation).
+    #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = 1_000_000)]
+    pub group_cap: u64,
+    /// Provider requests per second across all workers (0 = unlimited).
+    #[arg(long, env = "GROUPCAST_RATE_LIMIT", default_value_t = 300)]
+    pub rate_limit: u32,
+    /// Requests allowed at once above the rate.
+    #[arg(long, env = "GROUPCAST_RATE_BURST", default_value_t = 50)]
+    pub rate_burst: u32,
+    /// Attempts per work item before it is dead-lettered.
+    #[arg(long, env = "GROUPCAST_MAX_ATTEMPTS", default_value_t = 8)]
+    pub max_attempts: u32,
+    /// First retry delay (doubles per attempt, with jitter).
+    #[arg(long, env = "GROUPCAST_BACKOFF_BASE", default_value = "200ms", value_parser = duration)]
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    #[arg(long, env = "GROUPCAST_BACKOFF_MAX", default_value = "30s", value_parser = duration)]
+    pub backoff_max: Duration,
+    /// Unacknowledged entries idle this long are reclaimed.
+    #[arg(long, env = "GROUPCAST_VISIBILITY_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub visibility_timeout: Duration,
+    /// Deliveries of one entry before it is dead-lettered as poison.
+    #[arg(long, env = "GROUPCAST_MAX_DELIVERIES", default_value_t = 10)]
+    pub max_deliveries: u64,
+    /// How often a sent group's status is read.
+    #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value = "500ms", value_parser = duration)]
+    pub poll_interval: Duration,
+    /// Where to POST each batch's report (with an Idempotency-Key header).
+    #[arg(long, env = "GROUPCAST_REPORT_WEBHOOK")]
+    pub report_webhook: Option<String>,
+    /// How long a finished batch's events are kept.
+    #[arg(long, env = "GROUPCAST_RETENTION", default_value = "7days", value_parser = duration)]
+    pub retention: Duration,
+    /// A batch quiet this long before its report is reported stalled.
+    #[arg(long, env = "GROUPCAST_STALL_AFTER", default_value = "5m", value_parser = duration)]
+    pub stall_after: Duration,
+    /// How often the watchdog scans.
+    #[arg(long, env = "GROUPCAST_WATCHDOG_INTERVAL", default_value = "10s", value_parser = duration)]
+    pub watchdog_interval: Duration,
+    /// Where to serve Prometheus metrics (`off` to disable). Loopback unless told otherwise.
+    #[arg(
+        long,
+        env = "GROUPCAST_METRICS_LISTEN",
+        default_value = "127.0.0.1:9464"
+    )]
+    pub metrics_listen: String,
+    /// The Redis durability this deployment expects; the worker warns at
+    /// start when the server's settings are weaker.
+    #[arg(long, env = "GROUPCAST_DURABILITY", value_enum, default_value_t = Durability::Everysec)]
+    pub durability: Durability,
+}
+
+impl WorkerFlags {
+    /// The worker config these flags describe.
+    pub fn config(&self) -> Result<WorkerConfig, CliError> {
+        let mut roles = Vec::new();
+        for r in &self.roles {
+            roles.push(Role::parse(r.trim()).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "--roles: unknown role {r:?}; use load, operate, promote, watchdog"
+                ))
+            })?);
+        }
+        if self.concurrency == 0 {
+            return Err(CliError::Usage("--concurrency must be at least 1".into()));
+        }
+        if self.group_cap == 0 {
+            return Err(CliError::Usage("--group-cap must be at least 1".into()));
+        }
+        if self.max_attempts == 0 {
+            return Err(CliError::Usage("--max-attempts must be at least 1".into()));
+        }
+        Ok(WorkerConfig {
+            roles,
+            concurrency: self.concurrency,
+            group_cap: self.group_cap,
+            rate_limit: self.rate_limit,
+            rate_burst: self.rate_burst,
+            max_attempts: self.max_attempts,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+            visibility_timeout: self.visibility_timeout,
+            max_deliveries: self.max_deliveries,
+            poll_interval: self.poll_interval,
+            report_webhook: self.report_webhook.clone(),
+            retention: self.retention,
+            stall_after: self.stall_after,
+            watchdog_interval: self.watchdog_interval,
+            ..WorkerConfig::default()
+        })
+    }
+
+    /// The provider client, with credentials from the environment or files.
+    pub fn provider(&self) -> Result<ProviderClient, CliError> {
+        let key = secret_from_env("GROUPCAST_PROVIDER_API_KEY")?;
+        let secret = secret_from_env("GROUPCAST_PROVIDER_API_SECRET")?;
+        let (Some(api_key), Some(api_secret)) = (key, secret) else {
+            return Err(CliError::Usage(
+                "provider credentials missing: set GROUPCAST_PROVIDER_API_KEY and GROUPCAST_PROVIDER_API_SECRET \
+                 (or GROUPCAST_PROVIDER_API_KEY_FILE / GROUPCAST_PROVIDER_API_SECRET_FILE)"
+                    .into(),
+            ));
+        };
+        ProviderClient::new(ProviderConfig {
+            base_url: self.provider_url.clone(),
+            api_key,
+            api_secret,
+            ..ProviderConfig::default()
+        })
+        .map_err(|e| CliError::Usage(format!("--provider-url: {e}")))
+    }
+}
+
+/// Warns when the server's settings are weaker than the expected durability,
+/// or when it may evict keys. Returns the warnings.
+pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut conn = store.conn.clone();
+    let get = |name: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .ok()
+                .and_then(|v| v.get(1).cloned())
+        }
+    };
+    match get("maxmemory-policy").await {
+        Some(p) if p == "noeviction" => {}
+        Some(p) => warnings.push(format!(
+            "redis maxmemory-policy is {p}: under memory pressure Redis may evict groupcast's keys and lose events; set `maxmemory-policy noeviction`"
+        )),
+        None => warnings.push("cannot read maxmemory-policy (CONFIG GET refused?): make sure it is noeviction".into()),
+    }
+    if durability != Durability::None {
+        let aof = get("appendonly").await;
+        let fsync = get("appendfsync").await;
+        let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
+            (Some("yes"), Some("always"), _) => false,
+            (Some("yes"), Some("everysec"), Durability::Everysec) => false,
+            (None, _, _) | (_, None, _) => {
+                warnings.push("cannot read appendonly/appendfsync: durability not checked".into());
+                false
+            }
+            _ => true,
+        };
+        if weak {
+            warnings.push(format!(
+                "redis has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see README, Durability)",
+                aof.unwrap_or_default(),
+                fsync.unwrap_or_default(),
+                durability
+            ));
+        }
+    }
+    let _ = &mut conn;
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    warnings
+}
+
+/// Runs the worker.
+pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
+    let config = args.worker.config()?;
+    let provider = args.worker.provider()?;
+    let store = args.redis.connect().await?;
+    redis::cmd("PING")
+        .query_async::<String>(&mut store.conn.clone())
+        .await
+        .map_err(|e| {
+            CliError::Redis(format!(
+                "redis at {} does not answer PING: {e}",
+                store.target.redacted()
+            ))
+        })?;
+    check_server(&store, args.worker.durability).await;
+    if args.worker.metrics_listen != "off" {
+        let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
+            CliError::Usage(format!(
+                "--metrics-listen {}: {e}",
+                args.worker.metrics_listen
+            ))
+        })?;
+        if let Some(handle) = crate::metrics::install() {
+            let local = crate::metrics::serve(addr, handle)
+                .await
+                .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
+            tracing::info!(%local, "metrics at http://{local}/metrics");
+        }
+    }
+    let worker = Worker::start(Ctx::new(store, provider, config)).await?;
+    wait_for_signal().await;
+    tracing::info!("stopping: no new work; in-flight entries finish or stay pending for reclaim");
+    worker.stop().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
