@@ -199,25 +199,25 @@ async fn sending_turns_complete_after_delay() {
     );
     // Bounded poll: the status, not a sleep, is what the test waits for.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut seen_sending = false;
-    loop {
+    let done = loop {
         let got = c.get_group(&g.group_id).await.unwrap();
         match got.status {
-            GroupStatus::Sending => {
-                seen_sending = true;
-                assert_eq!(got.count.sent_pending, 1);
-            }
-            GroupStatus::Complete => {
-                assert_eq!(got.count.sent_success, 1);
-                assert_eq!(got.count.sent_pending, 0);
-                break;
-            }
+            GroupStatus::Sending => assert_eq!(got.count.sent_pending, 1),
+            GroupStatus::Complete => break got,
             other => panic!("unexpected {other:?}"),
         }
         assert!(Instant::now() < deadline, "never completed");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen_sending || mock.ledger().groups[0].status == GroupStatus::Complete);
+    };
+    assert_eq!(done.count.sent_success, 1);
+    assert_eq!(done.count.sent_pending, 0);
+    // Completion is dated complete_after after the send.
+    let sent = humantime::parse_rfc3339(done.date_sent.as_deref().unwrap()).unwrap();
+    let completed = humantime::parse_rfc3339(done.date_completed.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        completed.duration_since(sent).unwrap(),
+        Duration::from_millis(100)
+    );
 }
 
 #[tokio::test]
