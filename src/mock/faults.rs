@@ -70,6 +70,8 @@ impl FaultController {
         s.stall_until =
             (faults.stall_ms > 0).then(|| Instant::now() + Duration::from_millis(faults.stall_ms));
         s.faults = faults;
+        // A new limit starts with a fresh window.
+        s.window_count = 0;
     }
 
     pub fn get(&self) -> Faults {
