@@ -152,7 +152,7 @@ pub struct RedisTarget {
 #[derive(Clone)]
 enum TargetKind {
     Single(redis::Client),
-    Cluster(ClusterClient, Vec<String>),
+    Cluster(Box<ClusterClient>, Vec<String>),
 }
 
 /// The URL with any password replaced by `***`, for messages and logs.
@@ -207,7 +207,7 @@ impl RedisTarget {
                 .connection_timeout(Duration::from_secs(5))
                 .build()
                 .map_err(|e| config_err(e.to_string()))?;
-            TargetKind::Cluster(client, nodes)
+            TargetKind::Cluster(Box::new(client), nodes)
         } else {
             TargetKind::Single(redis::Client::open(url).map_err(|e| config_err(e.to_string()))?)
         };

@@ -24,7 +24,7 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
         for shard in 0..ctx.store.keys.shards() {
             loop {
                 match ctx.store.promote(shard, 500).await {
-                    Ok(n) if n == 500 => continue,
+                    Ok(500) => continue,
                     Ok(_) => break,
                     Err(e) => {
                         tracing::warn!(shard, error = %e, "promoting delayed retries failed");
