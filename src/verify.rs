@@ -206,7 +206,7 @@ pub async fn verify_batch(
                 .values()
                 .map(|(_, _, reg, _)| u64::from(*reg))
                 .sum();
-            match p.get_group(group_id).await {
+            match get_group(p, group_id).await {
                 Ok(group) => {
                     check(
                         3,
@@ -239,7 +239,7 @@ pub async fn verify_batch(
                 ),
             }
             for d in &st.discarded {
-                let gone = match p.get_group(d).await {
+                let gone = match get_group(p, d).await {
                     Ok(grp) => grp.status == GroupStatus::Deleted,
                     Err(e) => e.status() == Some(404),
                 };
@@ -295,6 +295,22 @@ pub async fn verify_batch(
         reported,
         checks,
     })
+}
+
+/// Reads a group, trying transient failures again (a flaky provider must not
+/// fail a verification).
+async fn get_group(p: &ProviderClient, id: &str) -> Result<crate::provider::Group, crate::provider::ProviderError> {
+    let mut attempt = 0;
+    loop {
+        match p.get_group(id).await {
+            Err(e) if e.is_retryable() && attempt < 8 => {
+                attempt += 1;
+                let wait = e.retry_after().unwrap_or(std::time::Duration::from_millis(50 << attempt.min(5)));
+                tokio::time::sleep(wait).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 async fn count_reports(store: &Store, batch: &str) -> StoreResult<usize> {
