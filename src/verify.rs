@@ -299,13 +299,18 @@ pub async fn verify_batch(
 
 /// Reads a group, trying transient failures again (a flaky provider must not
 /// fail a verification).
-async fn get_group(p: &ProviderClient, id: &str) -> Result<crate::provider::Group, crate::provider::ProviderError> {
+async fn get_group(
+    p: &ProviderClient,
+    id: &str,
+) -> Result<crate::provider::Group, crate::provider::ProviderError> {
     let mut attempt = 0;
     loop {
         match p.get_group(id).await {
             Err(e) if e.is_retryable() && attempt < 8 => {
                 attempt += 1;
-                let wait = e.retry_after().unwrap_or(std::time::Duration::from_millis(50 << attempt.min(5)));
+                let wait = e
+                    .retry_after()
+                    .unwrap_or(std::time::Duration::from_millis(50 << attempt.min(5)));
                 tokio::time::sleep(wait).await;
             }
             other => return other,

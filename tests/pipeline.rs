@@ -82,8 +82,15 @@ async fn provider_faults_do_not_break_invariants_or_dead_letter_anything() {
     rig.verify(&batches).await;
     rig.check_ledger(&expected);
     let faults = rig.mock.ledger_summary().totals.faults;
-    assert!(faults.errors > 0 && faults.drops > 0 && faults.rate_limited > 0, "faults were injected: {faults:?}");
-    assert_eq!(dead_letters(&rig.store).await, vec![], "nothing a retry could save is dead-lettered");
+    assert!(
+        faults.errors > 0 && faults.drops > 0 && faults.rate_limited > 0,
+        "faults were injected: {faults:?}"
+    );
+    assert_eq!(
+        dead_letters(&rig.store).await,
+        vec![],
+        "nothing a retry could save is dead-lettered"
+    );
     rig.stop().await;
 }
 
@@ -102,17 +109,48 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
     let batch = "twice";
     let log = rig.store.batch(batch);
     let chunk = groupcast::producer::cut(batch, &template(), recipients(3, 50), 50).remove(0);
-    let Accepted::Assigned { gen: 0, .. } = log.accept(0, true, 50, &chunk.digest(), 1_000).await.expect("accept") else {
+    let Accepted::Assigned { gen: 0, .. } = log
+        .accept(0, true, 50, &chunk.digest(), 1_000)
+        .await
+        .expect("accept")
+    else {
         panic!("first chunk is assigned to generation 0")
     };
-    let group = rig.provider.create_group(&BTreeMap::new()).await.expect("create");
-    assert_eq!(log.record_group(0, &group.group_id).await.expect("record"), GroupRecord::Won);
+    let group = rig
+        .provider
+        .create_group(&BTreeMap::new())
+        .await
+        .expect("create");
+    assert_eq!(
+        log.record_group(0, &group.group_id).await.expect("record"),
+        GroupRecord::Won
+    );
     let msgs = groupcast::worker::ops::load_chunk::messages(&chunk);
-    rig.provider.add_messages(&group.group_id, &msgs).await.expect("add");
-    let loaded = ChunkLoaded { gen: 0, seq: 0, group_id: group.group_id.clone(), registered: 50, duplicates: 0, failed: vec![] };
-    assert_eq!(log.loaded(&loaded).await.expect("loaded"), Some(true), "the generation is ready");
+    rig.provider
+        .add_messages(&group.group_id, &msgs)
+        .await
+        .expect("add");
+    let loaded = ChunkLoaded {
+        gen: 0,
+        seq: 0,
+        group_id: group.group_id.clone(),
+        registered: 50,
+        duplicates: 0,
+        failed: vec![],
+    };
+    assert_eq!(
+        log.loaded(&loaded).await.expect("loaded"),
+        Some(true),
+        "the generation is ready"
+    );
 
-    let item = WorkItem { batch: batch.into(), gen: 0, seq: None, group_id: None, attempt: 0 };
+    let item = WorkItem {
+        batch: batch.into(),
+        gen: 0,
+        seq: None,
+        group_id: None,
+        attempt: 0,
+    };
     let a = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
     let b = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
     let (ra, rb) = tokio::join!(send_group::run(&a, &item), send_group::run(&b, &item));
@@ -120,10 +158,22 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
     assert_eq!(rb.expect("b"), Outcome::Done);
 
     let ledger = rig.mock.ledger_summary();
-    let g = ledger.groups.iter().find(|g| g.group_id == group.group_id).expect("group in ledger");
+    let g = ledger
+        .groups
+        .iter()
+        .find(|g| g.group_id == group.group_id)
+        .expect("group in ledger");
     let statuses: Vec<u16> = g.send_calls.iter().map(|c| c.status).collect();
-    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 1, "one send reached the provider as 200: {statuses:?}");
-    assert_eq!(statuses.len(), 2, "both workers really raced to the provider: {statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "one send reached the provider as 200: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.len(),
+        2,
+        "both workers really raced to the provider: {statuses:?}"
+    );
     let sends = log
         .events()
         .await
@@ -141,36 +191,86 @@ async fn a_worker_killed_between_add_and_loaded_is_reclaimed_into_the_same_group
     use groupcast::store::batch::{Accepted, GroupRecord};
     use groupcast::store::queue::read_group;
 
-    let config = groupcast::worker::WorkerConfig { visibility_timeout: Duration::from_millis(500), ..test_config() };
+    let config = groupcast::worker::WorkerConfig {
+        visibility_timeout: Duration::from_millis(500),
+        ..test_config()
+    };
     let mut rig = Rig::start(0, config, mock_config()).await;
     let batch = "killed";
     let chunk = groupcast::producer::cut(batch, &template(), recipients(4, 500), 500).remove(0);
-    append_chunks(&rig.store, std::slice::from_ref(&chunk)).await.expect("append");
+    append_chunks(&rig.store, std::slice::from_ref(&chunk))
+        .await
+        .expect("append");
     let ingest = rig.store.keys.ingest(0);
-    rig.store.ensure_group(&ingest, LOADERS_GROUP).await.expect("group");
+    rig.store
+        .ensure_group(&ingest, LOADERS_GROUP)
+        .await
+        .expect("group");
 
     // The doomed worker takes the entry, accepts the chunk, gets a group,
     // adds every message... and dies before its "loaded" event and its ack.
     let mut conn = rig.store.blocking().await.expect("conn");
-    let taken = read_group(&mut conn, LOADERS_GROUP, "doomed-worker", std::slice::from_ref(&ingest), 1, 100).await.expect("read");
+    let taken = read_group(
+        &mut conn,
+        LOADERS_GROUP,
+        "doomed-worker",
+        std::slice::from_ref(&ingest),
+        1,
+        100,
+    )
+    .await
+    .expect("read");
     assert_eq!(taken.len(), 1);
     let log = rig.store.batch(batch);
-    assert!(matches!(log.accept(0, true, 500, &chunk.digest(), 1_000_000).await.expect("accept"), Accepted::Assigned { gen: 0, group: None }));
-    let fields = BTreeMap::from([("batchId".to_string(), batch.to_string()), ("generation".to_string(), "0".to_string())]);
+    assert!(matches!(
+        log.accept(0, true, 500, &chunk.digest(), 1_000_000)
+            .await
+            .expect("accept"),
+        Accepted::Assigned {
+            gen: 0,
+            group: None
+        }
+    ));
+    let fields = BTreeMap::from([
+        ("batchId".to_string(), batch.to_string()),
+        ("generation".to_string(), "0".to_string()),
+    ]);
     let group = rig.provider.create_group(&fields).await.expect("create");
-    assert_eq!(log.record_group(0, &group.group_id).await.expect("record"), GroupRecord::Won);
-    let first = rig.provider.add_messages(&group.group_id, &groupcast::worker::ops::load_chunk::messages(&chunk)).await.expect("add");
+    assert_eq!(
+        log.record_group(0, &group.group_id).await.expect("record"),
+        GroupRecord::Won
+    );
+    let first = rig
+        .provider
+        .add_messages(
+            &group.group_id,
+            &groupcast::worker::ops::load_chunk::messages(&chunk),
+        )
+        .await
+        .expect("add");
     assert_eq!(first.len(), 500);
 
     // A live worker reclaims the entry after the visibility timeout.
     rig.add_worker().await;
-    rig.wait_reported(&[batch.to_string()], Duration::from_secs(30)).await;
+    rig.wait_reported(&[batch.to_string()], Duration::from_secs(30))
+        .await;
     rig.verify(&[batch.to_string()]).await;
     rig.check_ledger(&BTreeMap::from([(batch.to_string(), 500)]));
     let ledger = rig.mock.ledger();
-    let g = ledger.groups.iter().find(|g| g.group_id == group.group_id).expect("the same group");
-    let dup = g.messages.iter().filter(|m| m.status_code == "1026").count();
-    assert_eq!(dup, 500, "the re-add landed in the same group, answered 1026");
+    let g = ledger
+        .groups
+        .iter()
+        .find(|g| g.group_id == group.group_id)
+        .expect("the same group");
+    let dup = g
+        .messages
+        .iter()
+        .filter(|m| m.status_code == "1026")
+        .count();
+    assert_eq!(
+        dup, 500,
+        "the re-add landed in the same group, answered 1026"
+    );
     let loaded: Vec<_> = log
         .events()
         .await
@@ -193,42 +293,78 @@ async fn bad_ingest_entries_are_dead_lettered_and_other_batches_are_unaffected()
 
     let rig = Rig::start(2, test_config(), mock_config()).await;
     let ingest = rig.store.keys.ingest(0);
-    let raw = |fields: Vec<(&str, Vec<u8>)>| fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Vec<_>>();
+    let raw = |fields: Vec<(&str, Vec<u8>)>| {
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<Vec<_>>()
+    };
     let fields_of = |c: &groupcast::events::Chunk| raw(ingest_fields(c).to_vec());
 
     // A batch that completes, then gets bad company.
     let base = groupcast::producer::cut("target", &template(), recipients(20, 400), 100);
     append_chunks(&rig.store, &base).await.expect("append");
-    rig.wait_reported(&["target".to_string()], Duration::from_secs(30)).await;
+    rig.wait_reported(&["target".to_string()], Duration::from_secs(30))
+        .await;
     // A good batch in flight alongside the bad entries.
     let good = shuffled_chunks("bystander", 21, 2_000, 200, 3);
     append_chunks(&rig.store, &good).await.expect("append");
 
-    append_raw(&rig.store, &ingest, &raw(vec![("v", b"1".to_vec()), ("t", b"chunk".to_vec()), ("d", b"\xc1\xff garbage".to_vec())])).await.expect("raw");
+    append_raw(
+        &rig.store,
+        &ingest,
+        &raw(vec![
+            ("v", b"1".to_vec()),
+            ("t", b"chunk".to_vec()),
+            ("d", b"\xc1\xff garbage".to_vec()),
+        ]),
+    )
+    .await
+    .expect("raw");
     let mut v9 = fields_of(&base[0]);
     v9[0].1 = b"9".to_vec();
     append_raw(&rig.store, &ingest, &v9).await.expect("raw");
     let mut beyond = base[0].clone();
     beyond.seq = 7;
     beyond.last = false;
-    append_raw(&rig.store, &ingest, &fields_of(&beyond)).await.expect("raw");
+    append_raw(&rig.store, &ingest, &fields_of(&beyond))
+        .await
+        .expect("raw");
     // A batch whose last seq is 3, then a chunk 1 also flagged last.
     let unfinished = groupcast::producer::cut("unfinished", &template(), recipients(22, 40), 10);
-    append_chunks(&rig.store, &[unfinished[0].clone(), unfinished[3].clone()]).await.expect("append");
+    append_chunks(&rig.store, &[unfinished[0].clone(), unfinished[3].clone()])
+        .await
+        .expect("append");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while rig.store.batch("unfinished").state().await.expect("state").int("seqs") < 2 {
-        assert!(std::time::Instant::now() < deadline, "chunks 0 and 3 of `unfinished` were not accepted");
+    while rig
+        .store
+        .batch("unfinished")
+        .state()
+        .await
+        .expect("state")
+        .int("seqs")
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "chunks 0 and 3 of `unfinished` were not accepted"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut second_last = unfinished[1].clone();
     second_last.last = true;
-    append_raw(&rig.store, &ingest, &fields_of(&second_last)).await.expect("raw");
+    append_raw(&rig.store, &ingest, &fields_of(&second_last))
+        .await
+        .expect("raw");
     let mut conflicting = base[1].clone();
     conflicting.recipients = recipients(23, 100);
-    append_raw(&rig.store, &ingest, &fields_of(&conflicting)).await.expect("raw");
+    append_raw(&rig.store, &ingest, &fields_of(&conflicting))
+        .await
+        .expect("raw");
     assert_eq!(ENVELOPE_VERSION, "1");
 
-    rig.wait_reported(&["bystander".to_string()], Duration::from_secs(30)).await;
+    rig.wait_reported(&["bystander".to_string()], Duration::from_secs(30))
+        .await;
     // Bounded wait for the five dead letters.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let letters = loop {
@@ -240,14 +376,35 @@ async fn bad_ingest_entries_are_dead_lettered_and_other_batches_are_unaffected()
     };
     let reasons: Vec<&str> = letters.iter().map(|(_, r)| r.as_str()).collect();
     assert_eq!(letters.len(), 5, "{reasons:#?}");
-    for expected in ["undecodable chunk", "unknown envelope version \"9\"", "beyond the last seq 3", "seq 1 is flagged last, but seq 3 already was", "already accepted with other content"] {
-        assert!(reasons.iter().any(|r| r.contains(expected)), "no dead letter says {expected:?}: {reasons:#?}");
+    for expected in [
+        "undecodable chunk",
+        "unknown envelope version \"9\"",
+        "beyond the last seq 3",
+        "seq 1 is flagged last, but seq 3 already was",
+        "already accepted with other content",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(expected)),
+            "no dead letter says {expected:?}: {reasons:#?}"
+        );
     }
-    rig.verify(&["target".to_string(), "bystander".to_string()]).await;
-    rig.check_ledger(&BTreeMap::from([("target".to_string(), 400), ("bystander".to_string(), 2_000)]));
+    rig.verify(&["target".to_string(), "bystander".to_string()])
+        .await;
+    rig.check_ledger(&BTreeMap::from([
+        ("target".to_string(), 400),
+        ("bystander".to_string(), 2_000),
+    ]));
     // Rejections of a known batch are on its record too.
     let st = rig.store.batch("target").state().await.expect("state");
     assert_eq!(st.int("rejected"), 2);
-    assert_eq!(rig.store.batch("unfinished").state().await.expect("state").int("rejected"), 1);
+    assert_eq!(
+        rig.store
+            .batch("unfinished")
+            .state()
+            .await
+            .expect("state")
+            .int("rejected"),
+        1
+    );
     rig.stop().await;
 }

@@ -153,8 +153,12 @@ impl Rig {
         check_ledger(&self.mock, expected, self.config.group_cap);
     }
 
-    pub async fn stop(self) {
-        for w in self.workers {
+    pub async fn stop(mut self) {
+        self.stop_workers().await;
+    }
+
+    pub async fn stop_workers(&mut self) {
+        for w in self.workers.drain(..) {
             w.stop().await;
         }
     }
@@ -176,7 +180,11 @@ pub fn provider_for(mock: &MockHandle) -> ProviderClient {
 pub fn check_ledger(mock: &MockHandle, expected: &BTreeMap<String, usize>, cap: u64) -> usize {
     // Only the batches expected to be complete: others may be in flight.
     let mut summary = mock.ledger_summary();
-    summary.groups.retain(|g| g.custom_fields.get("batchId").is_some_and(|b| expected.contains_key(b)));
+    summary.groups.retain(|g| {
+        g.custom_fields
+            .get("batchId")
+            .is_some_and(|b| expected.contains_key(b))
+    });
     let check = groupcast::mock::invariants::check(&summary, cap);
     assert!(check.ok(), "ledger violations: {:#?}", check.violations);
     for (batch, n) in expected {

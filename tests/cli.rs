@@ -1,0 +1,418 @@
+//! The `groupcast` command: submit's input checks, the operator commands,
+//! and a worker process stopping on SIGTERM without losing anything.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::AsyncCommands;
+
+const BIN: &str = env!("CARGO_BIN_EXE_groupcast");
+
+fn groupcast(redis_url: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("GROUPCAST_REDIS_URL", redis_url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env_remove("GROUPCAST_LOG")
+        .output()
+        .expect("run groupcast")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p.display().to_string()
+}
+
+const TEMPLATE: &str = r##"{"type": "ATA", "from": "0212345678", "text": "#{name}님 안녕하세요", "kakaoOptions": {"pfId": "PF", "templateId": "T"}}"##;
+
+#[tokio::test]
+async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
+    let (server, store) = common::store(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = write(dir.path(), "t.json", TEMPLATE);
+    let good = write(
+        dir.path(),
+        "good.csv",
+        "to,name\n01012345678,Kim\n01012345679,Lee\n",
+    );
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![write(
+                dir.path(),
+                "malformed.csv",
+                "to,name\n01012345678,Kim\n01012345679,Lee,extra\n",
+            )],
+            "malformed.csv:3",
+        ),
+        (
+            vec![write(
+                dir.path(),
+                "badnum.csv",
+                "to,name\n01012345678,Kim\n0101234,Lee\n",
+            )],
+            "badnum.csv:3: field `to`",
+        ),
+        (vec![write(dir.path(), "empty.csv", "")], "empty.csv"),
+        (
+            vec![write(
+                dir.path(),
+                "novar.jsonl",
+                "{\"to\": \"01012345678\", \"name\": \"Kim\"}\n{\"to\": \"01012345679\"}\n",
+            )],
+            "novar.jsonl:2: field `name`",
+        ),
+        (
+            vec![write(
+                dir.path(),
+                "dup.csv",
+                "to,name\n01012345678,Kim\n010-1234-5678,Lee\n",
+            )],
+            "repeats line 2",
+        ),
+        (
+            vec![good.clone(), "--chunk-size".into(), "0".into()],
+            "--chunk-size 0",
+        ),
+        (
+            vec![good.clone(), "--chunk-size".into(), "10001".into()],
+            "--chunk-size 10001",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec![
+            "submit",
+            "--batch",
+            "b1",
+            "--template",
+            &template,
+            "--recipients",
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        let out = groupcast(&server.url(), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: stderr {stderr:?} should name {expected:?}"
+        );
+    }
+    let out = groupcast(
+        &server.url(),
+        &[
+            "submit",
+            "--batch",
+            "a}b",
+            "--template",
+            &template,
+            "--recipients",
+            &good,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'}'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = groupcast(
+        &server.url(),
+        &[
+            "submit",
+            "--batch",
+            "b1",
+            "--template",
+            &good,
+            "--recipients",
+            &good,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "a CSV is not a template");
+
+    let n: usize = store
+        .conn
+        .clone()
+        .xlen(store.keys.ingest(0))
+        .await
+        .expect("xlen");
+    assert_eq!(n, 0, "nothing appended by refused submits");
+
+    let out = groupcast(
+        &server.url(),
+        &[
+            "submit",
+            "--batch",
+            "b1",
+            "--template",
+            &template,
+            "--recipients",
+            &good,
+            "--chunk-size",
+            "1",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["chunks"], 2);
+    let n: usize = store
+        .conn
+        .clone()
+        .xlen(store.keys.ingest(0))
+        .await
+        .expect("xlen");
+    assert_eq!(n, 2);
+}
+
+/// Polls `cond` until it holds or `limit` passes.
+async fn wait_until<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn worker_process(
+    redis_url: &str,
+    mock: &groupcast::mock::MockHandle,
+    log: &Path,
+) -> std::process::Child {
+    let log = std::fs::File::create(log).expect("log file");
+    Command::new(BIN)
+        .args([
+            "worker",
+            "--metrics-listen",
+            "off",
+            "--visibility-timeout",
+            "1s",
+            "--poll-interval",
+            "50ms",
+            "--backoff-base",
+            "20ms",
+            "--rate-limit",
+            "0",
+            "--durability",
+            "none",
+            "--concurrency",
+            "2",
+        ])
+        .env("GROUPCAST_REDIS_URL", redis_url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env("GROUPCAST_PROVIDER_URL", mock.base_url())
+        .env("GROUPCAST_PROVIDER_API_KEY", KEY)
+        .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
+        .env("GROUPCAST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stops_on_sigterm_and_another_finishes_the_batch() {
+    let mut mock_cfg = mock_config();
+    mock_cfg.faults.latency_ms = 30;
+    let rig = Rig::start(0, test_config(), mock_cfg).await;
+    let url = rig.server.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let batch = "sigterm";
+    let chunks = shuffled_chunks(batch, 30, 6_000, 100, 11);
+    groupcast::producer::append_chunks(&rig.store, &chunks)
+        .await
+        .expect("append");
+
+    let mut first = worker_process(&url, &rig.mock, &dir.path().join("first.log"));
+    let log = rig.store.batch(batch);
+    wait_until(Duration::from_secs(30), "some chunks loaded", || async {
+        log.state()
+            .await
+            .map(|s| s.int("registered") >= 1_000)
+            .unwrap_or(false)
+    })
+    .await;
+    // SIGTERM: stop taking work, finish or leave in-flight entries pending.
+    let pid = first.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = first.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker did not stop after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        status.success(),
+        "worker exits cleanly on SIGTERM: {status:?}"
+    );
+    let text = std::fs::read_to_string(dir.path().join("first.log")).expect("log");
+    assert!(text.contains("worker stopped"), "{text}");
+    assert!(
+        log.state().await.expect("state").get("report").is_none(),
+        "the batch was still in flight at SIGTERM"
+    );
+
+    let mut second = worker_process(&url, &rig.mock, &dir.path().join("second.log"));
+    rig.wait_reported(&[batch.to_string()], Duration::from_secs(60))
+        .await;
+    rig.verify(&[batch.to_string()]).await;
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 6_000)]));
+    assert!(dead_letters(&rig.store).await.is_empty());
+    let _ = second.kill();
+    let _ = second.wait();
+
+    // The operator commands on the finished batch.
+    let out = groupcast(&url, &["replay", "--batch", batch, "--verify"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = groupcast(&url, &["audit", batch]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("REPORT completed"), "{text}");
+    let out = groupcast(&url, &["status", batch, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
+    assert_eq!(v["registered"], 6_000);
+    let out = groupcast(&url, &["verify", batch]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_verify_reports_a_tampered_state_and_replay_repairs_it() {
+    let mut rig = Rig::start(2, test_config(), mock_config()).await;
+    let url = rig.server.url();
+    let batch = "tamper";
+    groupcast::producer::append_chunks(&rig.store, &shuffled_chunks(batch, 31, 300, 100, 2))
+        .await
+        .expect("append");
+    rig.wait_reported(&[batch.to_string()], Duration::from_secs(30))
+        .await;
+    rig.stop_workers().await;
+    let state = rig.store.keys.batch(batch).state;
+    let _: () = rig
+        .store
+        .conn
+        .clone()
+        .hset(&state, "registered", "299")
+        .await
+        .expect("hset");
+    let out = groupcast(&url, &["replay", "--batch", batch, "--verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("registered: \"299\" vs \"300\""), "{text}");
+    let out = groupcast(&url, &["replay", "--all"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = groupcast(&url, &["replay", "--all", "--verify"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_can_be_listed_and_redriven() {
+    let rig = Rig::start(1, test_config(), mock_config()).await;
+    let url = rig.server.url();
+    let ingest = rig.store.keys.ingest(0);
+    // A chunk written with a future envelope version: dead-lettered...
+    let chunk = groupcast::producer::cut("redrive", &template(), recipients(32, 50), 50).remove(0);
+    let mut fields: Vec<(String, Vec<u8>)> = groupcast::producer::ingest_fields(&chunk)
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    fields[0].1 = b"2".to_vec();
+    groupcast::producer::append_raw(&rig.store, &ingest, &fields)
+        .await
+        .expect("raw");
+    wait_until(Duration::from_secs(20), "a dead letter", || async {
+        !dead_letters(&rig.store).await.is_empty()
+    })
+    .await;
+    let out = groupcast(&url, &["dlq", "list", "--json"]);
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let v: serde_json::Value = serde_json::from_str(&line).expect("dlq json");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unknown envelope version"),
+        "{v}"
+    );
+    let id = v["id"].as_str().expect("id").to_string();
+    // ...fixed at the source (here: by hand), then redriven: a redrive of the
+    // same bad entry fails again, visibly.
+    let out = groupcast(&url, &["dlq", "redrive", &id]);
+    assert!(out.status.success());
+    wait_until(
+        Duration::from_secs(20),
+        "the redriven entry to fail again",
+        || async { dead_letters(&rig.store).await.len() == 1 },
+    )
+    .await;
+    let letters = dead_letters(&rig.store).await;
+    assert!(letters[0].1.contains("unknown envelope version"));
+    // A good entry redriven completes its batch.
+    let good: Vec<(String, Vec<u8>)> = groupcast::producer::ingest_fields(&chunk)
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let dlq = rig.store.keys.dead_letters(0);
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(&dlq)
+        .arg("*")
+        .arg("reason")
+        .arg("manual")
+        .arg("source")
+        .arg(&ingest)
+        .arg("entry")
+        .arg("0-1");
+    for (k, v) in &good {
+        cmd.arg(format!("f:{k}")).arg(v.as_slice());
+    }
+    let good_id: String = cmd
+        .query_async(&mut rig.store.conn.clone())
+        .await
+        .expect("xadd");
+    let out = groupcast(&url, &["dlq", "redrive", &good_id]);
+    assert!(out.status.success());
+    rig.wait_reported(&["redrive".to_string()], Duration::from_secs(20))
+        .await;
+    rig.verify(&["redrive".to_string()]).await;
+}
