@@ -303,11 +303,19 @@ proptest! {
 
 /// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
 async fn command_calls(store: &groupcast::store::Store) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut store.conn.clone()).await.expect("info");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut store.conn.clone())
+        .await
+        .expect("info");
     info.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
             Some((name.to_string(), calls))
         })
         .collect()
@@ -318,26 +326,62 @@ async fn an_idempotent_append_costs_four_commands_and_a_repeat_two() {
     use groupcast::events::SendRefused;
     let (_server, store) = common::store(1).await;
     let log = store.batch("b-cost");
-    let e = |k: u32| Event::InputRejected(InputRejected { seq: Some(k), reason: "x".into() });
+    let e = |k: u32| {
+        Event::InputRejected(InputRejected {
+            seq: Some(k),
+            reason: "x".into(),
+        })
+    };
     // Load the script first (the first call answers NOSCRIPT and loads it).
     log.append("warm", &e(0)).await.expect("append");
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut store.conn.clone()).await.expect("resetstat");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut store.conn.clone())
+        .await
+        .expect("resetstat");
     log.append("reject/1", &e(1)).await.expect("append");
     let calls = command_calls(&store).await;
-    let total: u64 = calls.iter().filter(|(k, _)| !k.starts_with("info") && !k.starts_with("config")).map(|(_, v)| v).sum();
-    assert_eq!(total, 5, "EVALSHA + HGET + XADD + HINCRBY + HSET: {calls:?}");
+    let total: u64 = calls
+        .iter()
+        .filter(|(k, _)| !k.starts_with("info") && !k.starts_with("config"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(
+        total, 5,
+        "EVALSHA + HGET + XADD + HINCRBY + HSET: {calls:?}"
+    );
     // An event whose change is a plain set: EVALSHA + HGET + XADD + HSET.
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut store.conn.clone()).await.expect("resetstat");
-    let refused = Event::SendRefused(SendRefused { gen: 0, group_id: "G".into(), reason: "r".into() });
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut store.conn.clone())
+        .await
+        .expect("resetstat");
+    let refused = Event::SendRefused(SendRefused {
+        gen: 0,
+        group_id: "G".into(),
+        reason: "r".into(),
+    });
     log.append("refused/0", &refused).await.expect("append");
     let calls = command_calls(&store).await;
-    let total: u64 = calls.iter().filter(|(k, _)| !k.starts_with("info") && !k.starts_with("config")).map(|(_, v)| v).sum();
+    let total: u64 = calls
+        .iter()
+        .filter(|(k, _)| !k.starts_with("info") && !k.starts_with("config"))
+        .map(|(_, v)| v)
+        .sum();
     assert_eq!(calls.get("evalsha"), Some(&1), "{calls:?}");
     assert_eq!(calls.get("xadd"), Some(&1), "{calls:?}");
     assert_eq!(total, 4, "EVALSHA + HGET + XADD + HSET: {calls:?}");
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut store.conn.clone()).await.expect("resetstat");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut store.conn.clone())
+        .await
+        .expect("resetstat");
     log.append("reject/1", &e(1)).await.expect("append");
     let calls = command_calls(&store).await;
-    let total: u64 = calls.iter().filter(|(k, _)| !k.starts_with("info") && !k.starts_with("config")).map(|(_, v)| v).sum();
+    let total: u64 = calls
+        .iter()
+        .filter(|(k, _)| !k.starts_with("info") && !k.starts_with("config"))
+        .map(|(_, v)| v)
+        .sum();
     assert_eq!(total, 2, "a repeat is EVALSHA + HGET: {calls:?}");
 }

@@ -1,6 +1,7 @@
 //! The command line: one file per command, and this thin dispatcher.
 
 pub mod audit;
+pub mod bench;
 pub mod demo;
 pub mod dlq;
 pub mod mock_provider;
@@ -59,6 +60,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Serve the mock provider (the provider contract plus test hooks).
     MockProvider(mock_provider::MockProviderArgs),
+    /// Run a whole campaign on this machine and print its costs as JSON.
+    Bench(bench::BenchArgs),
 }
 
 /// Where Redis is and how keys are named.
@@ -185,6 +188,12 @@ impl From<StoreError> for CliError {
     }
 }
 
+impl From<redis::RedisError> for CliError {
+    fn from(e: redis::RedisError) -> Self {
+        CliError::Redis(e.to_string())
+    }
+}
+
 impl CliError {
     fn code(&self) -> u8 {
         match self {
@@ -209,7 +218,10 @@ pub fn init_logging(format: LogFormat) {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> ExitCode {
-    let quiet = matches!(cli.command, Command::Demo(_) | Command::Submit(_));
+    let quiet = matches!(
+        cli.command,
+        Command::Demo(_) | Command::Submit(_) | Command::Bench(_)
+    );
     if !quiet || std::env::var("GROUPCAST_LOG").is_ok() {
         init_logging(cli.log_format);
     }
@@ -223,6 +235,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Verify(a) => verify::run(a).await,
         Command::Demo(a) => demo::run(a).await,
         Command::MockProvider(a) => mock_provider::run(a).await,
+        Command::Bench(a) => bench::run(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
