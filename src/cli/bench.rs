@@ -297,6 +297,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     };
     let cpu_workers_0: f64 = worker_pids.iter().map(|p| cpu_seconds(*p)).sum();
     let cpu_mock_0 = cpu_seconds(mock_pid);
+    let cpu_producer_0 = cpu_seconds(std::process::id());
 
     // Produce. Chunks are built batch by batch so that W5 never holds ten
     // million recipients in memory at once.
@@ -361,6 +362,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let wall = started.elapsed().as_secs_f64();
     let cpu_workers: f64 = worker_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_workers_0;
     let cpu_mock = cpu_seconds(mock_pid) - cpu_mock_0;
+    // This process: the producer (and the bench's own polling).
+    let cpu_producer = cpu_seconds(std::process::id()) - cpu_producer_0;
     let stats = info(&store, "commandstats").await?;
     let cpu_redis = {
         let i = info(&store, "cpu").await?;
@@ -456,6 +459,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         "redis_commands": redis_commands,
         "redis_commands_per_chunk": round(redis_commands as f64 / chunks_total as f64),
         "mock_cpu_seconds": round(cpu_mock),
+        "producer_cpu_seconds": round(cpu_producer),
+        "wall_over_bound": round(wall / (cpu_mock.max((cpu_workers + cpu_redis + cpu_mock + cpu_producer) / 2.0))),
         "redis_used_memory_start": mem_start as u64,
         "redis_used_memory_peak": peak_memory as u64,
         "redis_used_memory_end": mem_end as u64,
