@@ -108,9 +108,12 @@ impl Ctx {
         Ok(())
     }
 
-    fn in_flight(&self, delta: i64) {
-        let n = self.in_flight.fetch_add(delta, Ordering::Relaxed) + delta;
-        metrics::gauge!("groupcast_worker_in_flight").set(n as f64);
+    /// Counts an entry of `stream` (`ingest`, `work`) in or out of
+    /// handling. The gauge is per process: several contexts in one process
+    /// (the demo, tests) add up instead of overwriting each other.
+    fn in_flight(&self, stream: &'static str, delta: i64) {
+        self.in_flight.fetch_add(delta, Ordering::Relaxed);
+        metrics::gauge!("groupcast_worker_in_flight", "stream" => stream).increment(delta as f64);
     }
 }
 
