@@ -290,17 +290,23 @@ fn numeric(cell: &str) -> bool {
 }
 
 /// Prints rows as an aligned table: numeric columns (every cell a number or
-/// `-`) are right-aligned, the last column is not padded.
+/// `-`, at least one a number) are right-aligned, the last column is not
+/// padded.
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    let mut right = vec![!rows.is_empty(); headers.len()];
+    let mut right = vec![true; headers.len()];
+    let mut any_number = vec![false; headers.len()];
     for r in rows {
         for (i, c) in r.iter().enumerate() {
             if i < widths.len() {
                 widths[i] = widths[i].max(c.chars().count());
                 right[i] &= c == "-" || numeric(c);
+                any_number[i] |= numeric(c);
             }
         }
+    }
+    for (r, n) in right.iter_mut().zip(&any_number) {
+        *r &= *n;
     }
     let line = |cells: Vec<String>| {
         let mut s = String::new();
