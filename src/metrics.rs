@@ -1,45 +1,312 @@
-//! Prometheus metrics: the recorder, real histogram buckets (never summaries,
-//! so that several workers can be aggregated), upkeep so that memory stays
-//! flat, and an HTTP listener that answers `/metrics` and nothing else.
+//! Prometheus metrics: the catalogue of every metric groupcast emits, the
+//! recorder with real histogram buckets (never summaries, so that several
+//! workers can be aggregated with `sum by (le)`), upkeep so that histogram
+//! samples are drained even when nobody scrapes, and an HTTP listener that
+//! answers `GET /metrics` and nothing else.
+//!
+//! [`METRICS`] is the single list: [`describe`] registers its help texts,
+//! [`install`] its histogram buckets, `docs/observability.md` documents it
+//! and `tests/metrics.rs` checks that every entry is emitted somewhere in the
+//! code and that nothing else is.
+//!
+//! Where the values come from:
+//! - counters and histograms are recorded on the path that does the work
+//!   (script replies, provider calls, settling an entry);
+//! - stream gauges are sampled from `XINFO`/`XLEN`/`ZCARD` by the promote
+//!   role every `gauge_interval` ([`crate::worker::maintenance`]), never on
+//!   the per-chunk path;
+//! - batch gauges come from the watchdog's scan ([`crate::worker::watchdog`]).
 
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use axum::http::header::CONTENT_TYPE;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Histogram buckets, in seconds: from a fast Redis call to a long campaign.
+/// What kind of Prometheus metric an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (reset on restart); named `*_total`.
+    Counter,
+    /// A sampled value.
+    Gauge,
+    /// Observations in cumulative buckets (`*_bucket{le}`, `*_sum`, `*_count`).
+    Histogram,
+}
+
+impl Kind {
+    /// The `# TYPE` word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric of the catalogue.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its name.
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: Kind,
+    /// Its label names.
+    pub labels: &'static [&'static str],
+    /// The help text.
+    pub help: &'static str,
+    /// Bucket upper bounds, for histograms.
+    pub buckets: &'static [f64],
+}
+
+const fn counter(
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Counter,
+        labels,
+        help,
+        buckets: &[],
+    }
+}
+
+const fn gauge(name: &'static str, labels: &'static [&'static str], help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Gauge,
+        labels,
+        help,
+        buckets: &[],
+    }
+}
+
+const fn histogram(
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+    buckets: &'static [f64],
+) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Histogram,
+        labels,
+        help,
+        buckets,
+    }
+}
+
+/// Buckets for any histogram not in the catalogue, in seconds (so that an
+/// undeclared histogram is still a histogram, never a summary).
 pub const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     300.0, 900.0, 3600.0,
 ];
 
+/// Provider request latency buckets, in seconds: a fast answer to a timeout.
+pub const PROVIDER_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Rate limiter wait buckets, in seconds: no wait to a long queue.
+pub const LIMITER_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Batch duration buckets, in seconds: a test batch to a day-long campaign.
+pub const BATCH_BUCKETS: &[f64] = &[
+    0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
+    86400.0,
+];
+
+/// Every metric groupcast emits.
+pub const METRICS: &[Metric] = &[
+    counter(
+        "groupcast_events_appended_total",
+        &["type"],
+        "Events appended to batch logs, by event type",
+    ),
+    counter(
+        "groupcast_chunks_total",
+        &["outcome"],
+        "Ingest chunks by what happened to them: accepted, duplicate, parked, loaded, rejected",
+    ),
+    counter(
+        "groupcast_recipients_registered_total",
+        &[],
+        "Recipients registered at the provider, counted once per loaded chunk",
+    ),
+    counter(
+        "groupcast_recipients_failed_total",
+        &[],
+        "Recipients the provider refused at registration, counted once per loaded chunk",
+    ),
+    counter(
+        "groupcast_provider_requests_total",
+        &["endpoint", "status"],
+        "Provider HTTP requests, by endpoint and HTTP status (`error`: no answer)",
+    ),
+    histogram(
+        "groupcast_provider_request_duration_seconds",
+        &["endpoint"],
+        "Provider HTTP request latency, by endpoint",
+        PROVIDER_BUCKETS,
+    ),
+    histogram(
+        "groupcast_rate_limiter_wait_seconds",
+        &[],
+        "Time spent waiting for the shared provider rate limiter",
+        LIMITER_BUCKETS,
+    ),
+    counter(
+        "groupcast_work_items_total",
+        &["op", "outcome"],
+        "Work items run, by op and outcome (done, retry, dead)",
+    ),
+    counter(
+        "groupcast_retries_total",
+        &["op", "reason"],
+        "Retries scheduled, by op and reason (transient, rate_limited, not_finished, webhook)",
+    ),
+    counter(
+        "groupcast_dead_letters_total",
+        &["stream"],
+        "Entries dead-lettered, by the stream they came from",
+    ),
+    counter(
+        "groupcast_reclaimed_total",
+        &["stream"],
+        "Entries taken over from consumers idle past the visibility timeout",
+    ),
+    counter(
+        "groupcast_reclaimed_trimmed_total",
+        &["stream"],
+        "Pending entries found already trimmed away when reclaiming",
+    ),
+    counter(
+        "groupcast_entries_left_pending_total",
+        &["stream"],
+        "Entries left pending for reclaim after a Redis failure",
+    ),
+    counter(
+        "groupcast_sends_refused_total",
+        &[],
+        "Sends refused because the provider's count and our events disagreed",
+    ),
+    counter(
+        "groupcast_groups_sent_total",
+        &["outcome"],
+        "Groups sent, by outcome (sent, already_sent)",
+    ),
+    counter(
+        "groupcast_batches_reported_total",
+        &[],
+        "Batches whose report was decided",
+    ),
+    counter(
+        "groupcast_batch_stalls_total",
+        &[],
+        "Stalls recorded by the watchdog (one per stall of a batch)",
+    ),
+    histogram(
+        "groupcast_batch_duration_seconds",
+        &[],
+        "Time from a batch's first accepted chunk to its report",
+        BATCH_BUCKETS,
+    ),
+    gauge(
+        "groupcast_worker_in_flight",
+        &["stream"],
+        "Entries being handled by this process, by stream (ingest, work)",
+    ),
+    gauge(
+        "groupcast_stream_length",
+        &["stream", "shard"],
+        "Entries in a stream (ingest, work, dlq, reports), sampled",
+    ),
+    gauge(
+        "groupcast_stream_pending",
+        &["stream", "shard", "group"],
+        "Entries delivered to a consumer group but not acknowledged, sampled",
+    ),
+    gauge(
+        "groupcast_stream_lag",
+        &["stream", "shard", "group"],
+        "Entries not yet delivered to a consumer group, sampled",
+    ),
+    gauge(
+        "groupcast_delayed_retries",
+        &["shard"],
+        "Work entries waiting for a delayed retry, sampled",
+    ),
+    gauge(
+        "groupcast_batches_in_flight",
+        &[],
+        "Batches accepted and not yet reported (0 on workers not holding the watchdog lease)",
+    ),
+    gauge(
+        "groupcast_batches_stalled",
+        &[],
+        "Batches quiet past the stall threshold (0 on workers not holding the watchdog lease)",
+    ),
+];
+
+/// The catalogue entry of `name`.
+pub fn find(name: &str) -> Option<&'static Metric> {
+    METRICS.iter().find(|m| m.name == name)
+}
+
+/// Why the recorder could not be installed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("cannot install the Prometheus recorder: {0}")]
+pub struct InstallError(String);
+
+/// How often histogram samples are drained when nobody scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// Installs the global recorder (once per process; later calls return the
-/// same handle) and starts its upkeep.
-pub fn install() -> Option<PrometheusHandle> {
-    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
+/// same handle or the same error), registers the help texts and starts the
+/// upkeep. Works inside or outside a tokio runtime: the upkeep runs on its
+/// own thread, so it outlives the runtime that happened to install it.
+pub fn install() -> Result<PrometheusHandle, InstallError> {
+    static HANDLE: OnceLock<Result<PrometheusHandle, InstallError>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let handle = PrometheusBuilder::new()
+            let err = |e: &dyn std::fmt::Display| InstallError(e.to_string());
+            let mut builder = PrometheusBuilder::new()
                 .set_buckets(BUCKETS)
-                .ok()?
-                .install_recorder()
-                .ok()?;
+                .map_err(|e| err(&e))?;
+            for m in METRICS.iter().filter(|m| m.kind == Kind::Histogram) {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full(m.name.to_string()), m.buckets)
+                    .map_err(|e| err(&e))?;
+            }
+            let handle = builder.install_recorder().map_err(|e| err(&e))?;
             describe();
             let upkeep = handle.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(UPKEEP_EVERY);
                     upkeep.run_upkeep();
-                }
-            });
-            Some(handle)
+                })
+                .map_err(|e| err(&e))?;
+            Ok(handle)
         })
         .clone()
 }
 
-/// Serves `GET /metrics` on `addr` (other paths answer 404).
+/// The content type of the text exposition format.
+pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Serves `GET /metrics` on `addr` in a background task (every other path
+/// answers 404) and returns the bound address (port 0 picks a free one).
 pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -47,7 +314,7 @@ pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> std::io::Resul
         "/metrics",
         get(move || {
             let h = handle.clone();
-            async move { h.render() }
+            async move { ([(CONTENT_TYPE, CONTENT_TYPE_TEXT)], h.render()) }
         }),
     );
     tokio::spawn(async move {
@@ -58,108 +325,55 @@ pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> std::io::Resul
     Ok(local)
 }
 
-/// Help texts and units for every metric groupcast emits.
+/// Registers the help text of every metric in [`METRICS`] with the installed
+/// recorder ([`install`] calls it).
 pub fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        "groupcast_events_appended_total",
-        "Events appended to batch logs, by type"
-    );
-    describe_counter!(
-        "groupcast_chunks_total",
-        "Ingest chunks handled, by outcome"
-    );
-    describe_counter!(
-        "groupcast_recipients_registered_total",
-        "Recipients registered at the provider"
-    );
-    describe_counter!(
-        "groupcast_recipients_failed_total",
-        "Recipients refused at registration"
-    );
-    describe_counter!(
-        "groupcast_provider_requests_total",
-        "Provider HTTP requests, by endpoint and status"
-    );
-    describe_histogram!(
-        "groupcast_provider_request_duration_seconds",
-        Unit::Seconds,
-        "Provider request latency"
-    );
-    describe_histogram!(
-        "groupcast_rate_limiter_wait_seconds",
-        Unit::Seconds,
-        "Time spent waiting for the shared rate limiter"
-    );
-    describe_counter!(
-        "groupcast_work_items_total",
-        "Work items run, by op and outcome"
-    );
-    describe_counter!(
-        "groupcast_retries_total",
-        "Retries scheduled, by op and reason"
-    );
-    describe_counter!(
-        "groupcast_dead_letters_total",
-        "Entries dead-lettered, by source stream"
-    );
-    describe_counter!(
-        "groupcast_reclaimed_total",
-        "Entries taken over from idle consumers"
-    );
-    describe_counter!(
-        "groupcast_reclaimed_trimmed_total",
-        "Pending entries found trimmed away when reclaiming"
-    );
-    describe_counter!(
-        "groupcast_entries_left_pending_total",
-        "Entries left pending after a Redis failure"
-    );
-    describe_counter!(
-        "groupcast_sends_refused_total",
-        "Sends refused because provider and events disagreed"
-    );
-    describe_counter!("groupcast_groups_sent_total", "Groups sent, by outcome");
-    describe_counter!(
-        "groupcast_batches_reported_total",
-        "Batches whose report was decided"
-    );
-    describe_counter!(
-        "groupcast_batch_stalls_total",
-        "Stalls recorded by the watchdog"
-    );
-    describe_histogram!(
-        "groupcast_batch_duration_seconds",
-        Unit::Seconds,
-        "Time from a batch's first chunk to its report"
-    );
-    describe_gauge!(
-        "groupcast_worker_in_flight",
-        "Entries being handled by this worker"
-    );
-    describe_gauge!("groupcast_stream_length", "Entries in a stream");
-    describe_gauge!(
-        "groupcast_stream_pending",
-        "Entries delivered but not acknowledged, per consumer group"
-    );
-    describe_gauge!(
-        "groupcast_stream_lag",
-        "Entries not yet delivered to a consumer group"
-    );
-    describe_gauge!(
-        "groupcast_delayed_retries",
-        "Work entries waiting for a delayed retry"
-    );
-    describe_gauge!(
-        "groupcast_dead_letters",
-        "Entries in the dead-letter stream"
-    );
-    describe_gauge!(
-        "groupcast_batches_in_flight",
-        "Batches accepted and not reported"
-    );
-    describe_gauge!(
-        "groupcast_batches_stalled",
-        "Batches quiet past the stall threshold"
-    );
+    for m in METRICS {
+        match m.kind {
+            Kind::Counter => metrics::describe_counter!(m.name, m.help),
+            Kind::Gauge => metrics::describe_gauge!(m.name, m.help),
+            Kind::Histogram => {
+                metrics::describe_histogram!(m.name, metrics::Unit::Seconds, m.help)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalogue_follows_prometheus_naming() {
+        let mut seen = std::collections::HashSet::new();
+        for m in METRICS {
+            assert!(seen.insert(m.name), "{} listed twice", m.name);
+            assert!(m.name.starts_with("groupcast_"), "{}", m.name);
+            assert!(
+                m.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{} is not snake_case",
+                m.name
+            );
+            match m.kind {
+                Kind::Counter => assert!(m.name.ends_with("_total"), "{}", m.name),
+                Kind::Gauge => assert!(!m.name.ends_with("_total"), "{}", m.name),
+                Kind::Histogram => {
+                    assert!(m.name.ends_with("_seconds"), "{}", m.name);
+                    assert!(!m.buckets.is_empty(), "{} has no buckets", m.name);
+                    assert!(
+                        m.buckets.windows(2).all(|w| w[0] < w[1]),
+                        "{} buckets not increasing",
+                        m.name
+                    );
+                }
+            }
+        }
+        // A gauge `x` next to a counter `x_total` is one family in OpenMetrics.
+        for m in METRICS.iter().filter(|m| m.kind == Kind::Counter) {
+            let family = m.name.trim_end_matches("_total");
+            assert!(find(family).is_none(), "{family} clashes with {}", m.name);
+        }
+    }
 }

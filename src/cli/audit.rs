@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::{human_duration, human_time, print_table, CliError, RedisArgs};
+use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
 use crate::events::{Event, Recorded};
 use crate::keys::validate_batch_id;
 use crate::phone::mask;
@@ -88,8 +88,15 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.outcome, e.generations, e.recipients, e.registered, e.failed, e.sent_success
         ),
         Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
-        Event::InputRejected(e) => format!("input rejected (seq {:?}): {}", e.seq, e.reason),
-        Event::BatchStalled(e) => format!("STALLED: quiet for {}", human_duration(e.quiet_for_ms)),
+        Event::InputRejected(e) => match e.seq {
+            Some(seq) => format!("chunk {seq} rejected: {}", e.reason),
+            None => format!("input rejected: {}", e.reason),
+        },
+        Event::BatchStalled(e) => format!(
+            "STALLED: no event for {} (since {})",
+            human_duration(e.quiet_for_ms),
+            human_time(e.quiet_since_ms)
+        ),
     }
 }
 
@@ -124,7 +131,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         match r {
             Ok(r) => {
                 if args.json {
-                    println!("{}", json_of(r, args.show_numbers));
+                    outln!("{}", json_of(r, args.show_numbers));
                 } else {
                     rows.push(vec![
                         human_time(r.millis()),
@@ -136,7 +143,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
             }
             Err((id, why)) => {
                 if args.json {
-                    println!("{}", serde_json::json!({"id": id, "error": why}));
+                    outln!("{}", serde_json::json!({"id": id, "error": why}));
                 } else {
                     rows.push(vec![
                         id.clone(),

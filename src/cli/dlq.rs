@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::{human_time, print_table, CliError, RedisArgs};
+use super::{human_time, outln, print_table, CliError, RedisArgs};
 use crate::events::entry_millis;
 use crate::store::queue::{parse_entries, Entry};
 use crate::store::Store;
@@ -94,7 +94,7 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
             let letters = all(&store).await?;
             if json {
                 for (_, e) in &letters {
-                    println!("{}", describe(e));
+                    outln!("{}", describe(e));
                 }
             } else {
                 let rows: Vec<Vec<String>> = letters
@@ -110,7 +110,7 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
                     })
                     .collect();
                 print_table(&["id", "time", "from", "kind", "reason"], &rows);
-                println!("{} dead letter(s)", rows.len());
+                outln!("{} dead letter(s)", rows.len());
             }
         }
         DlqAction::Show { id, json } => {
@@ -121,9 +121,9 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
                 .ok_or_else(|| CliError::Failed(format!("no dead letter {id}")))?;
             let d = describe(e);
             if json {
-                println!("{d}");
+                outln!("{d}");
             } else {
-                println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
+                outln!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
             }
         }
         DlqAction::Redrive { ids, all: every } => {
@@ -153,10 +153,10 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
                 pipe.query_async::<()>(&mut store.conn.clone())
                     .await
                     .map_err(|err| CliError::Redis(format!("redriving {}: {err}", e.id)))?;
-                println!("redrove {} to {source}", e.id);
+                outln!("redrove {} to {source}", e.id);
                 n += 1;
             }
-            println!("{n} dead letter(s) redriven");
+            outln!("{n} dead letter(s) redriven");
         }
     }
     Ok(())

@@ -265,30 +265,82 @@ pub fn human_time(ms: u64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-/// Prints rows as an aligned table.
+/// Writes one line to stdout. A closed pipe (`groupcast audit B | head`)
+/// ends the process quietly with success instead of a panic; any other
+/// write error ends it with status 1.
+pub fn out(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("groupcast: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` through [`out`].
+macro_rules! outln {
+    () => {
+        $crate::cli::out("")
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
+/// Whether a table cell reads as a number (right-aligned): `12`, `-3`,
+/// `4.5`, `3/5`.
+fn numeric(cell: &str) -> bool {
+    !cell.is_empty()
+        && cell.chars().any(|c| c.is_ascii_digit())
+        && cell
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c.is_ascii_digit() || c == '.' || c == '/' || (i == 0 && c == '-'))
+}
+
+/// Prints rows as an aligned table: numeric columns (every cell a number or
+/// `-`, at least one a number) are right-aligned, the last column is not
+/// padded.
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    let mut right = vec![true; headers.len()];
+    let mut any_number = vec![false; headers.len()];
     for r in rows {
         for (i, c) in r.iter().enumerate() {
             if i < widths.len() {
                 widths[i] = widths[i].max(c.chars().count());
+                right[i] &= c == "-" || numeric(c);
+                any_number[i] |= numeric(c);
             }
         }
+    }
+    for (r, n) in right.iter_mut().zip(&any_number) {
+        *r &= *n;
     }
     let line = |cells: Vec<String>| {
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
             let w = widths.get(i).copied().unwrap_or(0);
-            if i + 1 == cells.len() {
+            let last = i + 1 == cells.len();
+            if right.get(i).copied().unwrap_or(false) {
+                s.push_str(&format!("{c:>w$}"));
+            } else if last {
                 s.push_str(c);
             } else {
-                s.push_str(&format!("{c:<w$}  "));
+                s.push_str(&format!("{c:<w$}"));
+            }
+            if !last {
+                s.push_str("  ");
             }
         }
         s.trim_end().to_string()
     };
-    println!("{}", line(headers.iter().map(|h| h.to_string()).collect()));
+    out(line(headers.iter().map(|h| h.to_string()).collect()));
     for r in rows {
-        println!("{}", line(r.clone()));
+        out(line(r.clone()));
     }
 }

@@ -3,9 +3,11 @@
 use clap::Args;
 use redis::AsyncCommands;
 
-use super::{human_duration, human_time, print_table, CliError, RedisArgs};
+use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
 use crate::keys::{validate_batch_id, LOADERS_GROUP, OPERATORS_GROUP};
 use crate::projection::Projection;
+use crate::store::{Store, StoreError};
+use crate::worker::maintenance::group_field;
 
 /// Status flags.
 #[derive(Debug, Args)]
@@ -65,7 +67,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             )));
         }
         if args.json {
-            println!("{}", batch_json(batch, &p));
+            outln!("{}", batch_json(batch, &p));
             return Ok(());
         }
         let outcome = p.get("report").unwrap_or("in flight");
@@ -73,7 +75,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             .last_seq()
             .map(|l| (l + 1).to_string())
             .unwrap_or_else(|| "?".into());
-        println!(
+        outln!(
             "batch {batch}: {outcome}; {} of {last} chunks, {} recipients, {} registered, {} failed, {} rejected input(s), {} stall(s)",
             p.int("seqs"),
             p.int("recipients"),
@@ -84,11 +86,8 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         );
         let hb = p.int("hb") as u64;
         if hb > 0 {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(hb);
-            println!(
+            let now = now_ms().max(hb);
+            outln!(
                 "last event {} ({} ago)",
                 human_time(hb),
                 human_duration(now.saturating_sub(hb))
@@ -128,89 +127,145 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         );
         return Ok(());
     }
+    overview(&store, args.json).await
+}
+
+/// The streams overview: every stream with its consumer group's pending
+/// count and lag, the delayed retries, and the batches in flight with how
+/// long each has been quiet.
+async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
     let keys = &store.keys;
     let mut conn = store.conn.clone();
+    let now = now_ms();
     let mut rows = Vec::new();
-    let mut json = Vec::new();
+    let mut streams = Vec::new();
+    let mut batch_rows = Vec::new();
+    let mut batches = Vec::new();
     for shard in 0..keys.shards() {
-        for (stream, group) in [
-            (keys.ingest(shard), Some(LOADERS_GROUP)),
-            (keys.work(shard), Some(OPERATORS_GROUP)),
-            (keys.dead_letters(shard), None),
-            (keys.reports(shard), None),
+        for (stream, what, group) in [
+            (keys.ingest(shard), "ingest", Some(LOADERS_GROUP)),
+            (keys.work(shard), "work", Some(OPERATORS_GROUP)),
+            (keys.dead_letters(shard), "dead letters", None),
+            (keys.reports(shard), "reports", None),
         ] {
-            let len: u64 = conn.xlen(&stream).await.unwrap_or(0);
-            let (mut pending, mut lag) = (String::from("-"), String::from("-"));
+            let len: u64 = conn.xlen(&stream).await.map_err(StoreError::from)?;
+            let (mut pending, mut lag) = (None, None);
             if let Some(g) = group {
+                // No group yet (no worker ever started): nothing pending.
                 if let Ok(v) = redis::cmd("XINFO")
                     .arg("GROUPS")
                     .arg(&stream)
                     .query_async::<redis::Value>(&mut conn)
                     .await
                 {
-                    let info = group_info(&v, g);
-                    pending = info.0.unwrap_or_else(|| "-".into());
-                    lag = info.1.unwrap_or_else(|| "-".into());
+                    let num = |f: &str| group_field(&v, g, f).and_then(|x| x.parse::<u64>().ok());
+                    pending = num("pending");
+                    lag = num("lag");
                 }
             }
-            json.push(serde_json::json!({"stream": stream, "length": len, "group": group, "pending": pending, "lag": lag}));
+            let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             rows.push(vec![
-                stream,
+                stream.clone(),
+                what.to_string(),
                 len.to_string(),
                 group.unwrap_or("-").to_string(),
-                pending,
-                lag,
+                show(pending),
+                show(lag),
             ]);
+            streams.push(serde_json::json!({
+                "key": stream, "shard": shard, "what": what, "length": len,
+                "group": group, "pending": pending, "lag": lag,
+            }));
         }
-        let delayed: u64 = conn.zcard(keys.delayed(shard)).await.unwrap_or(0);
-        let active: u64 = conn.scard(keys.active(shard)).await.unwrap_or(0);
-        json.push(serde_json::json!({"shard": shard, "delayedRetries": delayed, "batchesInFlight": active}));
+        let delayed: u64 = conn
+            .zcard(keys.delayed(shard))
+            .await
+            .map_err(StoreError::from)?;
         rows.push(vec![
             keys.delayed(shard),
+            "delayed retries".into(),
             delayed.to_string(),
-            "(delayed retries)".into(),
             "-".into(),
-            "-".into(),
-        ]);
-        rows.push(vec![
-            keys.active(shard),
-            active.to_string(),
-            "(batches in flight)".into(),
             "-".into(),
             "-".into(),
         ]);
+        streams.push(serde_json::json!({
+            "key": keys.delayed(shard), "shard": shard, "what": "delayed retries",
+            "length": delayed, "group": null, "pending": null, "lag": null,
+        }));
+        let mut active: Vec<String> = conn
+            .smembers(keys.active(shard))
+            .await
+            .map_err(StoreError::from)?;
+        active.sort();
+        for b in active {
+            let p = store.batch(&b).state().await?;
+            let hb = p.int("hb") as u64;
+            let quiet = (hb > 0).then(|| now.saturating_sub(hb));
+            let last = p
+                .last_seq()
+                .map(|l| (l + 1).to_string())
+                .unwrap_or_else(|| "?".into());
+            batch_rows.push(vec![
+                b.clone(),
+                shard.to_string(),
+                format!("{}/{last}", p.int("seqs")),
+                p.int("recipients").to_string(),
+                p.int("registered").to_string(),
+                format!("{}/{}", sent_count(&p), p.generations()),
+                quiet.map_or("-".into(), human_duration),
+                p.int("stalls").to_string(),
+            ]);
+            batches.push(serde_json::json!({
+                "batch": b, "shard": shard, "chunks": p.int("seqs"), "lastSeq": p.last_seq(),
+                "recipients": p.int("recipients"), "registered": p.int("registered"),
+                "groupsSent": sent_count(&p), "generations": p.generations(), "quietMs": quiet, "stalls": p.int("stalls"),
+            }));
+        }
     }
-    if args.json {
-        println!("{}", serde_json::Value::Array(json));
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"streams": streams, "batchesInFlight": batches})
+        );
+        return Ok(());
+    }
+    print_table(
+        &["key", "what", "entries", "consumer group", "pending", "lag"],
+        &rows,
+    );
+    outln!();
+    if batch_rows.is_empty() {
+        outln!("no batches in flight");
     } else {
+        outln!("{} batch(es) in flight:", batch_rows.len());
         print_table(
-            &["key", "length", "consumer group", "pending", "lag"],
-            &rows,
+            &[
+                "batch",
+                "shard",
+                "chunks",
+                "recipients",
+                "registered",
+                "groups sent",
+                "quiet for",
+                "stalls",
+            ],
+            &batch_rows,
         );
     }
     Ok(())
 }
 
-fn group_info(v: &redis::Value, group: &str) -> (Option<String>, Option<String>) {
-    let redis::Value::Array(groups) = v else {
-        return (None, None);
-    };
-    for g in groups {
-        let redis::Value::Array(kv) = g else { continue };
-        let get = |name: &str| {
-            kv.chunks(2)
-                .find(|p| {
-                    redis::from_redis_value::<String>(p[0].clone())
-                        .ok()
-                        .as_deref()
-                        == Some(name)
-                })
-                .and_then(|p| p.get(1))
-                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
-        };
-        if get("name").as_deref() == Some(group) {
-            return (get("pending"), get("lag"));
-        }
-    }
-    (None, None)
+/// Generations of a batch whose group was sent.
+fn sent_count(p: &Projection) -> u32 {
+    (0..p.generations())
+        .filter(|g| p.gen_field(*g, "sent").is_some())
+        .count() as u32
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

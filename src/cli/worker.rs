@@ -95,6 +95,10 @@ pub struct WorkerFlags {
     /// How often the watchdog scans.
     #[arg(long, env = "GROUPCAST_WATCHDOG_INTERVAL", default_value = "10s", value_parser = duration)]
     pub watchdog_interval: Duration,
+    /// How often stream lengths, pending counts, lag and delayed retries are
+    /// sampled into gauges (by workers running the promote role).
+    #[arg(long, env = "GROUPCAST_GAUGE_INTERVAL", default_value = "5s", value_parser = duration)]
+    pub gauge_interval: Duration,
     /// Where to serve Prometheus metrics (`off` to disable). Loopback unless told otherwise.
     #[arg(
         long,
@@ -144,6 +148,7 @@ impl WorkerFlags {
             retention: self.retention,
             stall_after: self.stall_after,
             watchdog_interval: self.watchdog_interval,
+            gauge_interval: self.gauge_interval,
             ..WorkerConfig::default()
         })
     }
@@ -243,12 +248,11 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
                 args.worker.metrics_listen
             ))
         })?;
-        if let Some(handle) = crate::metrics::install() {
-            let local = crate::metrics::serve(addr, handle)
-                .await
-                .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
-            tracing::info!(%local, "metrics at http://{local}/metrics");
-        }
+        let handle = crate::metrics::install().map_err(|e| CliError::Usage(e.to_string()))?;
+        let local = crate::metrics::serve(addr, handle)
+            .await
+            .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
+        tracing::info!(%local, "metrics at http://{local}/metrics");
     }
     let worker = Worker::start(Ctx::new(store, provider, config)).await?;
     wait_for_signal().await;

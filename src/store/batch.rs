@@ -78,7 +78,7 @@ pub struct BatchLog {
 
 /// A script's reply, without its trailing `ev=<types>` element, whose event
 /// types are counted in `groupcast_events_appended_total`.
-fn strings(script: &'static str, v: Value) -> StoreResult<Vec<String>> {
+pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<Vec<String>> {
     let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {
         StoreError::UnexpectedReply {
             script,

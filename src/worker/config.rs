@@ -70,6 +70,10 @@ pub struct WorkerConfig {
     pub stall_after: Duration,
     /// How often the watchdog scans. Default 10 s.
     pub watchdog_interval: Duration,
+    /// How often the promote role samples stream lengths, pending counts,
+    /// lag and delayed retries into gauges (a few Redis commands per shard,
+    /// off the per-chunk path). Default 5 s.
+    pub gauge_interval: Duration,
     /// How long a blocking read waits for new entries. Default 2 s.
     pub block: Duration,
     /// How long shutdown waits for in-flight entries. Default 10 s.
@@ -94,6 +98,7 @@ impl Default for WorkerConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             stall_after: Duration::from_secs(300),
             watchdog_interval: Duration::from_secs(10),
+            gauge_interval: Duration::from_secs(5),
             block: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(10),
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Semaphore};
+use tracing::Instrument;
 
 use crate::events::encode_payload;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
@@ -133,10 +134,15 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
             let Some(slot) = slots.pop() else { break };
             let ctx = ctx.clone();
             let stream = stream.clone();
-            tokio::spawn(async move {
-                let _slot = slot;
-                process(&ctx, source, shard, &stream, entry, deliveries).await;
-            });
+            // Every log line of this entry (handling and settling) names it.
+            let span = tracing::info_span!("entry", stream = source.label(), shard, id = %entry.id, deliveries);
+            tokio::spawn(
+                async move {
+                    let _slot = slot;
+                    process(&ctx, source, shard, &stream, entry, deliveries).await;
+                }
+                .instrument(span),
+            );
         }
     }
     // Drain: wait for in-flight entries; what does not finish stays pending
@@ -177,19 +183,20 @@ pub async fn process(
         .await;
         return;
     }
-    ctx.in_flight(1);
+    ctx.in_flight(source.label(), 1);
     let handled = match source {
         Source::Ingest => loader::handle(ctx, shard, &entry).await,
         Source::Work => operator::handle(ctx, &entry).await,
     };
-    ctx.in_flight(-1);
+    ctx.in_flight(source.label(), -1);
     match handled {
         Ok(h) => settle(ctx, source, shard, stream, &entry, h, deliveries).await,
         Err(e) => {
             // Redis trouble: leave the entry pending; it is reclaimed after
             // the visibility timeout (by us or by another consumer).
             tracing::warn!(%stream, id = %entry.id, error = %e, group, "entry left pending");
-            metrics::counter!("groupcast_entries_left_pending_total").increment(1);
+            metrics::counter!("groupcast_entries_left_pending_total", "stream" => source.label())
+                .increment(1);
         }
     }
 }

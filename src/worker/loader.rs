@@ -1,6 +1,8 @@
 //! The loader role: an ingest entry becomes an accepted, assigned chunk, then
 //! either a parked one (its generation has no group yet) or a loaded one.
 
+use tracing::Instrument;
+
 use crate::events::{Chunk, Event, InputRejected, ENVELOPE_VERSION};
 use crate::keys::validate_batch_id;
 use crate::store::batch::{Accepted, Parked};
@@ -40,8 +42,27 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
     if let Err(e) = validate_batch_id(&chunk.batch) {
         return dead(format!("invalid batch id: {e}"));
     }
-    let span = tracing::info_span!("chunk", batch = %chunk.batch, seq = chunk.seq);
-    let _enter = span.enter();
+    // A span, not a guard: a guard held across `.await` would mark whatever
+    // else runs on this thread meanwhile as part of this chunk.
+    let span = tracing::info_span!(
+        "chunk",
+        batch = %chunk.batch,
+        seq = chunk.seq,
+        gen = tracing::field::Empty
+    );
+    handle_chunk(ctx, shard, &chunk, data)
+        .instrument(span)
+        .await
+}
+
+/// Handles a decoded chunk (inside its span).
+async fn handle_chunk(
+    ctx: &Ctx,
+    shard: u32,
+    chunk: &Chunk,
+    data: &[u8],
+) -> Result<Handled, OpError> {
+    let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let owner = ctx.store.keys.shard_of(&chunk.batch);
     if owner != shard {
         return dead(format!(
@@ -87,6 +108,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
             (gen, group)
         }
     };
+    tracing::Span::current().record("gen", gen);
     let group = match group {
         Some(g) => g,
         None => match log.park(chunk.seq, gen, data).await? {
@@ -98,7 +120,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
             Parked::Group(g) => g,
         },
     };
-    let outcome = load_chunk::run(ctx, &log, &chunk, gen, &group).await?;
+    let outcome = load_chunk::run(ctx, &log, chunk, gen, &group).await?;
     // Should the add fail, the retry is a `load` work item carrying the chunk.
     let retry = WorkItem {
         batch: chunk.batch.clone(),

@@ -1,6 +1,7 @@
 //! Maintenance: due delayed retries go back to their work streams (one atomic
-//! script per shard), and the ingest and work streams are trimmed up to the
-//! oldest entry still pending or undelivered, so they never grow with input.
+//! script per shard), the ingest and work streams are trimmed up to the
+//! oldest entry still pending or undelivered, so they never grow with input,
+//! and every `gauge_interval` the streams are sampled into gauges.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +21,8 @@ const TRIM_EVERY: Duration = Duration::from_secs(30);
 /// Runs until shutdown.
 pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
     let mut last_trim = Instant::now();
+    // Sample once at start, so that a fresh worker's gauges exist at once.
+    let mut last_sample: Option<Instant> = None;
     while !*shutdown.borrow() {
         for shard in 0..ctx.store.keys.shards() {
             loop {
@@ -38,6 +41,9 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
             if let Err(e) = trim_all(&ctx.store).await {
                 tracing::warn!(error = %e, "trimming failed");
             }
+        }
+        if last_sample.is_none_or(|t| t.elapsed() >= ctx.config.gauge_interval) {
+            last_sample = Some(Instant::now());
             sample_gauges(&ctx.store).await;
         }
         tokio::select! {
@@ -101,7 +107,9 @@ fn next_id(id: &str) -> String {
     }
 }
 
-fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<String> {
+/// A field of consumer group `group` in an `XINFO GROUPS` reply (RESP2
+/// arrays or RESP3 maps).
+pub fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<String> {
     let redis::Value::Array(list) = groups else {
         return None;
     };
@@ -141,19 +149,24 @@ fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<String
     None
 }
 
-/// Samples stream lengths, pending counts and lag into gauges.
+/// Samples stream lengths (ingest, work, dead letters, reports), the
+/// consumer groups' pending counts and lag, and the delayed retries into
+/// gauges. Errors skip a sample; they are not worth a log line each time.
 pub async fn sample_gauges(store: &Store) {
     let keys = &store.keys;
     let mut conn = store.conn.clone();
     for shard in 0..keys.shards() {
+        let shard_label = shard.to_string();
         for (stream, group, label) in [
-            (keys.ingest(shard), LOADERS_GROUP, "ingest"),
-            (keys.work(shard), OPERATORS_GROUP, "work"),
+            (keys.ingest(shard), Some(LOADERS_GROUP), "ingest"),
+            (keys.work(shard), Some(OPERATORS_GROUP), "work"),
+            (keys.dead_letters(shard), None, "dlq"),
+            (keys.reports(shard), None, "reports"),
         ] {
-            let shard_label = shard.to_string();
             if let Ok(len) = conn.xlen::<_, u64>(&stream).await {
                 metrics::gauge!("groupcast_stream_length", "stream" => label, "shard" => shard_label.clone()).set(len as f64);
             }
+            let Some(group) = group else { continue };
             if let Ok(groups) = redis::cmd("XINFO")
                 .arg("GROUPS")
                 .arg(&stream)
@@ -173,11 +186,7 @@ pub async fn sample_gauges(store: &Store) {
             }
         }
         if let Ok(n) = conn.zcard::<_, u64>(keys.delayed(shard)).await {
-            metrics::gauge!("groupcast_delayed_retries", "shard" => shard.to_string())
-                .set(n as f64);
-        }
-        if let Ok(n) = conn.xlen::<_, u64>(keys.dead_letters(shard)).await {
-            metrics::gauge!("groupcast_dead_letters", "shard" => shard.to_string()).set(n as f64);
+            metrics::gauge!("groupcast_delayed_retries", "shard" => shard_label).set(n as f64);
         }
     }
 }

@@ -16,7 +16,6 @@ pub mod operator;
 pub mod ops;
 pub mod watchdog;
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -63,7 +62,6 @@ pub struct Ctx {
     /// This process's consumer name: unique per process start, so that a
     /// restarted worker never inherits (and hides) a dead one's entries.
     pub consumer: String,
-    in_flight: AtomicI64,
 }
 
 impl Ctx {
@@ -81,7 +79,6 @@ impl Ctx {
                 .unwrap_or_default(),
             consumer: format!("{host}-{}-{}", std::process::id(), ulid::Ulid::new()),
             config,
-            in_flight: AtomicI64::new(0),
         }
     }
 
@@ -108,9 +105,11 @@ impl Ctx {
         Ok(())
     }
 
-    fn in_flight(&self, delta: i64) {
-        let n = self.in_flight.fetch_add(delta, Ordering::Relaxed) + delta;
-        metrics::gauge!("groupcast_worker_in_flight").set(n as f64);
+    /// Counts an entry of `stream` (`ingest`, `work`) in or out of
+    /// handling. The gauge is per process: several contexts in one process
+    /// (the demo, tests) add up instead of overwriting each other.
+    fn in_flight(&self, stream: &'static str, delta: i64) {
+        metrics::gauge!("groupcast_worker_in_flight", "stream" => stream).increment(delta as f64);
     }
 }
 

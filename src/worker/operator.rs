@@ -1,5 +1,7 @@
 //! The operator role: runs work items (provider operations, report delivery).
 
+use tracing::Instrument;
+
 use crate::events::{decode_payload, Chunk};
 use crate::keys::validate_batch_id;
 use crate::store::queue::Entry;
@@ -20,9 +22,29 @@ pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
     if let Err(e) = validate_batch_id(&item.batch) {
         return dead(format!("invalid batch id: {e}"));
     }
-    let span = tracing::info_span!("op", op = op.name(), batch = %item.batch, gen = item.gen, seq = item.seq);
-    let _enter = span.enter();
-    let chunk_bytes = entry.get("c").map(<[u8]>::to_vec);
+    // A span, not a guard: a guard held across `.await` would mark whatever
+    // else runs on this thread meanwhile as part of this item.
+    let span = tracing::info_span!(
+        "op",
+        op = op.name(),
+        batch = %item.batch,
+        gen = item.gen,
+        seq = item.seq,
+        attempt = item.attempt
+    );
+    run(ctx, op, item, entry.get("c").map(<[u8]>::to_vec))
+        .instrument(span)
+        .await
+}
+
+/// Runs a decoded work item (inside its span).
+async fn run(
+    ctx: &Ctx,
+    op: Op,
+    item: WorkItem,
+    chunk_bytes: Option<Vec<u8>>,
+) -> Result<Handled, OpError> {
+    let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let outcome = match op {
         Op::Create => ops::create_group::run(ctx, &item).await?,
         Op::Send => ops::send_group::run(ctx, &item).await?,

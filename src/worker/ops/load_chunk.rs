@@ -90,8 +90,7 @@ pub async fn run(
             }),
         }
     }
-    metrics::counter!("groupcast_recipients_registered_total").increment(u64::from(registered));
-    metrics::counter!("groupcast_recipients_failed_total").increment(failed.len() as u64);
+    let failures = failed.len() as u64;
     let event = ChunkLoaded {
         gen,
         seq: chunk.seq,
@@ -101,7 +100,12 @@ pub async fn run(
         failed,
     };
     if let Some(ready) = log.loaded(&event).await? {
+        // Counted only when the loaded event is new: a chunk loaded twice
+        // (a repeat delivery racing the first) counts its recipients once,
+        // so the counters add up to the batches' registered totals.
         metrics::counter!("groupcast_chunks_total", "outcome" => "loaded").increment(1);
+        metrics::counter!("groupcast_recipients_registered_total").increment(u64::from(registered));
+        metrics::counter!("groupcast_recipients_failed_total").increment(failures);
         if ready {
             tracing::info!(batch = %log.batch, gen, "generation complete: send enqueued");
         }

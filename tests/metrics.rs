@@ -1,0 +1,589 @@
+//! Metrics end to end: a worker runs a batch (with provider errors, a stall
+//! and a rejected chunk, so that retries, stalls and dead letters are emitted
+//! too), serves `/metrics`, `promtool` accepts the exposition, a real
+//! Prometheus scrapes it and answers the batch's registered count, and every
+//! metric the Grafana dashboard queries is one the worker emitted.
+//!
+//! The metrics recorder is global per process: every test that needs it is
+//! in this binary, and only one test (the scrape test) installs and reads it.
+//! The other tests here only read files.
+//!
+//! Needs `prometheus` and `promtool` (Debian: `apt-get install prometheus`);
+//! without them the tests fail and say so.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use groupcast::events::Event;
+use groupcast::metrics::{Kind, METRICS};
+use groupcast::mock::Faults;
+use groupcast::producer::append_chunks;
+use groupcast::worker::WorkerConfig;
+
+const INSTALL: &str = "apt-get install prometheus";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Fails the test, saying how to install the tool, when `tool` is missing.
+fn require(tool: &str) {
+    match Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(_) => {}
+        Err(e) => panic!("`{tool}` is needed by this test and cannot be run ({e}): {INSTALL}"),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A private Prometheus scraping one target; killed on drop.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Prometheus {
+        require("prometheus");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 250ms\n  scrape_timeout: 200ms\n\
+                 scrape_configs:\n  - job_name: groupcast\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .expect("write the scrape config");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log file");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start prometheus ({e}): {INSTALL}"));
+        Prometheus { child, port, dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// An instant query: `Ok(result array)`, or the error Prometheus gave.
+    async fn query(&self, http: &reqwest::Client, q: &str) -> Result<serde_json::Value, String> {
+        let r = http
+            .get(format!("http://127.0.0.1:{}/api/v1/query", self.port))
+            .query(&[("query", q)])
+            .send()
+            .await
+            .map_err(|e| format!("prometheus not answering: {e}"))?;
+        let body: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+        if body["status"] != "success" {
+            return Err(format!("{q}: {body}"));
+        }
+        Ok(body["data"]["result"].clone())
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `promtool check metrics` on an exposition; returns its verdict.
+fn promtool_check_metrics(exposition: &str) -> (bool, String) {
+    require("promtool");
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run promtool ({e}): {INSTALL}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(exposition.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Metric families in an exposition, by `# TYPE` line: name → type.
+fn families(exposition: &str) -> BTreeMap<String, String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, t)| (n.to_string(), t.trim().to_string()))
+        .collect()
+}
+
+/// Every `groupcast_*` identifier in a PromQL expression.
+fn names_in(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("groupcast_") {
+        let start = i + at;
+        let boundary =
+            start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
+        let mut end = start;
+        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+            end += 1;
+        }
+        if boundary {
+            out.insert(expr[start..end].to_string());
+        }
+        i = end;
+    }
+    out
+}
+
+/// The metric family a series name belongs to, given the known families:
+/// `x_bucket`, `x_sum` and `x_count` of a histogram `x` are `x`.
+fn family_of(series: &str, known: &BTreeMap<String, String>) -> String {
+    for suffix in ["_bucket", "_sum", "_count"] {
+        if let Some(base) = series.strip_suffix(suffix) {
+            if known.get(base).map(String::as_str) == Some("histogram") {
+                return base.to_string();
+            }
+        }
+    }
+    series.to_string()
+}
+
+/// Every `expr` in the dashboard JSON (panels, nested rows, targets).
+fn dashboard_exprs() -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr", serde_json::Value::String(s)) => out.push(s.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let path = root().join("grafana/dashboards/groupcast.json");
+    let text = std::fs::read_to_string(&path).expect("read the dashboard");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out = Vec::new();
+    walk(&json, &mut out);
+    out
+}
+
+/// A dashboard expression with Grafana's variables put in, for Prometheus.
+fn grafana_to_promql(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$__interval", "15s")
+        .replace("$__range", "5m")
+}
+
+async fn wait_for<T>(
+    limit: Duration,
+    what: &str,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+    detail: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}\n{}",
+            detail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scraped_batch_adds_up_in_prometheus_and_the_dashboard_uses_only_emitted_metrics() {
+    // Fail early, before any work, when the tools are missing.
+    require("prometheus");
+    require("promtool");
+    let handle = groupcast::metrics::install().expect("install the recorder");
+    let metrics_addr =
+        groupcast::metrics::serve("127.0.0.1:0".parse().expect("addr"), handle.clone())
+            .await
+            .expect("serve /metrics");
+
+    let config = WorkerConfig {
+        rate_limit: 100_000,
+        rate_burst: 1_000,
+        stall_after: Duration::from_millis(300),
+        watchdog_interval: Duration::from_millis(100),
+        gauge_interval: Duration::from_millis(200),
+        ..test_config()
+    };
+    let rig = Rig::start(1, config, mock_config()).await;
+    let batch = "scraped".to_string();
+    let chunks = shuffled_chunks(&batch, 3, 2_000, 250, 11);
+    // A chunk that can never be accepted (an unknown message type): it is
+    // rejected and dead-lettered.
+    let mut bad = groupcast::producer::cut("rejected", &template(), recipients(4, 3), 10);
+    bad[0].template.kind = "FAX".into();
+    // The provider hangs for a moment just as the batch starts (a stall the
+    // watchdog records), then answers more than 5 requests a second with 429
+    // (retries, deterministically) and some requests with 500.
+    rig.mock.set_faults(Faults {
+        stall_ms: 1_500,
+        rate_limit_per_sec: Some(5),
+        retry_after_secs: 1,
+        error_rate: 0.05,
+        ..Faults::default()
+    });
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    append_chunks(&rig.store, &bad).await.expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
+        .await;
+    rig.verify(std::slice::from_ref(&batch)).await;
+    let state = rig.store.batch(&batch).state().await.expect("state");
+    let registered = state.int("registered");
+    assert_eq!(registered, 2_000);
+    let stall_events = rig
+        .store
+        .batch(&batch)
+        .events()
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|r| matches!(r, Ok(r) if matches!(r.event, Event::BatchStalled(_))))
+        .count();
+    assert!(stall_events >= 1, "the provider stall was recorded");
+
+    // The exposition, once the gauges have been sampled after the report.
+    let http = reqwest::Client::new();
+    let url = format!("http://{metrics_addr}/metrics");
+    let exposition = wait_for(
+        Duration::from_secs(10),
+        "sampled gauges and the stalls counter in /metrics",
+        async || {
+            let text = http.get(&url).send().await.ok()?.text().await.ok()?;
+            let ok = text.contains("groupcast_stream_lag{")
+                && text.contains("groupcast_batches_in_flight 0")
+                && text.contains("groupcast_stream_length{stream=\"dlq\",shard=\"0\"} 1");
+            ok.then_some(text)
+        },
+        || handle.render(),
+    )
+    .await;
+    let other = http
+        .get(format!("http://{metrics_addr}/"))
+        .send()
+        .await
+        .expect("GET /");
+    assert_eq!(other.status(), 404, "only /metrics is served");
+
+    // promtool accepts it.
+    let (ok, said) = promtool_check_metrics(&exposition);
+    assert!(
+        ok,
+        "promtool check metrics failed:\n{said}\n---\n{exposition}"
+    );
+
+    // Every family is in the catalogue, typed as the catalogue says, with
+    // help; histograms are real histograms with the catalogue's buckets.
+    let fams = families(&exposition);
+    for (name, kind) in &fams {
+        let m = groupcast::metrics::find(name)
+            .unwrap_or_else(|| panic!("{name} is emitted but not in groupcast::metrics::METRICS"));
+        assert_eq!(kind, m.kind.name(), "{name}");
+        assert!(
+            exposition.contains(&format!("# HELP {name} ")),
+            "{name} has no help"
+        );
+        if m.kind == Kind::Histogram {
+            for b in m.buckets {
+                assert!(
+                    exposition.contains(&format!("{name}_bucket{{")),
+                    "{name} has no buckets"
+                );
+                let le = format!("le=\"{b}\"");
+                assert!(
+                    exposition
+                        .lines()
+                        .any(|l| l.starts_with(&format!("{name}_bucket")) && l.contains(&le)),
+                    "{name} lacks bucket {le}"
+                );
+            }
+        }
+    }
+    assert!(!exposition.contains(" summary"), "no summaries");
+    let value = |series: &str| -> f64 {
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{exposition}"))
+    };
+    assert_eq!(
+        value("groupcast_recipients_registered_total"),
+        registered as f64
+    );
+    assert_eq!(value("groupcast_batch_stalls_total"), stall_events as f64);
+    assert_eq!(value("groupcast_batches_reported_total"), 1.0);
+    assert_eq!(
+        value("groupcast_events_appended_total{type=\"batch_reported\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("groupcast_chunks_total{outcome=\"loaded\"}"),
+        state.int("seqs") as f64
+    );
+    assert_eq!(
+        value("groupcast_dead_letters_total{stream=\"ingest\"}"),
+        1.0
+    );
+    let rate_limited: f64 = exposition
+        .lines()
+        .filter(|l| {
+            l.starts_with("groupcast_retries_total{") && l.contains("reason=\"rate_limited\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(rate_limited >= 1.0, "429s are retried as rate_limited");
+
+    // The dashboard queries only metrics the worker emitted.
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 15, "{} expressions", exprs.len());
+    let mut used = BTreeSet::new();
+    for e in &exprs {
+        for n in names_in(e) {
+            used.insert(family_of(&n, &fams));
+        }
+    }
+    let unknown: Vec<_> = used.iter().filter(|n| !fams.contains_key(*n)).collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries metrics this run did not emit: {unknown:?}\nemitted: {:?}",
+        fams.keys().collect::<Vec<_>>()
+    );
+
+    // A real Prometheus scrapes the worker and answers the registered count.
+    let prom = Prometheus::start(metrics_addr);
+    let got = wait_for(
+        Duration::from_secs(30),
+        "prometheus answering the registered count",
+        async || {
+            let r = prom
+                .query(&http, "sum(groupcast_recipients_registered_total)")
+                .await
+                .ok()?;
+            let v: f64 = r[0]["value"][1].as_str()?.parse().ok()?;
+            (v == registered as f64).then_some(v)
+        },
+        || prom.log(),
+    )
+    .await;
+    assert_eq!(got, 2_000.0);
+    // The histogram buckets arrive as series with `le`, and every dashboard
+    // expression is valid PromQL that Prometheus evaluates.
+    let buckets = prom
+        .query(
+            &http,
+            "count(groupcast_provider_request_duration_seconds_bucket{le=\"+Inf\"})",
+        )
+        .await
+        .expect("query");
+    assert!(
+        buckets[0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|n| n >= 1.0),
+        "{buckets}"
+    );
+    for e in &exprs {
+        prom.query(&http, &grafana_to_promql(e))
+            .await
+            .unwrap_or_else(|err| panic!("dashboard expression rejected: {err}"));
+    }
+    rig.stop().await;
+}
+
+/// The `"groupcast_*"` string literals of a source file.
+fn literals(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for part in text.split('"').skip(1).step_by(2) {
+        if part.starts_with("groupcast_")
+            && part.len() > "groupcast_".len()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            out.insert(part.to_string());
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_catalogued_metric_is_emitted_by_the_code_and_nothing_else_is() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut emitted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in &files {
+        if f.ends_with("src/metrics.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).expect("read source");
+        if !text.contains("metrics::") {
+            continue;
+        }
+        for name in literals(&text) {
+            emitted
+                .entry(name)
+                .or_default()
+                .push(f.strip_prefix(root()).unwrap_or(f).display().to_string());
+        }
+    }
+    let catalogue: BTreeSet<String> = METRICS.iter().map(|m| m.name.to_string()).collect();
+    let never: Vec<_> = catalogue
+        .iter()
+        .filter(|n| !emitted.contains_key(*n))
+        .collect();
+    assert!(
+        never.is_empty(),
+        "catalogued in src/metrics.rs but emitted nowhere: {never:?}"
+    );
+    let unlisted: Vec<_> = emitted.keys().filter(|n| !catalogue.contains(*n)).collect();
+    assert!(
+        unlisted.is_empty(),
+        "emitted but missing from groupcast::metrics::METRICS: {unlisted:?}"
+    );
+}
+
+#[test]
+fn the_observability_doc_lists_every_metric_with_its_labels() {
+    let doc = std::fs::read_to_string(root().join("docs/observability.md"))
+        .expect("docs/observability.md");
+    for m in METRICS {
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}`", m.name)))
+            .unwrap_or_else(|| panic!("docs/observability.md has no table row for {}", m.name));
+        assert!(row.contains(m.kind.name()), "{row}: kind {}", m.kind.name());
+        for l in m.labels {
+            assert!(row.contains(&format!("`{l}`")), "{row}: label {l}");
+        }
+    }
+}
+
+#[test]
+fn grafana_and_prometheus_files_are_valid_and_use_catalogued_metrics() {
+    require("promtool");
+    let g = root().join("grafana");
+    let out = Command::new("promtool")
+        .arg("check")
+        .arg("config")
+        .arg(g.join("prometheus.yml"))
+        .output()
+        .unwrap_or_else(|e| panic!("promtool ({e}): {INSTALL}"));
+    assert!(
+        out.status.success(),
+        "promtool check config grafana/prometheus.yml:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The alert rules and the dashboard name only catalogued metrics.
+    let known: BTreeMap<String, String> = METRICS
+        .iter()
+        .map(|m| (m.name.to_string(), m.kind.name().to_string()))
+        .collect();
+    let rules = std::fs::read_to_string(g.join("alerts.yml")).expect("alerts.yml");
+    let mut exprs: Vec<String> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:").map(|e| e.trim().to_string()))
+        .collect();
+    assert!(exprs.len() >= 3, "alert rules: {exprs:?}");
+    exprs.extend(dashboard_exprs());
+    for e in &exprs {
+        for n in names_in(e) {
+            let fam = family_of(&n, &known);
+            assert!(
+                known.contains_key(&fam),
+                "{e}: {n} is not a groupcast metric"
+            );
+        }
+    }
+    // The dashboard: a stable uid, and every panel on the templated source.
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(g.join("dashboards/groupcast.json")).expect("dashboard"),
+    )
+    .expect("JSON");
+    assert_eq!(dash["uid"], "groupcast");
+    let panels = dash["panels"].as_array().expect("panels");
+    let mut titles = BTreeSet::new();
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        assert!(
+            p["targets"].as_array().is_some_and(|t| !t.is_empty()),
+            "{}",
+            p["title"]
+        );
+        assert!(
+            titles.insert(p["title"].to_string()),
+            "{} twice",
+            p["title"]
+        );
+    }
+    // Provisioning points at the dashboards and the datasource.
+    let ds = std::fs::read_to_string(g.join("provisioning/datasources/prometheus.yml"))
+        .expect("datasource provisioning");
+    assert!(ds.contains("type: prometheus") && ds.contains("apiVersion: 1"));
+    let dp = std::fs::read_to_string(g.join("provisioning/dashboards/groupcast.yml"))
+        .expect("dashboard provisioning");
+    assert!(dp.contains("type: file") && dp.contains("path: "));
+}
