@@ -152,6 +152,17 @@ fn commands(info: &str) -> u64 {
         .sum()
 }
 
+/// Calls per command (scripts' inner commands included), excluding INFO.
+fn commands_by_name(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            Some((name.to_string(), rest.split_once("calls=")?.1.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 fn percentile(v: &mut [u64], p: f64) -> u64 {
     if v.is_empty() {
         return 0;
@@ -458,6 +469,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         "redis_cpu_seconds": round(cpu_redis),
         "redis_commands": redis_commands,
         "redis_commands_per_chunk": round(redis_commands as f64 / chunks_total as f64),
+        "redis_commands_by_name": commands_by_name(&stats),
         "mock_cpu_seconds": round(cpu_mock),
         "producer_cpu_seconds": round(cpu_producer),
         "wall_over_bound": round(wall / (cpu_mock.max((cpu_workers + cpu_redis + cpu_mock + cpu_producer) / 2.0))),
