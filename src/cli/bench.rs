@@ -158,7 +158,15 @@ fn commands_by_name(info: &str) -> BTreeMap<String, u64> {
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            Some((name.to_string(), rest.split_once("calls=")?.1.split(',').next()?.parse().ok()?))
+            Some((
+                name.to_string(),
+                rest.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?,
+            ))
         })
         .collect()
 }
@@ -347,18 +355,40 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     }
 
     // Wait for every report.
+    // Blocking reads of the reports stream: one command per report rather
+    // than a polling loop that would inflate the command count we measure.
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut reader = store.blocking().await?;
+    let reports = store.keys.reports(0);
+    let mut after = "0-0".to_string();
+    let mut done = 0;
     loop {
-        let mut done = 0;
-        for b in &batches {
-            if store.batch(b).fields(&["report".into()]).await?[0].is_some() {
-                done += 1;
+        let v: redis::Value = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1000)
+            .arg("BLOCK")
+            .arg(250)
+            .arg("STREAMS")
+            .arg(&reports)
+            .arg(&after)
+            .query_async(&mut reader)
+            .await?;
+        if let redis::Value::Array(streams) = &v {
+            for s in streams {
+                if let redis::Value::Array(parts) = s {
+                    if let Some(entries) = parts.get(1) {
+                        for e in crate::store::queue::parse_entries(entries) {
+                            after = e.id.clone();
+                            done += 1;
+                        }
+                    }
+                }
             }
         }
         if let Some(m) = info_field(&info(&store, "memory").await?, "used_memory") {
             peak_memory = peak_memory.max(m);
         }
-        if done == batches.len() {
+        if done >= batches.len() {
             break;
         }
         if Instant::now() > deadline {
@@ -368,7 +398,6 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
                 args.timeout_secs
             )));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu_workers: f64 = worker_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_workers_0;

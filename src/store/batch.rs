@@ -127,6 +127,22 @@ impl BatchLog {
         digest: &str,
         cap: u64,
     ) -> StoreResult<Accepted> {
+        self.accept_with_hint(seq, last, count, digest, cap, 0)
+            .await
+    }
+
+    /// [`accept`](Self::accept), reading generation `hint`'s counters in the
+    /// same round of reads: one command less when the hint is right (the
+    /// caller passes the generation it last saw for the batch).
+    pub async fn accept_with_hint(
+        &self,
+        seq: u32,
+        last: bool,
+        count: u32,
+        digest: &str,
+        cap: u64,
+        hint: u32,
+    ) -> StoreResult<Accepted> {
         let k = &self.keys;
         let v: Value = SCRIPTS
             .accept
@@ -140,6 +156,7 @@ impl BatchLog {
             .arg(count)
             .arg(digest)
             .arg(cap)
+            .arg(hint)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = strings("accept", v)?;

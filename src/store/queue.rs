@@ -192,6 +192,19 @@ impl Store {
             .await?)
     }
 
+    /// When the earliest delayed entry of a shard is due (ms since the epoch,
+    /// by Redis' clock), if any.
+    pub async fn next_due(&self, shard: u32) -> StoreResult<Option<u64>> {
+        let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys.delayed(shard))
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(first.first().map(|(_, score)| *score as u64))
+    }
+
     /// Takes over entries idle longer than `min_idle_ms` (a crashed or stuck
     /// consumer's), with their delivery counts. Entries trimmed away meanwhile
     /// come back from `XAUTOCLAIM` as deleted ids: Redis has already dropped

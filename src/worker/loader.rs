@@ -91,7 +91,14 @@ async fn handle_chunk(
     }
     let count = chunk.recipients.len() as u32;
     let accepted = log
-        .accept(chunk.seq, chunk.last, count, &digest, ctx.config.group_cap)
+        .accept_with_hint(
+            chunk.seq,
+            chunk.last,
+            count,
+            &digest,
+            ctx.config.group_cap,
+            ctx.gen_hint(&chunk.batch),
+        )
         .await?;
     let (gen, group) = match accepted {
         Accepted::Conflict(reason) | Accepted::Rejected(reason) => return reject(reason).await,
@@ -109,6 +116,7 @@ async fn handle_chunk(
         }
     };
     tracing::Span::current().record("gen", gen);
+    ctx.remember_gen(&chunk.batch, gen);
     let group = match group {
         Some(g) => g,
         None => match log.park(chunk.seq, gen, data).await? {

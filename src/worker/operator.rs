@@ -62,10 +62,15 @@ async fn run(
                 Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
             };
             let log = ctx.store.batch(&item.batch);
-            if log
-                .fields(&[format!("k:loaded/{}/{seq}", item.gen)])
-                .await?[0]
-                .is_some()
+            // A retried load may find its chunk loaded meanwhile: look before
+            // calling the provider. A first attempt (a released parked chunk)
+            // almost never is, and if it is, the add answers 1026 and
+            // `loaded.lua` records nothing twice: skip the read.
+            if item.attempt > 0
+                && log
+                    .fields(&[format!("k:loaded/{}/{seq}", item.gen)])
+                    .await?[0]
+                    .is_some()
             {
                 Outcome::Done
             } else {
