@@ -415,7 +415,6 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     // The streams are trimmed by the workers' maintenance every 30 s; trim
     // now so that the final memory is what a steady state keeps.
     crate::worker::maintenance::trim_all(&store).await?;
-    let mem_end = info_field(&info(&store, "memory").await?, "used_memory").unwrap_or(0.0);
     let mut retained = 0u64;
     for b in &batches {
         let k = store.keys.batch(b);
@@ -423,11 +422,31 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             let n: Option<u64> = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
                 .query_async(&mut store.conn.clone())
                 .await?;
             retained += n.unwrap_or(0);
         }
     }
+    // Where the rest of the final memory is: every key's size, biggest first.
+    let mut key_sizes: Vec<(String, u64)> = Vec::new();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("bench:*")
+        .query_async(&mut store.conn.clone())
+        .await?;
+    for k in keys {
+        let n: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&k)
+            .query_async(&mut store.conn.clone())
+            .await?;
+        key_sizes.push((k, n.unwrap_or(0)));
+    }
+    key_sizes.sort_by(|a, b| b.1.cmp(&a.1));
+    key_sizes.truncate(8);
+    let mem_info = info(&store, "memory").await?;
+    let scripts_bytes = info_field(&mem_info, "used_memory_scripts").unwrap_or(0.0) as u64;
 
     // Latencies, from the events, and verification.
     let provider = ProviderClient::new(ProviderConfig {
@@ -482,7 +501,29 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             "{registered} of {total} recipients registered at the provider"
         ));
     }
+    // Final memory with the workers, the mock and our own connections gone:
+    // their client buffers are not what Redis keeps.
     drop(procs);
+    drop(reader);
+    let url = server.url();
+    drop(store);
+    let fresh = Store::connect(&url, Keyspace::new("bench", 1)).await?;
+    let mem_end = info_field(&info(&fresh, "memory").await?, "used_memory").unwrap_or(0.0);
+    let memory_stats: redis::Value = redis::cmd("MEMORY")
+        .arg("STATS")
+        .query_async(&mut fresh.conn.clone())
+        .await?;
+    let mut mem_stats = serde_json::Map::new();
+    if let redis::Value::Array(kv) = &memory_stats {
+        for p in kv.chunks(2) {
+            if let (Ok(k), Ok(v)) = (
+                redis::from_redis_value::<String>(p[0].clone()),
+                redis::from_redis_value::<i64>(p[1].clone()),
+            ) {
+                mem_stats.insert(k, v.into());
+            }
+        }
+    }
 
     let line = json!({
         "workload": plan.name,
@@ -506,6 +547,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         "redis_used_memory_peak": peak_memory as u64,
         "redis_used_memory_end": mem_end as u64,
         "retained_event_bytes": retained,
+        "redis_used_memory_scripts": scripts_bytes,
+        "largest_keys_end": key_sizes,
+        "redis_memory_stats_end": mem_stats,
         "submit_to_loaded_ms_p50": percentile(&mut load_ms.clone(), 0.5),
         "submit_to_loaded_ms_p99": percentile(&mut load_ms, 0.99),
         "complete_to_send_ms_p50": percentile(&mut send_ms.clone(), 0.5),
