@@ -408,3 +408,73 @@ async fn bad_ingest_entries_are_dead_lettered_and_other_batches_are_unaffected()
     );
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_report_is_delivered_to_the_webhook_until_accepted() {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+
+    // A webhook that fails its first three calls.
+    type Calls = Arc<Mutex<Vec<String>>>;
+    async fn hook(State(calls): State<Calls>, headers: HeaderMap) -> StatusCode {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let mut c = calls.lock().expect("lock");
+        c.push(key);
+        if c.len() <= 3 {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::OK
+        }
+    }
+    let calls: Calls = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/reports", listener.local_addr().expect("addr"));
+    let app = axum::Router::new()
+        .route("/reports", post(hook))
+        .with_state(calls.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let config = groupcast::worker::WorkerConfig {
+        report_webhook: Some(url),
+        ..test_config()
+    };
+    let rig = Rig::start(2, config, mock_config()).await;
+    let batch = "webhook".to_string();
+    append_chunks(&rig.store, &shuffled_chunks(&batch, 40, 500, 100, 9))
+        .await
+        .expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
+        .await;
+    let log = rig.store.batch(&batch);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while log.state().await.expect("state").get("delivered").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "report never delivered; calls: {:?}",
+            calls.lock().expect("lock")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = calls.lock().expect("lock").clone();
+    assert_eq!(
+        calls.len(),
+        4,
+        "three refusals, then accepted once: {calls:?}"
+    );
+    assert!(calls.iter().all(|k| k == "webhook:report"), "{calls:?}");
+    assert_eq!(
+        log.state().await.expect("state").get("delivered"),
+        Some("200")
+    );
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.stop().await;
+}

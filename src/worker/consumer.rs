@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, DelayedEntry, Entry};
-use crate::worker::ops::Outcome;
+use crate::worker::ops::{Op, Outcome};
 use crate::worker::{loader, operator, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -290,7 +290,14 @@ async fn settle(
                 if spend {
                     item.attempt += 1;
                 }
-                if spend && item.attempt >= ctx.config.max_attempts {
+                // A decided report is delivered until the webhook accepts it
+                // (the backoff caps the pace at one try per `backoff_max`).
+                let limit = if op == Op::Report {
+                    u32::MAX
+                } else {
+                    ctx.config.max_attempts
+                };
+                if spend && item.attempt >= limit {
                     let reason = format!("gave up after {} attempts: {reason}", item.attempt);
                     dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
                 } else {
