@@ -443,7 +443,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             .await?;
         key_sizes.push((k, n.unwrap_or(0)));
     }
-    key_sizes.sort_by(|a, b| b.1.cmp(&a.1));
+    key_sizes.sort_by_key(|k| std::cmp::Reverse(k.1));
     key_sizes.truncate(8);
     let mem_info = info(&store, "memory").await?;
     let scripts_bytes = info_field(&mem_info, "used_memory_scripts").unwrap_or(0.0) as u64;
