@@ -175,51 +175,74 @@ impl WorkerFlags {
 }
 
 /// Warns when the server's settings are weaker than the expected durability,
-/// or when it may evict keys. Returns the warnings.
+/// or when it may evict keys. Returns the warnings. On a cluster every master
+/// has settings of its own: each is checked, and named in its warnings.
 pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> {
     let mut warnings = Vec::new();
-    let mut conn = store.conn.clone();
-    let get = |name: &'static str| {
-        let mut conn = conn.clone();
-        async move {
-            redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async::<Vec<String>>(&mut conn)
-                .await
-                .ok()
-                .and_then(|v| v.get(1).cloned())
+    let get = |name: &'static str| async move {
+        let cmd = redis::cmd("CONFIG").arg("GET").arg(name).clone();
+        match store.on_every_master(&cmd).await {
+            Ok(replies) => replies
+                .into_iter()
+                .map(|(node, r)| {
+                    let v = r
+                        .ok()
+                        .and_then(|v| redis::from_redis_value::<Vec<String>>(v).ok())
+                        .and_then(|v| v.get(1).cloned());
+                    (node, v)
+                })
+                .collect(),
+            Err(_) => vec![("server".to_string(), None)],
         }
     };
-    match get("maxmemory-policy").await {
-        Some(p) if p == "noeviction" => {}
-        Some(p) => warnings.push(format!(
-            "redis maxmemory-policy is {p}: under memory pressure Redis may evict groupcast's keys and lose events; set `maxmemory-policy noeviction`"
-        )),
-        None => warnings.push("cannot read maxmemory-policy (CONFIG GET refused?): make sure it is noeviction".into()),
-    }
-    if durability != Durability::None {
-        let aof = get("appendonly").await;
-        let fsync = get("appendfsync").await;
-        let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
-            (Some("yes"), Some("always"), _) => false,
-            (Some("yes"), Some("everysec"), Durability::Everysec) => false,
-            (None, _, _) | (_, None, _) => {
-                warnings.push("cannot read appendonly/appendfsync: durability not checked".into());
-                false
-            }
-            _ => true,
-        };
-        if weak {
-            warnings.push(format!(
-                "redis has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see README, Durability)",
-                aof.unwrap_or_default(),
-                fsync.unwrap_or_default(),
-                durability
-            ));
+    let cluster = store.target.is_cluster();
+    let redis_at = |node: &str| {
+        if cluster {
+            format!("redis node {node}")
+        } else {
+            "redis".to_string()
+        }
+    };
+    for (node, policy) in get("maxmemory-policy").await {
+        let redis = redis_at(&node);
+        match policy {
+            Some(p) if p == "noeviction" => {}
+            Some(p) => warnings.push(format!(
+                "{redis} maxmemory-policy is {p}: under memory pressure Redis may evict groupcast's keys and lose events; set `maxmemory-policy noeviction`"
+            )),
+            None => warnings.push(format!("cannot read maxmemory-policy of {redis} (CONFIG GET refused?): make sure it is noeviction")),
         }
     }
-    let _ = &mut conn;
+    if durability != Durability::None {
+        let aofs = get("appendonly").await;
+        let fsyncs = get("appendfsync").await;
+        for (node, aof) in aofs {
+            let fsync = fsyncs
+                .iter()
+                .find(|(n, _)| *n == node)
+                .and_then(|(_, f)| f.clone());
+            let redis = redis_at(&node);
+            let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
+                (Some("yes"), Some("always"), _) => false,
+                (Some("yes"), Some("everysec"), Durability::Everysec) => false,
+                (None, _, _) | (_, None, _) => {
+                    warnings.push(format!(
+                        "cannot read appendonly/appendfsync of {redis}: durability not checked"
+                    ));
+                    false
+                }
+                _ => true,
+            };
+            if weak {
+                warnings.push(format!(
+                    "{redis} has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see README, Durability)",
+                    aof.unwrap_or_default(),
+                    fsync.unwrap_or_default(),
+                    durability
+                ));
+            }
+        }
+    }
     for w in &warnings {
         tracing::warn!("{w}");
     }
