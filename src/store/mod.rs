@@ -184,6 +184,8 @@ pub struct RedisTarget {
     kind: TargetKind,
 }
 
+// One per process and cloned rarely: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum TargetKind {
     Single(redis::Client),
