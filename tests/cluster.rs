@@ -556,3 +556,59 @@ async fn the_startup_check_reads_every_master() {
         "{warnings:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_redriven_on_every_shard() {
+    use groupcast::cli::dlq::{run, DlqAction, DlqArgs};
+    use groupcast::cli::RedisArgs;
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    // One dead letter per shard, from its ingest stream (the redrive puts it
+    // back and deletes the letter in one MULTI/EXEC: two keys, one slot).
+    for shard in 0..6 {
+        let ingest = store.keys.ingest(shard);
+        store
+            .ensure_group(&ingest, LOADERS_GROUP)
+            .await
+            .expect("group");
+        let fields = vec![
+            ("reason".to_string(), b"test".to_vec()),
+            ("source".to_string(), ingest.as_bytes().to_vec()),
+            ("f:v".to_string(), b"1".to_vec()),
+            ("f:t".to_string(), b"chunk".to_vec()),
+        ];
+        store
+            .dead_letter(
+                &store.keys.dead_letters(shard),
+                &ingest,
+                LOADERS_GROUP,
+                "0-1",
+                &fields,
+            )
+            .await
+            .expect("dead letter");
+    }
+    assert_eq!(dead_letters(&store).await.len(), 6);
+    run(DlqArgs {
+        redis: RedisArgs {
+            url: cluster.url(),
+            prefix: "gcc".into(),
+            shards: 6,
+        },
+        action: DlqAction::Redrive {
+            ids: Vec::new(),
+            all: true,
+        },
+    })
+    .await
+    .expect("redrive");
+    assert!(dead_letters(&store).await.is_empty());
+    for shard in 0..6 {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(store.keys.ingest(shard))
+            .query_async(&mut store.conn.clone())
+            .await
+            .expect("xlen");
+        assert_eq!(len, 1, "shard {shard}'s ingest stream");
+    }
+}
