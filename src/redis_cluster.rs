@@ -45,6 +45,22 @@ pub enum ClusterError {
         /// What the nodes said last.
         detail: String,
     },
+    /// A slot to move still holds keys.
+    #[error("slot {slot} holds {keys} key(s): only empty slots are moved")]
+    SlotNotEmpty {
+        /// The slot.
+        slot: u16,
+        /// How many keys it holds.
+        keys: u64,
+    },
+    /// A command to a node failed.
+    #[error("node {node}: {message}")]
+    Node {
+        /// The node index.
+        node: usize,
+        /// What went wrong.
+        message: String,
+    },
     /// A node index out of range.
     #[error("no node {0} (the cluster has {1})")]
     NoSuchNode(usize, usize),
@@ -61,6 +77,9 @@ pub struct ClusterOptions {
     /// `cluster-node-timeout` in milliseconds: how long a silent master may
     /// be away before the others mark it failed.
     pub node_timeout_ms: u64,
+    /// Whether nodes keep an append-only file (needed to restart a master
+    /// with its data).
+    pub appendonly: bool,
     /// `appendfsync` (`always`: a killed master loses nothing it answered).
     pub appendfsync: String,
     /// Extra `redis-server` arguments for every node.
@@ -74,6 +93,7 @@ impl Default for ClusterOptions {
         ClusterOptions {
             masters: 3,
             node_timeout_ms: 5000,
+            appendonly: true,
             appendfsync: "always".into(),
             args: Vec::new(),
             ready_timeout: Duration::from_secs(30),
@@ -165,7 +185,11 @@ impl RedisCluster {
                 "--cluster-node-timeout",
                 &cluster.options.node_timeout_ms.to_string(),
                 "--appendonly",
-                "yes",
+                if cluster.options.appendonly {
+                    "yes"
+                } else {
+                    "no"
+                },
                 "--appendfsync",
                 &cluster.options.appendfsync,
             ]
@@ -297,6 +321,89 @@ impl RedisCluster {
         self.owner_of_slot(hash_slot(key.as_bytes()))
     }
 
+    /// Moves an empty slot to node `to` (how an operator places a shard's
+    /// hash tag on a chosen master before any key exists there): see
+    /// [`begin_slot_move`](Self::begin_slot_move) and
+    /// [`finish_slot_move`](Self::finish_slot_move).
+    pub fn move_empty_slot(&self, slot: u16, to: usize) -> Result<(), ClusterError> {
+        if let Some(from) = self.begin_slot_move(slot, to)? {
+            self.finish_slot_move(slot, from, to)?;
+        }
+        Ok(())
+    }
+
+    /// Starts moving an empty slot to node `to`: `IMPORTING` on the target,
+    /// `MIGRATING` on the owner. Until [`finish_slot_move`](Self::finish_slot_move),
+    /// the owner answers `-ASK` for keys it does not hold. Returns the owner,
+    /// or `None` when `to` owns the slot already.
+    pub fn begin_slot_move(&self, slot: u16, to: usize) -> Result<Option<usize>, ClusterError> {
+        let n = self.nodes.len();
+        if to >= n {
+            return Err(ClusterError::NoSuchNode(to, n));
+        }
+        let from = self.owner_of_slot(slot)?;
+        if from == to {
+            return Ok(None);
+        }
+        let (from_id, to_id) = (self.node_id(from)?, self.node_id(to)?);
+        let keys = self.run(from, redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))?;
+        let keys: u64 = redis::from_redis_value(keys).unwrap_or(u64::MAX);
+        if keys != 0 {
+            return Err(ClusterError::SlotNotEmpty { slot, keys });
+        }
+        self.run(to, &setslot(slot, "IMPORTING", &from_id))?;
+        self.run(from, &setslot(slot, "MIGRATING", &to_id))?;
+        Ok(Some(from))
+    }
+
+    /// Ends a slot move begun with [`begin_slot_move`](Self::begin_slot_move)
+    /// (`SETSLOT ... NODE` on every node; no key is migrated) and waits until
+    /// every node agrees.
+    pub fn finish_slot_move(&self, slot: u16, from: usize, to: usize) -> Result<(), ClusterError> {
+        let n = self.nodes.len();
+        let to_id = self.node_id(to)?;
+        self.run(to, &setslot(slot, "NODE", &to_id))?;
+        self.run(from, &setslot(slot, "NODE", &to_id))?;
+        for node in (0..n).filter(|i| *i != from && *i != to) {
+            self.run(node, &setslot(slot, "NODE", &to_id))?;
+        }
+        let to_port = self.ports()[to];
+        let deadline = Instant::now() + self.options.ready_timeout;
+        loop {
+            let agreed = (0..n).all(|i| {
+                self.slot_ranges(i).is_ok_and(|r| {
+                    r.iter()
+                        .any(|(lo, hi, p)| (*lo..=*hi).contains(&slot) && *p == to_port)
+                })
+            });
+            if agreed {
+                return self.wait_ok();
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::NotReady {
+                    secs: self.options.ready_timeout.as_secs(),
+                    detail: format!("not every node sees slot {slot} on node {to}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn run(&self, node: usize, cmd: &redis::Cmd) -> Result<redis::Value, ClusterError> {
+        let err = |message: String| ClusterError::Node { node, message };
+        let mut c = self.connect(node).map_err(err)?;
+        cmd.query(&mut c).map_err(|e| err(e.to_string()))
+    }
+
+    /// Node `i`'s cluster id (`CLUSTER MYID`).
+    pub fn node_id(&self, node: usize) -> Result<String, ClusterError> {
+        let v = self.run(node, redis::cmd("CLUSTER").arg("MYID"))?;
+        redis::from_redis_value(v).map_err(|e| ClusterError::Node {
+            node,
+            message: e.to_string(),
+        })
+    }
+
     /// `CLUSTER SLOTS` of node `i`: (first slot, last slot, master port).
     fn slot_ranges(&self, i: usize) -> Result<Vec<(u16, u16, u16)>, String> {
         let mut c = self.connect(i)?;
@@ -395,6 +502,15 @@ impl RedisCluster {
         }
         Ok(())
     }
+}
+
+fn setslot(slot: u16, state: &str, node_id: &str) -> redis::Cmd {
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(state)
+        .arg(node_id)
+        .clone()
 }
 
 impl Drop for RedisCluster {

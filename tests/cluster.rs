@@ -612,3 +612,74 @@ async fn dead_letters_are_redriven_on_every_shard() {
         assert_eq!(len, 1, "shard {shard}'s ingest stream");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_follow_ask_and_moved_while_a_shard_moves_to_another_master() {
+    let cluster = cluster();
+    // Connected before the move: its slot map goes stale.
+    let store = store_on(&cluster, 3).await;
+    let mut conn = store.conn.clone();
+    let work = store.keys.work(1);
+    let slot = hash_slot(work.as_bytes());
+    let to = (cluster.owner_of_slot(slot).expect("owner") + 1) % cluster.len();
+    let from = cluster
+        .begin_slot_move(slot, to)
+        .expect("begin")
+        .expect("a move");
+    // Mid-move: the old owner answers -ASK for this (absent) key.
+    let mut direct = node_conn(&cluster, from);
+    let asked: redis::RedisResult<String> = redis::cmd("XADD")
+        .arg(&work)
+        .arg("*")
+        .arg("f")
+        .arg("direct")
+        .query(&mut direct);
+    let err = asked.expect_err("the old owner redirects");
+    assert_eq!(err.code(), Some("ASK"), "{err}");
+    // The cluster connection follows it (ASKING, then the command).
+    let _: String = redis::cmd("XADD")
+        .arg(&work)
+        .arg("*")
+        .arg("f")
+        .arg("asked")
+        .query_async(&mut conn)
+        .await
+        .expect("XADD follows ASK");
+    // Only the keyless half of a move: the key stays where ASK put it.
+    cluster.finish_slot_move(slot, from, to).expect("finish");
+    // Now the old owner answers -MOVED, which the connection follows too.
+    let _: String = redis::cmd("XADD")
+        .arg(&work)
+        .arg("*")
+        .arg("f")
+        .arg("moved")
+        .query_async(&mut conn)
+        .await
+        .expect("XADD follows MOVED");
+    let len: u64 = redis::cmd("XLEN")
+        .arg(&work)
+        .query(&mut node_conn(&cluster, to))
+        .expect("XLEN on the new owner");
+    assert_eq!(len, 2);
+    assert_eq!(cluster.owner_of_key(&work).expect("owner"), to);
+    // Scripts follow as well (EVALSHA routed by its first key).
+    store.promote(1, 10).await.expect("promote after the move");
+}
+
+#[test]
+fn shards_can_be_placed_one_per_master() {
+    let cluster = cluster();
+    let keys = Keyspace::new("gcc", 6);
+    for shard in 0..6 {
+        let slot = hash_slot(keys.work(shard).as_bytes());
+        cluster
+            .move_empty_slot(slot, shard as usize % cluster.len())
+            .expect("move");
+    }
+    for shard in 0..6 {
+        assert_eq!(
+            cluster.owner_of_key(&keys.work(shard)).expect("owner"),
+            shard as usize % cluster.len()
+        );
+    }
+}
