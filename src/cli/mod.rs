@@ -80,7 +80,7 @@ pub struct RedisArgs {
     #[arg(long, env = "GROUPCAST_PREFIX", default_value = "gc")]
     pub prefix: String,
     /// Number of shards (hash tags) batches are spread over. Changing it
-    /// moves batches to other shards: drain first (see README).
+    /// moves batches to other shards: drain first (see docs/cluster.md).
     #[arg(long, env = "GROUPCAST_SHARDS", default_value_t = 1)]
     pub shards: u32,
 }
