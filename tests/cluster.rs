@@ -292,8 +292,18 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("retry_later", vec![keys.delayed(s), keys.work(s)]),
         ("promote", vec![keys.delayed(s), keys.work(s)]),
         ("rate_limit", vec![keys.limiter()]),
+        // Inline scripts in src (see INLINE_SCRIPTS).
+        ("watchdog lease", vec![keys.watchdog_lock()]),
+        ("watchdog release", vec![keys.watchdog_lock()]),
+        ("watchdog stalled", vec![k.state.clone(), k.events.clone()]),
+        ("time at a key", vec![keys.active(s)]),
     ]
 }
+
+/// Scripts written inline in src (outside streams/scripts), by file: the
+/// slot check above lists their keys by hand, so a new one must be added
+/// there too.
+const INLINE_SCRIPTS: &[(&str, usize)] = &[("src/store/mod.rs", 1), ("src/worker/watchdog.rs", 3)];
 
 #[test]
 fn every_script_call_keeps_its_keys_on_one_slot() {
@@ -311,6 +321,43 @@ fn every_script_call_keeps_its_keys_on_one_slot() {
             }
         }
     }
+    // Every inline `Script::new` in src is one of those listed.
+    let mut found = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).expect("src dir") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let rel = path
+                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                .expect("relative")
+                .to_string_lossy()
+                .into_owned();
+            let n = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .matches("Script::new(")
+                .count();
+            // store/scripts.rs builds the streams/scripts files, checked above.
+            if n > 0 && rel != "src/store/scripts.rs" {
+                found.push((rel, n));
+            }
+        }
+    }
+    found.sort();
+    let expected: Vec<(String, usize)> = INLINE_SCRIPTS
+        .iter()
+        .map(|(f, n)| (f.to_string(), *n))
+        .collect();
+    assert_eq!(
+        found, expected,
+        "inline scripts changed: check their keys' slots in script_calls"
+    );
     // Many shard counts, batches on every shard, several prefixes.
     for prefix in ["gc", "tenant-a", "x"] {
         for shards in [1, 3, 6, 16, 64] {
@@ -469,6 +516,45 @@ async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
             .expect("SCRIPT FLUSH");
     }
     run_every_script(&store, 1).await;
+
+    // The watchdog's scripts (lease, stall, release) and the per-shard clock:
+    // one long-quiet batch on every shard.
+    let mut quiet = BTreeSet::new();
+    for shard in 0..6 {
+        let b = (0..)
+            .map(|i| format!("quiet-{i}"))
+            .find(|b| store.keys.shard_of(b) == shard)
+            .expect("a batch on the shard");
+        let log = store.batch(&b);
+        log.accept(0, false, 1, "d", 1_000).await.expect("accept");
+        let _: () = redis::cmd("HSET")
+            .arg(&log.keys.state)
+            .arg("hb")
+            .arg(1)
+            .query_async(&mut store.conn.clone())
+            .await
+            .expect("age the heartbeat");
+        quiet.insert(b);
+    }
+    let provider = groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
+        base_url: "http://127.0.0.1:9".into(),
+        api_key: KEY.into(),
+        api_secret: SECRET.into(),
+        ..groupcast::provider::ProviderConfig::default()
+    })
+    .expect("provider client");
+    let ctx = groupcast::worker::Ctx::new(store.clone(), provider, test_config());
+    let report = groupcast::worker::watchdog::scan(&ctx)
+        .await
+        .expect("scan")
+        .expect("the lease");
+    assert_eq!(
+        report.newly_stalled.into_iter().collect::<BTreeSet<_>>(),
+        quiet
+    );
+    groupcast::worker::watchdog::release(&ctx)
+        .await
+        .expect("release");
 
     // A call whose keys do cross slots is refused by the cluster: the slot
     // check above is what keeps this from ever happening.

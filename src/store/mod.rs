@@ -363,6 +363,20 @@ impl Store {
         self.target.connect_blocking().await
     }
 
+    /// The clock (ms since the epoch) of the server that holds `key`: on a
+    /// cluster, the master owning its slot, whose clock stamped that key's
+    /// stream entries (a bare `TIME` would go to any master).
+    pub async fn time_ms_at(&self, key: &str) -> StoreResult<u64> {
+        static TIME_AT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new("local t = redis.call('TIME') return {t[1], t[2]}")
+        });
+        let (secs, micros): (u64, u64) = TIME_AT
+            .key(key)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
     /// The masters of a cluster as `host:port`, from `CLUSTER SLOTS`
     /// (empty for a single server).
     pub async fn cluster_masters(&self) -> StoreResult<Vec<(String, u16)>> {
