@@ -533,7 +533,8 @@ mod tests {
         assert_eq!(hash_slot(b"foo"), 12182);
         assert_eq!(hash_slot(b"bar"), 5061);
         assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
-        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
+        // An empty tag does not count: the whole key is hashed.
+        assert_eq!(hash_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
         assert_ne!(hash_slot(b"foo{}{bar}"), hash_slot(b"bar"));
         assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
         assert_eq!(hash_slot(b"gc:{s3}:b:x:events"), hash_slot(b"s3"));
