@@ -154,10 +154,33 @@ impl RedisCluster {
     }
 
     /// Starts a cluster and waits until every node says `cluster_state:ok`.
+    ///
+    /// Free ports are found by binding port 0 and letting go, so another
+    /// process (a test suite running alongside) can take one before our node
+    /// binds it: then the cluster cannot form, and a fresh start on other
+    /// ports is tried, up to three times in all.
     pub fn start_with(options: ClusterOptions) -> Result<RedisCluster, ClusterError> {
         if !cli_installed() {
             return Err(ClusterError::CliNotInstalled);
         }
+        let mut attempt = 1;
+        loop {
+            match Self::try_start(options.clone()) {
+                Ok(c) => return Ok(c),
+                Err(
+                    e @ (ClusterError::CliNotInstalled
+                    | ClusterError::Server(ServerError::NotInstalled)),
+                ) => return Err(e),
+                Err(e) if attempt < 3 => {
+                    tracing::warn!(attempt, error = %e, "private cluster did not start; trying other ports");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn try_start(options: ClusterOptions) -> Result<RedisCluster, ClusterError> {
         let masters = options.masters.max(3);
         let dir = std::env::temp_dir().join(format!(
             "groupcast-cluster-{}-{}",
@@ -197,11 +220,24 @@ impl RedisCluster {
             .map(|s| s.to_string())
             .collect();
             args.extend(cluster.options.args.iter().cloned());
-            cluster.nodes.push(RedisServer::start_with(ServerOptions {
+            let node = RedisServer::start_with(ServerOptions {
                 args,
-                dir: Some(node_dir),
+                dir: Some(node_dir.clone()),
                 port: Some(port),
-            })?);
+            })?;
+            cluster.nodes.push(node);
+            // The server answering on the port is ours (not another
+            // process's that took the port first): it runs in our directory.
+            let i = cluster.nodes.len() - 1;
+            let dir = cluster.run(i, redis::cmd("CONFIG").arg("GET").arg("dir"))?;
+            let dir: Vec<String> = redis::from_redis_value(dir).unwrap_or_default();
+            let ours = std::fs::canonicalize(&node_dir).ok();
+            if dir.get(1).map(|d| std::fs::canonicalize(d).ok()) != Some(ours) {
+                return Err(ClusterError::Node {
+                    node: i,
+                    message: format!("port {port} answers from {dir:?}, not from our node"),
+                });
+            }
         }
         let out = Command::new("redis-cli")
             .arg("--cluster")
