@@ -6,8 +6,9 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::{secret_from_env, CliError, RedisArgs};
+use crate::keys::Keyspace;
 use crate::provider::{ProviderClient, ProviderConfig};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, Role, Worker, WorkerConfig};
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -221,20 +222,65 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
     warnings
 }
 
-/// Runs the worker.
-pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
-    let config = args.worker.config()?;
-    let provider = args.worker.provider()?;
-    let store = args.redis.connect().await?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut store.conn.clone())
+/// Runs `attempt` until it succeeds, waiting (with a capped backoff) while
+/// Redis does not answer or is still loading its data: a worker started
+/// while Redis restarts must wait for it, not exit. Any other failure (bad
+/// credentials, a refused command) is returned at once.
+async fn while_redis_is_away<T, F, Fut>(
+    url: &str,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut failures = 0u32;
+    loop {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() => {
+                failures += 1;
+                let delay =
+                    Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
+                tracing::warn!(
+                    "{what}: {} (attempt {failures}); trying again in {delay:?}",
+                    super::explain_connect(url, e)
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects, checks the server and starts the roles, waiting for Redis as
+/// long as it is away.
+async fn start(
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    provider: &ProviderClient,
+) -> Result<Worker, CliError> {
+    let url = args.redis.resolved_url()?;
+    let keys = Keyspace::new(args.redis.prefix.clone(), args.redis.shards);
+    let shown = &args.redis.url;
+    let fatal = |e: StoreError| CliError::Redis(super::explain_connect(shown, e));
+    let store = while_redis_is_away(shown, "connecting", || Store::connect(&url, keys.clone()))
         .await
-        .map_err(|e| {
-            CliError::Redis(format!(
-                "redis at {} does not answer PING: {e}",
-                store.target.redacted()
-            ))
-        })?;
+        .map_err(fatal)?;
+    while_redis_is_away(shown, "PING", || async {
+        redis::cmd("PING")
+            .query_async::<String>(&mut store.conn.clone())
+            .await
+            .map_err(StoreError::from)
+    })
+    .await
+    .map_err(|e| {
+        CliError::Redis(format!(
+            "redis at {} does not answer PING: {e}",
+            store.target.redacted()
+        ))
+    })?;
     check_server(&store, args.worker.durability).await;
     if args.worker.metrics_listen != "off" {
         let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
@@ -250,7 +296,21 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
             tracing::info!(%local, "metrics at http://{local}/metrics");
         }
     }
-    let worker = Worker::start(Ctx::new(store, provider, config)).await?;
+    let worker = while_redis_is_away(shown, "starting the roles", || {
+        Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone()))
+    })
+    .await?;
+    Ok(worker)
+}
+
+/// Runs the worker.
+pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
+    let config = args.worker.config()?;
+    let provider = args.worker.provider()?;
+    let worker = tokio::select! {
+        w = start(&args, &config, &provider) => w?,
+        _ = wait_for_signal() => return Ok(()),
+    };
     wait_for_signal().await;
     tracing::info!("stopping: no new work; in-flight entries finish or stay pending for reclaim");
     worker.stop().await;
