@@ -66,6 +66,10 @@ pub fn describe() {
         "Events appended to batch logs, by type"
     );
     describe_counter!(
+        "groupcast_redis_writes_lost_total",
+        "Acknowledged events found missing when read back: Redis lost writes (alert on any)"
+    );
+    describe_counter!(
         "groupcast_chunks_total",
         "Ingest chunks handled, by outcome"
     );

@@ -78,6 +78,23 @@ pub async fn verify_batch(
         bad.is_empty(),
         format!("{} events, {} undecodable", raw.len(), bad.len()),
     );
+    let lost = crate::store::witness::lost_records(store, batch).await?;
+    check(
+        0,
+        lost.is_empty(),
+        if lost.is_empty() {
+            "no lost Redis writes were detected for this batch".into()
+        } else {
+            format!(
+                "Redis lost acknowledged writes of this batch, so its events may not show \
+                 everything the provider did (a second group for a generation, a send): {}",
+                lost.iter()
+                    .map(|(id, d)| format!("[{id}] {d}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        },
+    );
     let events: Vec<Recorded> = raw.into_iter().filter_map(Result::ok).collect();
     let live = log.state().await?;
     let rebuilt = Projection::fold(&events);
