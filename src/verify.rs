@@ -247,6 +247,18 @@ pub async fn verify_batch(
                             group.status != GroupStatus::Pending,
                             format!("gen {g}: provider status {:?} after our send", group.status),
                         );
+                    } else {
+                        // Only we send our groups: one sent without a send
+                        // event means events were lost (or a send is being
+                        // recorded right now).
+                        check(
+                            2,
+                            matches!(group.status, GroupStatus::Pending | GroupStatus::Deleted),
+                            format!(
+                                "gen {g}: provider status {:?} of {group_id}, and no send event",
+                                group.status
+                            ),
+                        );
                     }
                 }
                 Err(e) => check(
