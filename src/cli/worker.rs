@@ -222,6 +222,38 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
     warnings
 }
 
+/// How long a ready generation's send waits for Redis to have it on disk
+/// (see [`WorkerConfig::durable_after`]): nothing when the server confirms
+/// `appendfsync always` (every acknowledged write is on disk) or when no
+/// durability is expected; otherwise the fsync window.
+pub async fn durable_after(store: &Store, durability: Durability) -> Duration {
+    if durability == Durability::None {
+        return Duration::ZERO;
+    }
+    let get = |name: &'static str| {
+        let mut conn = store.conn.clone();
+        async move {
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .ok()
+                .and_then(|v| v.get(1).cloned())
+        }
+    };
+    let aof = get("appendonly").await;
+    let fsync = get("appendfsync").await;
+    if aof.as_deref() == Some("yes") && fsync.as_deref() == Some("always") {
+        return Duration::ZERO;
+    }
+    let window = crate::store::witness::WINDOW;
+    tracing::info!(
+        "redis does not confirm appendfsync always: each generation's send waits {window:?} after it is ready, until Redis has it on disk"
+    );
+    window
+}
+
 /// Runs `attempt` until it succeeds, waiting (with a capped backoff) while
 /// Redis does not answer or is still loading its data: a worker started
 /// while Redis restarts must wait for it, not exit. Any other failure (bad
@@ -282,6 +314,8 @@ async fn start(
         ))
     })?;
     check_server(&store, args.worker.durability).await;
+    let mut config = config.clone();
+    config.durable_after = durable_after(&store, args.worker.durability).await;
     if args.worker.metrics_listen != "off" {
         let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
             CliError::Usage(format!(

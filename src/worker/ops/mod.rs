@@ -113,6 +113,8 @@ pub enum RetryCause {
     NotFinished,
     /// The report webhook did not accept the report.
     Webhook,
+    /// Waiting until Redis has made the facts a send relies on durable.
+    Durability,
 }
 
 impl RetryCause {
@@ -123,6 +125,7 @@ impl RetryCause {
             RetryCause::RateLimited => "rate_limited",
             RetryCause::NotFinished => "not_finished",
             RetryCause::Webhook => "webhook",
+            RetryCause::Durability => "durability",
         }
     }
 }

@@ -6,11 +6,18 @@
 //! was loaded, else the send is refused and dead-lettered (fail closed): a
 //! silent rejection at the provider must never go out as a partial send. A
 //! `409` means another worker's send already happened.
+//!
+//! When Redis may lose its last acknowledged writes in a crash, the send also
+//! waits until the generation's `ready` event is older than
+//! `config.durable_after`: a send must never rest on facts Redis can still
+//! take back (the generation would be redone in a new group and sent twice).
 
 use crate::events::{Event, SendRefused};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
+use std::time::Duration;
+
+use crate::worker::ops::{Op, OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -22,10 +29,41 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             format!("k:send/{gen}"),
             format!("g:{gen}:group"),
             format!("g:{gen}:reg"),
+            format!("k:ready/{gen}"),
         ])
         .await?;
     if f[0].is_some() {
         return Ok(Outcome::Done);
+    }
+    let Some(ready_id) = f[3].as_deref() else {
+        // make_ready appends the event and this item together: an item
+        // without the event comes from writes Redis lost.
+        return Ok(Outcome::Dead(format!(
+            "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
+        )));
+    };
+    if !ctx.config.durable_after.is_zero() {
+        let ready_ms: u64 = ready_id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0);
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async::<(String, String)>(&mut ctx.store.conn.clone())
+            .await
+            .map_err(crate::store::StoreError::from)
+            .map(|(s, u)| (s.parse().unwrap_or(0), u.parse().unwrap_or(0)))?;
+        let age = Duration::from_millis((secs * 1000 + micros / 1000).saturating_sub(ready_ms));
+        if age < ctx.config.durable_after {
+            return Ok(Outcome::Retry {
+                delay: Some(ctx.config.durable_after - age + Duration::from_millis(50)),
+                spend: false,
+                cause: RetryCause::Durability,
+                reason: format!(
+                    "generation {gen} became ready {age:?} ago; sending once Redis has it on disk"
+                ),
+            });
+        }
     }
     let Some(group_id) = f[1].clone() else {
         return Ok(Outcome::Dead(format!(
