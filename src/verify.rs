@@ -51,6 +51,7 @@ struct Gen {
     assigned: BTreeMap<u32, u32>,
     loaded: BTreeMap<u32, (usize, String, u32, usize)>,
     sends: Vec<usize>,
+    refused: Vec<String>,
     closed: bool,
 }
 
@@ -139,6 +140,11 @@ pub async fn verify_batch(
                     .insert(e.seq, (i, e.group_id.clone(), e.registered, e.failed.len()));
             }
             Event::SendTriggered(e) => gens.entry(e.gen).or_default().sends.push(i),
+            Event::SendRefused(e) => gens
+                .entry(e.gen)
+                .or_default()
+                .refused
+                .push(e.reason.clone()),
             Event::GenerationClosed(e) => gens.entry(e.gen).or_default().closed = true,
             Event::BatchReported(_) => reports += 1,
             Event::InputRejected(e) => {
@@ -168,6 +174,17 @@ pub async fn verify_batch(
             2,
             st.sends.len() <= 1,
             format!("gen {g}: {} send event(s)", st.sends.len()),
+        );
+        // A refused send (the provider's count disagreed with our events)
+        // leaves the generation unsent: never a pass.
+        check(
+            2,
+            st.refused.is_empty(),
+            if st.refused.is_empty() {
+                format!("gen {g}: no send refused")
+            } else {
+                format!("gen {g}: send refused: {}", st.refused.join("; "))
+            },
         );
         if let Some(&send_at) = st.sends.first() {
             let all_loaded_before = st.closed
