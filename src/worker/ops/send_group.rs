@@ -15,9 +15,7 @@
 use crate::events::{Event, SendRefused};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use std::time::Duration;
-
-use crate::worker::ops::{Op, OpError, Outcome, RetryCause, WorkItem};
+use crate::worker::ops::{durability_wait, wait_for_disk, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -42,28 +40,11 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
-    if !ctx.config.durable_after.is_zero() {
-        let ready_ms: u64 = ready_id
-            .split('-')
-            .next()
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or(0);
-        let (secs, micros): (u64, u64) = redis::cmd("TIME")
-            .query_async::<(String, String)>(&mut ctx.store.conn.clone())
-            .await
-            .map_err(crate::store::StoreError::from)
-            .map(|(s, u)| (s.parse().unwrap_or(0), u.parse().unwrap_or(0)))?;
-        let age = Duration::from_millis((secs * 1000 + micros / 1000).saturating_sub(ready_ms));
-        if age < ctx.config.durable_after {
-            return Ok(Outcome::Retry {
-                delay: Some(ctx.config.durable_after - age + Duration::from_millis(50)),
-                spend: false,
-                cause: RetryCause::Durability,
-                reason: format!(
-                    "generation {gen} became ready {age:?} ago; sending once Redis has it on disk"
-                ),
-            });
-        }
+    if let Some(delay) = durability_wait(ctx, &[ready_id]).await? {
+        return Ok(wait_for_disk(
+            delay,
+            format!("generation {gen} just became ready"),
+        ));
     }
     let Some(group_id) = f[1].clone() else {
         return Ok(Outcome::Dead(format!(
