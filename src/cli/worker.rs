@@ -198,6 +198,13 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
         let aof = get("appendonly").await;
         let fsync = get("appendfsync").await;
         let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
+            (Some("yes"), Some("always"), Durability::Everysec) => {
+                tracing::info!(
+                    "redis has appendfsync always, stronger than --durability everysec: with no failover \
+                     to a replica that could lag, --durability always drops the wait before adds and sends"
+                );
+                false
+            }
             (Some("yes"), Some("always"), _) => false,
             (Some("yes"), Some("everysec"), Durability::Everysec) => false,
             (None, _, _) | (_, None, _) => {
@@ -208,7 +215,7 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
         };
         if weak {
             warnings.push(format!(
-                "redis has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see README, Durability)",
+                "redis has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see docs/durability.md)",
                 aof.unwrap_or_default(),
                 fsync.unwrap_or_default(),
                 durability
@@ -222,36 +229,18 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
     warnings
 }
 
-/// How long a ready generation's send waits for Redis to have it on disk
-/// (see [`WorkerConfig::durable_after`]): nothing when the server confirms
-/// `appendfsync always` (every acknowledged write is on disk) or when no
-/// durability is expected; otherwise the fsync window.
-pub async fn durable_after(store: &Store, durability: Durability) -> Duration {
-    if durability == Durability::None {
-        return Duration::ZERO;
+/// How long a provider add or send waits for the events it relies on to be
+/// on disk (see [`WorkerConfig::durable_after`]), from what the deployment
+/// promises rather than from one node's settings: a failover to a replica can
+/// lose acknowledged writes whatever the old primary's `appendfsync` was.
+/// `always` (every acknowledged write survives any crash or failover) and
+/// `none` (nothing is expected to survive) wait nothing; `everysec` waits the
+/// fsync window.
+pub fn durable_after(durability: Durability) -> Duration {
+    match durability {
+        Durability::Everysec => crate::store::witness::WINDOW,
+        Durability::Always | Durability::None => Duration::ZERO,
     }
-    let get = |name: &'static str| {
-        let mut conn = store.conn.clone();
-        async move {
-            redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async::<Vec<String>>(&mut conn)
-                .await
-                .ok()
-                .and_then(|v| v.get(1).cloned())
-        }
-    };
-    let aof = get("appendonly").await;
-    let fsync = get("appendfsync").await;
-    if aof.as_deref() == Some("yes") && fsync.as_deref() == Some("always") {
-        return Duration::ZERO;
-    }
-    let window = crate::store::witness::WINDOW;
-    tracing::info!(
-        "redis does not confirm appendfsync always: each generation's send waits {window:?} after it is ready, until Redis has it on disk"
-    );
-    window
 }
 
 /// Runs `attempt` until it succeeds, waiting (with a capped backoff) while
@@ -315,7 +304,14 @@ async fn start(
     })?;
     check_server(&store, args.worker.durability).await;
     let mut config = config.clone();
-    config.durable_after = durable_after(&store, args.worker.durability).await;
+    config.durable_after = durable_after(args.worker.durability);
+    if !config.durable_after.is_zero() {
+        tracing::info!(
+            "--durability {:?}: provider adds and sends wait {:?} after the events they rely on, until Redis has them on disk",
+            args.worker.durability,
+            config.durable_after
+        );
+    }
     if args.worker.metrics_listen != "off" {
         let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
             CliError::Usage(format!(
