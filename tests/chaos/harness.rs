@@ -201,7 +201,7 @@ impl Rig {
             error_rate: 0.04,
             drop_rate: 0.04,
             latency_ms: 2,
-            rate_limit_per_sec: Some(45),
+            rate_limit_per_sec: Some(20),
             retry_after_secs: 1,
             stall_ms: 0,
         };
@@ -327,7 +327,7 @@ impl Rig {
             .args(["--durability", self.plan.durability.appendfsync()])
             .args(["--group-cap", &self.plan.cap.to_string()])
             .args(["--concurrency", "4"])
-            .args(["--rate-limit", "60", "--rate-burst", "10"])
+            .args(["--rate-limit", "25", "--rate-burst", "5"])
             .args(["--stall-after", "20s", "--watchdog-interval", "1s"])
             .args(&self.extra_worker_args)
             .env("GROUPCAST_REDIS_URL", self.server.url())
