@@ -344,6 +344,13 @@ async fn dead_letters(rig: &Rig) -> Vec<(String, String, Option<String>)> {
         .collect()
 }
 
+/// Writes to the real stderr, past the test harness's output capture, so
+/// that the summary line shows in every `cargo test` log.
+fn shout(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 fn summary_line(rig: &Rig, violations: usize, extra: &str) -> String {
     let f = rig.mock.ledger_summary().totals.faults;
     format!(
@@ -397,8 +404,7 @@ async fn chaos_appendfsync_always() {
         );
     }
     let line = summary_line(&rig, violations, "");
-    eprintln!("{line}");
-    println!("{line}");
+    shout(&line);
     if violations > 0 {
         eprintln!("{}", rig.dump().await);
     }
@@ -504,8 +510,7 @@ async fn chaos_appendfsync_everysec() {
     let violations: usize = found.values().map(|f| f.ledger.len()).sum();
     let line = summary_line(&rig, violations, &extra);
     eprintln!("{report}");
-    eprintln!("{line}");
-    println!("{line}");
+    shout(&line);
     assert!(
         silent.is_empty(),
         "seed={seed}: violations the ledger shows but verify_batch does not: {silent:?}\n{report}\n{}",
