@@ -6,8 +6,9 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::{secret_from_env, CliError, RedisArgs};
+use crate::keys::Keyspace;
 use crate::provider::{ProviderClient, ProviderConfig};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, Role, Worker, WorkerConfig};
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -223,6 +224,13 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
                 .and_then(|(_, f)| f.clone());
             let redis = redis_at(&node);
             let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
+                (Some("yes"), Some("always"), Durability::Everysec) => {
+                    tracing::info!(
+                        "{redis} has appendfsync always, stronger than --durability everysec: with no failover \
+                         to a replica that could lag, --durability always drops the wait before adds and sends"
+                    );
+                    false
+                }
                 (Some("yes"), Some("always"), _) => false,
                 (Some("yes"), Some("everysec"), Durability::Everysec) => false,
                 (None, _, _) | (_, None, _) => {
@@ -235,7 +243,7 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
             };
             if weak {
                 warnings.push(format!(
-                    "{redis} has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see README, Durability)",
+                    "{redis} has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see docs/durability.md)",
                     aof.unwrap_or_default(),
                     fsync.unwrap_or_default(),
                     durability
@@ -249,21 +257,89 @@ pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> 
     warnings
 }
 
-/// Runs the worker.
-pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
-    let config = args.worker.config()?;
-    let provider = args.worker.provider()?;
-    let store = args.redis.connect().await?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut store.conn.clone())
+/// How long a provider add or send waits for the events it relies on to be
+/// on disk (see [`WorkerConfig::durable_after`]), from what the deployment
+/// promises rather than from one node's settings: a failover to a replica can
+/// lose acknowledged writes whatever the old primary's `appendfsync` was.
+/// `always` (every acknowledged write survives any crash or failover) and
+/// `none` (nothing is expected to survive) wait nothing; `everysec` waits the
+/// fsync window.
+pub fn durable_after(durability: Durability) -> Duration {
+    match durability {
+        Durability::Everysec => crate::store::witness::WINDOW,
+        Durability::Always | Durability::None => Duration::ZERO,
+    }
+}
+
+/// Runs `attempt` until it succeeds, waiting (with a capped backoff) while
+/// Redis does not answer or is still loading its data: a worker started
+/// while Redis restarts must wait for it, not exit. Any other failure (bad
+/// credentials, a refused command) is returned at once.
+async fn while_redis_is_away<T, F, Fut>(
+    url: &str,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut failures = 0u32;
+    loop {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() => {
+                failures += 1;
+                let delay =
+                    Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
+                tracing::warn!(
+                    "{what}: {} (attempt {failures}); trying again in {delay:?}",
+                    super::explain_connect(url, e)
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects, checks the server and starts the roles, waiting for Redis as
+/// long as it is away.
+async fn start(
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    provider: &ProviderClient,
+) -> Result<Worker, CliError> {
+    let url = args.redis.resolved_url()?;
+    let keys = Keyspace::new(args.redis.prefix.clone(), args.redis.shards);
+    let shown = &args.redis.url;
+    let fatal = |e: StoreError| CliError::Redis(super::explain_connect(shown, e));
+    let store = while_redis_is_away(shown, "connecting", || Store::connect(&url, keys.clone()))
         .await
-        .map_err(|e| {
-            CliError::Redis(format!(
-                "redis at {} does not answer PING: {e}",
-                store.target.redacted()
-            ))
-        })?;
+        .map_err(fatal)?;
+    while_redis_is_away(shown, "PING", || async {
+        redis::cmd("PING")
+            .query_async::<String>(&mut store.conn.clone())
+            .await
+            .map_err(StoreError::from)
+    })
+    .await
+    .map_err(|e| {
+        CliError::Redis(format!(
+            "redis at {} does not answer PING: {e}",
+            store.target.redacted()
+        ))
+    })?;
     check_server(&store, args.worker.durability).await;
+    let mut config = config.clone();
+    config.durable_after = durable_after(args.worker.durability);
+    if !config.durable_after.is_zero() {
+        tracing::info!(
+            "--durability {:?}: provider adds and sends wait {:?} after the events they rely on, until Redis has them on disk",
+            args.worker.durability,
+            config.durable_after
+        );
+    }
     if args.worker.metrics_listen != "off" {
         let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
             CliError::Usage(format!(
@@ -277,7 +353,21 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
         tracing::info!(%local, "metrics at http://{local}/metrics");
     }
-    let worker = Worker::start(Ctx::new(store, provider, config)).await?;
+    let worker = while_redis_is_away(shown, "starting the roles", || {
+        Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone()))
+    })
+    .await?;
+    Ok(worker)
+}
+
+/// Runs the worker.
+pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
+    let config = args.worker.config()?;
+    let provider = args.worker.provider()?;
+    let worker = tokio::select! {
+        w = start(&args, &config, &provider) => w?,
+        _ = wait_for_signal() => return Ok(()),
+    };
     wait_for_signal().await;
     tracing::info!("stopping: no new work; in-flight entries finish or stay pending for reclaim");
     worker.stop().await;

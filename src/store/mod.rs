@@ -6,10 +6,12 @@
 //! - [`queue`]: the work plumbing (consumer groups, dead letters, delayed
 //!   retries, reclaiming).
 //! - [`scripts`]: the Lua sources from `streams/scripts/`, loaded on demand.
+//! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 
 pub mod batch;
 pub mod queue;
 pub mod scripts;
+pub mod witness;
 
 use std::time::Duration;
 
@@ -348,6 +350,8 @@ pub struct Store {
     pub keys: Keyspace,
     /// Where it connects.
     pub target: RedisTarget,
+    /// The events this process appended, until they are read back.
+    pub witnesses: std::sync::Arc<witness::Witnesses>,
 }
 
 impl Store {
@@ -355,7 +359,12 @@ impl Store {
     pub async fn connect(url: &str, keys: Keyspace) -> StoreResult<Store> {
         let target = RedisTarget::parse(url)?;
         let conn = target.connect().await?;
-        Ok(Store { conn, keys, target })
+        Ok(Store {
+            conn,
+            keys,
+            target,
+            witnesses: Default::default(),
+        })
     }
 
     /// A fresh connection for blocking reads.

@@ -6,9 +6,11 @@
 //! - [`maintenance`]: delayed retries back to their streams; stream trimming.
 //! - [`watchdog`]: batches that went quiet before their report.
 //! - [`limiter`]: the provider rate limiter shared by every process.
+//! - [`durability`]: acknowledged events read back, to detect lost writes.
 
 pub mod config;
 pub mod consumer;
+pub mod durability;
 pub mod limiter;
 pub mod loader;
 pub mod maintenance;
@@ -160,6 +162,7 @@ impl Worker {
         }
         let (tx, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        tasks.spawn(durability::run(ctx.clone(), rx.clone()));
         for role in &ctx.config.roles {
             match role {
                 Role::Load | Role::Operate => {

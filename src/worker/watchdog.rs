@@ -254,7 +254,7 @@ async fn check(store: &Store, log: &BatchLog, now: u64, threshold: u64) -> Store
         };
     }
     let reply: redis::Value = inv.invoke_async(&mut store.conn.clone()).await?;
-    let r = crate::store::batch::strings("stalled", reply)?;
+    let (r, _) = crate::store::batch::strings("stalled", reply)?;
     match r.first().map(String::as_str) {
         Some("appended") => {
             metrics::counter!("groupcast_batch_stalls_total").increment(1);
