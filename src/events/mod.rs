@@ -24,6 +24,23 @@ pub use chunk::{Chunk, ChunkError, Recipient, Template};
 /// The envelope version this build writes and reads.
 pub const ENVELOPE_VERSION: &str = "1";
 
+/// The most bytes of hostile input quoted in an error message.
+pub const QUOTE_MAX: usize = 64;
+
+/// At most `max` bytes of `s` (cut on a character boundary), saying how long
+/// it was: error messages and dead-letter reasons quote input, and input can
+/// be megabytes long.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}
+
 /// Why an entry could not be read as an event.
 #[derive(Debug, Error)]
 pub enum DecodeError {
@@ -40,7 +57,7 @@ pub enum DecodeError {
     #[error("entry is {0} bytes, over the limit")]
     TooLarge(usize),
     /// The payload is not valid MessagePack for the type.
-    #[error("malformed {kind} payload: {source}")]
+    #[error("malformed {kind} payload: {}", clip(&.source.to_string(), 8 * QUOTE_MAX))]
     Malformed {
         /// What was being decoded.
         kind: String,
@@ -90,7 +107,7 @@ macro_rules! events {
             pub fn decode(type_name: &str, data: &[u8]) -> Result<Event, DecodeError> {
                 match type_name {
                     $( $tag => Ok(Event::$variant(decode_payload(type_name, data)?)), )*
-                    other => Err(DecodeError::UnknownType(other.to_string())),
+                    other => Err(DecodeError::UnknownType(clip(other, QUOTE_MAX))),
                 }
             }
         }
@@ -346,9 +363,10 @@ impl Recorded {
         };
         let v = get("v")?;
         if v != ENVELOPE_VERSION.as_bytes() {
-            return Err(DecodeError::UnknownVersion(
-                String::from_utf8_lossy(v).into_owned(),
-            ));
+            return Err(DecodeError::UnknownVersion(clip(
+                &String::from_utf8_lossy(v),
+                QUOTE_MAX,
+            )));
         }
         let t = String::from_utf8_lossy(get("t")?).into_owned();
         let key = String::from_utf8_lossy(get("k")?).into_owned();
