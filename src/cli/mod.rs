@@ -180,15 +180,20 @@ impl RedisArgs {
         let creds = RedisCredentials::from_env()?;
         let url = self.url_with(&creds);
         let tls = self.tls_certificates()?;
-        let explain = |text: String| CliError::Redis(explain_connect(&self.url, &text, &creds));
-        let store =
-            Store::connect_with_tls(&url, Keyspace::new(self.prefix.clone(), self.shards), tls)
-                .await
-                .map_err(|e| explain(e.to_string()))?;
+        let explain = |e: Option<&redis::RedisError>, text: String| {
+            CliError::Redis(explain_connect(&self.url, e, &text, &creds))
+        };
+        let keys = Keyspace::new(self.prefix.clone(), self.shards);
+        let store = Store::connect_with_tls(&url, keys, tls)
+            .await
+            .map_err(|e| match &e {
+                StoreError::Redis(r) => explain(Some(r), e.to_string()),
+                _ => explain(None, e.to_string()),
+            })?;
         redis::cmd("PING")
             .query_async::<String>(&mut store.conn.clone())
             .await
-            .map_err(|e| explain(e.to_string()))?;
+            .map_err(|e| explain(Some(&e), format!("redis: {e}")))?;
         Ok(store)
     }
 }
@@ -236,26 +241,35 @@ pub fn secret_from_env(name: &str) -> Result<Option<String>, CliError> {
     Ok(None)
 }
 
-fn explain_connect(url: &str, text: &str, creds: &RedisCredentials) -> String {
+fn explain_connect(
+    url: &str,
+    error: Option<&redis::RedisError>,
+    text: &str,
+    creds: &RedisCredentials,
+) -> String {
     let redacted = crate::store::redact_url(url);
-    let hint = if text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
-        || text.contains("invalid username-password")
+    let code = error.and_then(|e| e.code());
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    let tls = url.starts_with("rediss");
+    let hint = if error.is_some_and(|e| e.kind() == redis::ErrorKind::AuthenticationFailed)
+        || matches!(code, Some("NOAUTH" | "WRONGPASS"))
+        || has(&["WRONGPASS", "NOAUTH", "invalid username-password"])
     {
         "the credentials were refused: check GROUPCAST_REDIS_USERNAME and \
          GROUPCAST_REDIS_PASSWORD (or GROUPCAST_REDIS_PASSWORD_FILE)"
-    } else if text.contains("NOPERM") {
+    } else if code == Some("NOPERM") || has(&["NOPERM"]) {
         "the ACL user lacks permissions: groupcast needs streams, hashes, sets, sorted sets, \
          strings and EVALSHA on its prefix (see docs/security.md)"
-    } else if text.contains("certificate")
-        || text.contains("SSL")
-        || text.contains("TLS")
-        || text.contains("handshake")
+    } else if has(&["certificate", "SSL", "TLS", "handshake"])
+        // A server that wants a client certificate and got none closes the
+        // connection right after the handshake.
+        || (tls && (error.is_some_and(|e| e.is_io_error() || e.is_connection_dropped())
+            || has(&["reset by peer", "Broken pipe", "closed"])))
     {
         "the TLS handshake failed: for a server certificate signed by a private CA set \
          GROUPCAST_REDIS_CA_FILE to that CA's PEM file; for a server that wants client \
          certificates set GROUPCAST_REDIS_CLIENT_CERT_FILE and GROUPCAST_REDIS_CLIENT_KEY_FILE"
-    } else if text.contains("refused") {
+    } else if error.is_some_and(|e| e.is_connection_refusal()) || has(&["refused"]) {
         "nothing listens there: is redis-server running? (Debian: sudo apt-get install redis-server)"
     } else {
         "check the URL (rediss:// for TLS), the network and the server's log"
@@ -289,7 +303,12 @@ pub enum CliError {
 
 impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
-        CliError::Redis(e.to_string())
+        match &e {
+            StoreError::Redis(r) if r.code() == Some("NOPERM") => CliError::Redis(format!(
+                "{e} (the ACL user lacks a command groupcast needs: see docs/security.md for the rule)"
+            )),
+            _ => CliError::Redis(e.to_string()),
+        }
     }
 }
 

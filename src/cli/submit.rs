@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{CliError, RedisArgs};
 use crate::events::chunk::{KakaoTemplate, MAX_CHUNK_RECIPIENTS, MAX_TEXT_CHARS, MAX_VAR_CHARS};
-use crate::events::ChunkError;
+use crate::events::{clip, ChunkError, QUOTE_MAX};
 use crate::events::{Recipient, Template};
 use crate::keys::validate_batch_id;
 use crate::phone;
@@ -148,7 +148,8 @@ pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient
             return Err(at(
                 "to",
                 format!(
-                    "{to:?} is not a valid phone number (digits only, 9 to 11, starting with 0)"
+                    "{:?} is not a valid phone number (digits only, 9 to 11, starting with 0)",
+                    clip(&to, QUOTE_MAX)
                 ),
             ));
         }
@@ -224,8 +225,10 @@ fn read_jsonl(path: &Path, file: std::fs::File) -> Result<Rows, CliError> {
                 serde_json::Value::Bool(b) => b.to_string(),
                 other => {
                     return Err(usage(format!(
-                        "{}:{n}: field `{k}`: {other} is not a string or number",
-                        path.display()
+                        "{}:{n}: field `{}`: {} is not a string or number",
+                        path.display(),
+                        clip(&k, QUOTE_MAX),
+                        clip(&other.to_string(), QUOTE_MAX)
                     )))
                 }
             };

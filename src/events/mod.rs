@@ -66,9 +66,17 @@ pub enum DecodeError {
     },
 }
 
+/// The deepest nesting a payload may have. Ours go four levels deep (a
+/// chunk's recipients' variables); rmp-serde's own limit, 1024, takes more
+/// than a 2 MiB thread stack (a tokio worker's) in a debug build, so one
+/// malicious entry nested 1024 deep would abort the worker.
+pub const MAX_PAYLOAD_DEPTH: usize = 32;
+
 /// Decodes a named-field MessagePack payload.
 pub fn decode_payload<T: DeserializeOwned>(kind: &str, bytes: &[u8]) -> Result<T, DecodeError> {
-    rmp_serde::from_slice(bytes).map_err(|source| DecodeError::Malformed {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MAX_PAYLOAD_DEPTH);
+    T::deserialize(&mut de).map_err(|source| DecodeError::Malformed {
         kind: kind.to_string(),
         source,
     })
