@@ -1204,14 +1204,15 @@ async fn malicious_entries_are_dead_lettered_and_a_good_batch_completes() {
             "without seq, group or chunk",
         ),
     ];
-    let mut expected: BTreeMap<String, (&str, &str)> = BTreeMap::new();
+    // Keyed by (stream, entry id): two streams can hand out the same id.
+    let mut expected: BTreeMap<(String, String), (&str, &str)> = BTreeMap::new();
     for (what, fields, reason) in &ingest_cases {
         let id = append_raw(store, &ingest, fields).await.expect("append");
-        expected.insert(id, (what, reason));
+        expected.insert((ingest.clone(), id), (what, reason));
     }
     for (what, fields, reason) in &work_cases {
         let id = append_raw(store, &work, fields).await.expect("append");
-        expected.insert(id, (what, reason));
+        expected.insert((work.clone(), id), (what, reason));
     }
     append_chunks(store, &chunks[3..]).await.expect("append");
 
@@ -1236,16 +1237,19 @@ async fn malicious_entries_are_dead_lettered_and_a_good_batch_completes() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let mut by_entry: BTreeMap<String, String> = BTreeMap::new();
+    let mut by_entry: BTreeMap<(String, String), String> = BTreeMap::new();
     for l in &letters {
         by_entry.insert(
-            l.text("entry").unwrap_or_default(),
+            (
+                l.text("source").unwrap_or_default(),
+                l.text("entry").unwrap_or_default(),
+            ),
             l.text("reason").unwrap_or_default(),
         );
     }
     for (id, (what, reason)) in &expected {
         let got = by_entry.get(id).unwrap_or_else(|| {
-            panic!("{what} ({id}) was not dead-lettered; letters: {by_entry:?}")
+            panic!("{what} ({id:?}) was not dead-lettered; letters: {by_entry:?}")
         });
         assert!(
             got.contains(reason),
