@@ -224,6 +224,7 @@ impl RedisCluster {
                 args,
                 dir: Some(node_dir.clone()),
                 port: Some(port),
+                ..ServerOptions::default()
             })?;
             cluster.nodes.push(node);
             // The server answering on the port is ours (not another

@@ -680,6 +680,9 @@ async fn dead_letters_are_redriven_on_every_shard() {
             url: cluster.url(),
             prefix: "gcc".into(),
             shards: 6,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
         },
         action: DlqAction::Redrive {
             ids: Vec::new(),

@@ -6,7 +6,6 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::{secret_from_env, CliError, RedisArgs};
-use crate::keys::Keyspace;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, Role, Worker, WorkerConfig};
@@ -276,7 +275,7 @@ pub fn durable_after(durability: Durability) -> Duration {
 /// while Redis restarts must wait for it, not exit. Any other failure (bad
 /// credentials, a refused command) is returned at once.
 async fn while_redis_is_away<T, F, Fut>(
-    url: &str,
+    describe: &dyn Fn(&StoreError) -> String,
     what: &str,
     mut attempt: F,
 ) -> Result<T, StoreError>
@@ -294,7 +293,7 @@ where
                     Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
                 tracing::warn!(
                     "{what}: {} (attempt {failures}); trying again in {delay:?}",
-                    super::explain_connect(url, e)
+                    describe(&e)
                 );
                 tokio::time::sleep(delay).await;
             }
@@ -310,26 +309,14 @@ async fn start(
     config: &WorkerConfig,
     provider: &ProviderClient,
 ) -> Result<Worker, CliError> {
-    let url = args.redis.resolved_url()?;
-    let keys = Keyspace::new(args.redis.prefix.clone(), args.redis.shards);
-    let shown = &args.redis.url;
-    let fatal = |e: StoreError| CliError::Redis(super::explain_connect(shown, e));
-    let store = while_redis_is_away(shown, "connecting", || Store::connect(&url, keys.clone()))
-        .await
-        .map_err(fatal)?;
-    while_redis_is_away(shown, "PING", || async {
-        redis::cmd("PING")
-            .query_async::<String>(&mut store.conn.clone())
-            .await
-            .map_err(StoreError::from)
+    let creds = super::RedisCredentials::from_env()?;
+    let tls = args.redis.tls_certificates()?;
+    let describe = |e: &StoreError| args.redis.explain(e, &creds);
+    let store = while_redis_is_away(&describe, "connecting", || {
+        args.redis.connect_with(&creds, tls.clone())
     })
     .await
-    .map_err(|e| {
-        CliError::Redis(format!(
-            "redis at {} does not answer PING: {e}",
-            store.target.redacted()
-        ))
-    })?;
+    .map_err(|e| CliError::Redis(describe(&e)))?;
     check_server(&store, args.worker.durability).await;
     let mut config = config.clone();
     config.durable_after = durable_after(args.worker.durability);
@@ -353,7 +340,7 @@ async fn start(
             .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
         tracing::info!(%local, "metrics at http://{local}/metrics");
     }
-    let worker = while_redis_is_away(shown, "starting the roles", || {
+    let worker = while_redis_is_away(&describe, "starting the roles", || {
         Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone()))
     })
     .await?;

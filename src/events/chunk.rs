@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use super::{clip, QUOTE_MAX};
 use crate::keys::{validate_batch_id, BatchIdError};
 
 /// The most recipients one chunk may carry (one provider add request).
@@ -19,6 +20,10 @@ pub const MAX_CHUNK_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_TEXT_CHARS: usize = 4_000;
 /// The longest template variable value, in characters.
 pub const MAX_VAR_CHARS: usize = 1_000;
+/// The longest sender number (`from`), in characters.
+pub const MAX_SENDER_CHARS: usize = 32;
+/// The longest Kakao channel or template id, in characters.
+pub const MAX_KAKAO_ID_CHARS: usize = 128;
 
 /// One chunk of a batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,7 +90,7 @@ pub enum ChunkError {
     #[error("chunk is {0} bytes; at most {MAX_CHUNK_BYTES} are allowed")]
     TooLarge(usize),
     /// Unknown message type.
-    #[error("template type {0:?} is not one of SMS, LMS, ATA, CTA")]
+    #[error("template type {:?} is not one of SMS, LMS, ATA, CTA", clip(.0, QUOTE_MAX))]
     BadType(String),
     /// AlimTalk without Kakao options.
     #[error("template type {0} needs kakao_options (pf_id, template_id)")]
@@ -96,8 +101,18 @@ pub enum ChunkError {
     /// Sender missing.
     #[error("template has no `from` number")]
     NoSender,
+    /// A template field other than the text is too long.
+    #[error("template field `{field}` is {len} characters; at most {max} are allowed")]
+    FieldTooLong {
+        /// The field.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A recipient's number is empty or absurdly long.
-    #[error("recipient {index} has an unusable number {to:?}")]
+    #[error("recipient {index} has an unusable number {:?}", clip(.to, QUOTE_MAX))]
     BadNumber {
         /// Position in the chunk.
         index: usize,
@@ -105,7 +120,7 @@ pub enum ChunkError {
         to: String,
     },
     /// The same number twice in one chunk.
-    #[error("recipient {index} repeats the number {to:?}")]
+    #[error("recipient {index} repeats the number {:?}", clip(.to, QUOTE_MAX))]
     DuplicateRecipient {
         /// Position in the chunk.
         index: usize,
@@ -113,7 +128,7 @@ pub enum ChunkError {
         to: String,
     },
     /// A placeholder without a value.
-    #[error("recipient {index} has no value for placeholder #{{{name}}}")]
+    #[error("recipient {index} has no value for placeholder #{{{}}}", clip(.name, QUOTE_MAX))]
     MissingVariable {
         /// Position in the chunk.
         index: usize,
@@ -121,7 +136,10 @@ pub enum ChunkError {
         name: String,
     },
     /// A variable value is too long.
-    #[error("recipient {index} variable {name} is longer than {MAX_VAR_CHARS} characters")]
+    #[error(
+        "recipient {index} variable {} is longer than {MAX_VAR_CHARS} characters",
+        clip(.name, QUOTE_MAX)
+    )]
     VariableTooLong {
         /// Position in the chunk.
         index: usize,
@@ -146,6 +164,21 @@ impl Template {
         }
         if self.from.trim().is_empty() {
             return Err(ChunkError::NoSender);
+        }
+        let mut fields = vec![("from", &self.from, MAX_SENDER_CHARS)];
+        if let Some(k) = &self.kakao_options {
+            fields.push(("kakaoOptions.pfId", &k.pf_id, MAX_KAKAO_ID_CHARS));
+            fields.push((
+                "kakaoOptions.templateId",
+                &k.template_id,
+                MAX_KAKAO_ID_CHARS,
+            ));
+        }
+        for (field, value, max) in fields {
+            let len = value.chars().count();
+            if len > max {
+                return Err(ChunkError::FieldTooLong { field, len, max });
+            }
         }
         let chars = self.text.chars().count();
         if chars > MAX_TEXT_CHARS {
@@ -207,6 +240,12 @@ impl Chunk {
         }
         if self.recipients.len() > MAX_CHUNK_RECIPIENTS {
             return Err(ChunkError::TooManyRecipients(self.recipients.len()));
+        }
+        // The same limit as `decode`'s, so that a producer (`submit`, or the
+        // Rust API) never appends a chunk that the worker would refuse.
+        let bytes = self.encode().len();
+        if bytes > MAX_CHUNK_BYTES {
+            return Err(ChunkError::TooLarge(bytes));
         }
         let names = self.template.placeholders();
         let mut seen = HashSet::with_capacity(self.recipients.len());

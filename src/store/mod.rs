@@ -224,21 +224,25 @@ fn cluster_client(nodes: &[String], reply_timeout: Duration) -> redis::RedisResu
         .build()
 }
 
-/// The URL with any password replaced by `***`, for messages and logs.
+/// The URL with any password replaced by `***`, for messages and logs. A
+/// URL written without its scheme (`user:pw@host:6379`) is redacted too.
 pub fn redact_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                let user = userinfo.split(':').next().unwrap_or("");
-                if userinfo.contains(':') {
-                    format!("{scheme}://{user}:***@{host}")
-                } else {
-                    format!("{scheme}://{user}@{host}")
-                }
-            }
-            None => url.to_string(),
-        },
-        None => url.to_string(),
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = userinfo.split(':').next().unwrap_or("");
+    let userinfo = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        user.to_string()
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{userinfo}@{host}"),
+        None => format!("{userinfo}@{host}"),
     }
 }
 
@@ -341,6 +345,43 @@ impl RedisTarget {
     }
 }
 
+/// TLS material for a `rediss://` server: the CA to verify it with and,
+/// optionally, a client certificate (re-exported from redis-rs).
+pub use redis::{ClientTlsConfig, TlsCertificates};
+
+impl RedisTarget {
+    /// Like [`parse`](Self::parse), verifying a `rediss://` server against
+    /// `tls.root_cert` (instead of the system's trust store) and presenting
+    /// `tls.client_tls` when the server asks for a client certificate.
+    /// With `None` it is `parse`. Single servers only for now: a cluster URL
+    /// with certificates is refused rather than connected unverified.
+    pub fn parse_with_tls(url: &str, tls: Option<TlsCertificates>) -> StoreResult<RedisTarget> {
+        let Some(certs) = tls else {
+            return Self::parse(url);
+        };
+        let config_err = |reason: String| StoreError::Config {
+            url: redact_url(url),
+            reason,
+        };
+        if url.contains("+cluster://") {
+            return Err(config_err(
+                "CA or client certificate files are not supported with a cluster URL yet".into(),
+            ));
+        }
+        if !url.starts_with("rediss://") {
+            return Err(config_err(
+                "a CA or client certificate file needs a rediss:// (TLS) URL".into(),
+            ));
+        }
+        let client =
+            redis::Client::build_with_tls(url, certs).map_err(|e| config_err(e.to_string()))?;
+        Ok(RedisTarget {
+            url: url.to_string(),
+            kind: TargetKind::Single(client),
+        })
+    }
+}
+
 /// The shared handle the rest of groupcast uses: a connection and the keyspace.
 #[derive(Clone)]
 pub struct Store {
@@ -358,6 +399,22 @@ impl Store {
     /// Connects.
     pub async fn connect(url: &str, keys: Keyspace) -> StoreResult<Store> {
         let target = RedisTarget::parse(url)?;
+        let conn = target.connect().await?;
+        Ok(Store {
+            conn,
+            keys,
+            target,
+            witnesses: Default::default(),
+        })
+    }
+
+    /// Connects with TLS material (see [`RedisTarget::parse_with_tls`]).
+    pub async fn connect_with_tls(
+        url: &str,
+        keys: Keyspace,
+        tls: Option<TlsCertificates>,
+    ) -> StoreResult<Store> {
+        let target = RedisTarget::parse_with_tls(url, tls)?;
         let conn = target.connect().await?;
         Ok(Store {
             conn,
@@ -567,5 +624,10 @@ mod tests {
             "rediss://app:***@h:1"
         );
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("app:s3cret@h:1"), "app:***@h:1");
+        assert_eq!(
+            redact_url("redis://app:p@ss:w@h:1/#insecure"),
+            "redis://app:***@h:1/#insecure"
+        );
     }
 }

@@ -342,6 +342,8 @@ async fn dead_letter(
     reason: &str,
     deliveries: u64,
 ) -> crate::store::StoreResult<()> {
+    // Reasons quote input; whatever quoted it, a reason stays short.
+    let reason = &crate::events::clip(reason, 32 * crate::events::QUOTE_MAX);
     tracing::warn!(%stream, id = %entry.id, %reason, "dead-lettered");
     metrics::counter!("groupcast_dead_letters_total", "stream" => source.label()).increment(1);
     let mut fields = vec![

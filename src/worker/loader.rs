@@ -3,7 +3,7 @@
 
 use tracing::Instrument;
 
-use crate::events::{Chunk, Event, InputRejected, ENVELOPE_VERSION};
+use crate::events::{clip, Chunk, Event, InputRejected, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::batch::{Accepted, Parked};
 use crate::store::queue::Entry;
@@ -18,7 +18,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
         Some(v) => {
             return dead(format!(
                 "unknown envelope version {:?} (this worker reads version {ENVELOPE_VERSION})",
-                String::from_utf8_lossy(v)
+                clip(&String::from_utf8_lossy(v), QUOTE_MAX)
             ))
         }
         None => return dead("entry has no `v` (envelope version) field".into()),
@@ -28,7 +28,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
         other => {
             return dead(format!(
                 "ingest entry type {:?} is not `chunk`",
-                other.map(String::from_utf8_lossy)
+                other.map(|t| clip(&String::from_utf8_lossy(t), QUOTE_MAX))
             ))
         }
     }

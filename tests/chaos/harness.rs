@@ -191,7 +191,7 @@ impl Rig {
         let server = RedisServer::start_with(ServerOptions {
             args: redis_args(plan.durability),
             dir: Some(redis_dir),
-            port: None,
+            ..ServerOptions::default()
         })
         .unwrap_or_else(|e| panic!("chaos needs a real redis-server: {e}"));
         let store = Store::connect(&server.url(), Keyspace::new(PREFIX, 1))
