@@ -8,7 +8,6 @@ use serde::Serialize;
 use crate::events::{Chunk, Event, Recorded};
 use crate::projection::Projection;
 use crate::provider::{GroupStatus, ProviderClient};
-use crate::store::queue::parse_entries;
 use crate::store::{Store, StoreResult};
 
 /// One check.
@@ -366,13 +365,9 @@ async fn get_group(
 
 async fn count_reports(store: &Store, batch: &str) -> StoreResult<usize> {
     let stream = store.keys.reports(store.keys.shard_of(batch));
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    Ok(parse_entries(&v)
+    Ok(store
+        .entries(&stream)
+        .await?
         .iter()
         .filter(|e| e.get("batch") == Some(batch.as_bytes()))
         .count())
@@ -381,13 +376,9 @@ async fn count_reports(store: &Store, batch: &str) -> StoreResult<usize> {
 /// Dead letters whose original entry is a chunk of `batch`.
 pub async fn count_dead_letters(store: &Store, batch: &str) -> StoreResult<usize> {
     let stream = store.keys.dead_letters(store.keys.shard_of(batch));
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    Ok(parse_entries(&v)
+    Ok(store
+        .entries(&stream)
+        .await?
         .iter()
         .filter(|e| {
             e.get("f:d")

@@ -206,13 +206,9 @@ pub async fn record_lost(store: &Store, lost: &[Lost], consumer: &str) -> StoreR
 /// The lost-write records of `batch`: (entry id, field/value pairs).
 pub async fn lost_records(store: &Store, batch: &str) -> StoreResult<Vec<(String, String)>> {
     let stream = store.keys.lost_writes(store.keys.shard_of(batch));
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    Ok(super::queue::parse_entries(&v)
+    Ok(store
+        .entries(&stream)
+        .await?
         .into_iter()
         .filter(|e| e.get("batch") == Some(batch.as_bytes()))
         .map(|e| {
