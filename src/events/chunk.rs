@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::keys::{validate_batch_id, BatchIdError};
@@ -147,9 +146,13 @@ impl Template {
         if self.from.trim().is_empty() {
             return Err(ChunkError::NoSender);
         }
-        let chars = self.text.chars().count();
-        if chars > MAX_TEXT_CHARS {
-            return Err(ChunkError::TextTooLong(chars));
+        // A text of at most MAX_TEXT_CHARS bytes has at most as many
+        // characters: count them only when the bytes could be too many.
+        if self.text.len() > MAX_TEXT_CHARS {
+            let chars = self.text.chars().count();
+            if chars > MAX_TEXT_CHARS {
+                return Err(ChunkError::TextTooLong(chars));
+            }
         }
         Ok(())
     }
@@ -234,7 +237,7 @@ impl Chunk {
             if let Some((name, _)) = r
                 .vars
                 .iter()
-                .find(|(_, v)| v.chars().count() > MAX_VAR_CHARS)
+                .find(|(_, v)| v.len() > MAX_VAR_CHARS && v.chars().count() > MAX_VAR_CHARS)
             {
                 return Err(ChunkError::VariableTooLong {
                     index,
@@ -248,9 +251,13 @@ impl Chunk {
     /// A digest of the chunk's content. Two deliveries of the same chunk have
     /// the same digest whatever encoder wrote them (the digest is taken over
     /// our own canonical re-encoding, with variables in name order).
+    ///
+    /// The canonical bytes are exactly [`Chunk::encode`]'s (rmp-serde, named
+    /// fields), but written straight into the hash, without building them.
     pub fn digest(&self) -> String {
-        let canonical = super::encode_payload(self);
-        let hash = Sha256::digest(&canonical);
+        let mut w = fast::HashWriter::new();
+        fast::encode_chunk(self, &mut w);
+        let hash = w.finish();
         hex::encode(&hash[..8])
     }
 
@@ -264,13 +271,360 @@ impl Chunk {
         if bytes.len() > MAX_CHUNK_BYTES {
             return Err(super::DecodeError::TooLarge(bytes.len()));
         }
+        // The usual shape (a named-field map, as every encoder writes it)
+        // is read directly; anything else, including every malformed input,
+        // goes through rmp-serde, whose answer (and error) it then is.
+        if let Some(chunk) = fast::decode_chunk(bytes) {
+            return Ok(chunk);
+        }
         super::decode_payload("chunk", bytes)
+    }
+}
+
+/// MessagePack for [`Chunk`] by hand: a decoder for the usual shape, and the
+/// canonical encoder (rmp-serde's bytes exactly) that the digest hashes.
+mod fast {
+    use std::collections::BTreeMap;
+
+    use sha2::{Digest, Sha256};
+
+    use super::{Chunk, KakaoTemplate, Recipient, Template};
+
+    struct Reader<'a> {
+        b: &'a [u8],
+    }
+
+    impl<'a> Reader<'a> {
+        #[inline]
+        fn byte(&mut self) -> Option<u8> {
+            let (&x, rest) = self.b.split_first()?;
+            self.b = rest;
+            Some(x)
+        }
+
+        #[inline]
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            if n > self.b.len() {
+                return None;
+            }
+            let (a, rest) = self.b.split_at(n);
+            self.b = rest;
+            Some(a)
+        }
+
+        #[inline]
+        fn be(&mut self, n: usize) -> Option<usize> {
+            let s = self.take(n)?;
+            Some(s.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x)))
+        }
+
+        /// The bytes of a `str` (not `bin`: rmp-serde decides those).
+        #[inline]
+        fn str_bytes(&mut self) -> Option<&'a [u8]> {
+            let m = self.byte()?;
+            let n = match m {
+                0xa0..=0xbf => usize::from(m & 0x1f),
+                0xd9 => self.be(1)?,
+                0xda => self.be(2)?,
+                0xdb => self.be(4)?,
+                _ => return None,
+            };
+            self.take(n)
+        }
+
+        #[inline]
+        fn string(&mut self) -> Option<String> {
+            std::str::from_utf8(self.str_bytes()?)
+                .ok()
+                .map(str::to_owned)
+        }
+
+        #[inline]
+        fn map_len(&mut self) -> Option<usize> {
+            let m = self.byte()?;
+            match m {
+                0x80..=0x8f => Some(usize::from(m & 0x0f)),
+                0xde => self.be(2),
+                0xdf => self.be(4),
+                _ => None,
+            }
+        }
+
+        fn array_len(&mut self) -> Option<usize> {
+            let m = self.byte()?;
+            match m {
+                0x90..=0x9f => Some(usize::from(m & 0x0f)),
+                0xdc => self.be(2),
+                0xdd => self.be(4),
+                _ => None,
+            }
+        }
+
+        fn u32(&mut self) -> Option<u32> {
+            let m = self.byte()?;
+            let v = match m {
+                0x00..=0x7f => usize::from(m),
+                0xcc => self.be(1)?,
+                0xcd => self.be(2)?,
+                0xce => self.be(4)?,
+                _ => return None,
+            };
+            u32::try_from(v).ok()
+        }
+
+        fn bool(&mut self) -> Option<bool> {
+            match self.byte()? {
+                0xc2 => Some(false),
+                0xc3 => Some(true),
+                _ => None,
+            }
+        }
+
+        fn is_nil(&self) -> bool {
+            self.b.first() == Some(&0xc0)
+        }
+    }
+
+    /// The chunk, if `bytes` is a named-field map with exactly the known
+    /// fields, each once, of the usual MessagePack types; else `None`, and
+    /// rmp-serde decides (unknown fields, positional arrays, `bin` strings,
+    /// signed integers, errors...). Whatever this accepts, rmp-serde decodes
+    /// to the same value.
+    pub(super) fn decode_chunk(bytes: &[u8]) -> Option<Chunk> {
+        let rd = &mut Reader { b: bytes };
+        let (mut batch, mut seq, mut last, mut template, mut recipients) =
+            (None, None, None, None, None);
+        for _ in 0..rd.map_len()? {
+            match rd.str_bytes()? {
+                b"batch" if batch.is_none() => batch = Some(rd.string()?),
+                b"seq" if seq.is_none() => seq = Some(rd.u32()?),
+                b"last" if last.is_none() => last = Some(rd.bool()?),
+                b"template" if template.is_none() => template = Some(decode_template(rd)?),
+                b"recipients" if recipients.is_none() => {
+                    let n = rd.array_len()?;
+                    // A recipient takes 5 bytes at least: never reserve
+                    // more than the input can hold.
+                    let mut v = Vec::with_capacity(n.min(rd.b.len() / 5));
+                    for _ in 0..n {
+                        v.push(decode_recipient(rd)?);
+                    }
+                    recipients = Some(v);
+                }
+                _ => return None,
+            }
+        }
+        Some(Chunk {
+            batch: batch?,
+            seq: seq?,
+            last: last?,
+            template: template?,
+            recipients: recipients?,
+        })
+    }
+
+    fn decode_template(rd: &mut Reader<'_>) -> Option<Template> {
+        let (mut kind, mut from, mut text, mut kakao) = (None, None, None, None);
+        for _ in 0..rd.map_len()? {
+            match rd.str_bytes()? {
+                b"type" if kind.is_none() => kind = Some(rd.string()?),
+                b"from" if from.is_none() => from = Some(rd.string()?),
+                b"text" if text.is_none() => text = Some(rd.string()?),
+                b"kakao_options" if kakao.is_none() => {
+                    if rd.is_nil() {
+                        rd.byte();
+                        kakao = Some(None);
+                        continue;
+                    }
+                    let (mut pf_id, mut template_id) = (None, None);
+                    for _ in 0..rd.map_len()? {
+                        match rd.str_bytes()? {
+                            b"pf_id" if pf_id.is_none() => pf_id = Some(rd.string()?),
+                            b"template_id" if template_id.is_none() => {
+                                template_id = Some(rd.string()?)
+                            }
+                            _ => return None,
+                        }
+                    }
+                    kakao = Some(Some(KakaoTemplate {
+                        pf_id: pf_id?,
+                        template_id: template_id?,
+                    }));
+                }
+                _ => return None,
+            }
+        }
+        Some(Template {
+            kind: kind?,
+            from: from?,
+            text: text?,
+            kakao_options: kakao.flatten(),
+        })
+    }
+
+    #[inline]
+    fn decode_recipient(rd: &mut Reader<'_>) -> Option<Recipient> {
+        let (mut to, mut vars) = (None, None);
+        for _ in 0..rd.map_len()? {
+            match rd.str_bytes()? {
+                b"to" if to.is_none() => to = Some(rd.string()?),
+                b"vars" if vars.is_none() => {
+                    let mut m = BTreeMap::new();
+                    for _ in 0..rd.map_len()? {
+                        let k = rd.string()?;
+                        // Like serde's map visitor: a repeated name keeps
+                        // its last value.
+                        m.insert(k, rd.string()?);
+                    }
+                    vars = Some(m);
+                }
+                _ => return None,
+            }
+        }
+        Some(Recipient {
+            to: to?,
+            vars: vars.unwrap_or_default(),
+        })
+    }
+
+    /// Where the encoder writes.
+    pub(super) trait Sink {
+        fn put(&mut self, bytes: &[u8]);
+    }
+
+    impl Sink for Vec<u8> {
+        #[inline]
+        fn put(&mut self, bytes: &[u8]) {
+            self.extend_from_slice(bytes);
+        }
+    }
+
+    /// SHA-256 fed through a buffer, so that the encoder's many small
+    /// writes are hashed in large blocks.
+    pub(super) struct HashWriter {
+        hash: Sha256,
+        buf: Vec<u8>,
+    }
+
+    const HASH_BUF: usize = 16 * 1024;
+
+    impl HashWriter {
+        pub(super) fn new() -> Self {
+            HashWriter {
+                hash: Sha256::new(),
+                buf: Vec::with_capacity(HASH_BUF),
+            }
+        }
+
+        pub(super) fn finish(mut self) -> [u8; 32] {
+            self.hash.update(&self.buf);
+            self.hash.finalize().into()
+        }
+    }
+
+    impl Sink for HashWriter {
+        #[inline]
+        fn put(&mut self, bytes: &[u8]) {
+            if self.buf.len() + bytes.len() > HASH_BUF {
+                self.hash.update(&self.buf);
+                self.buf.clear();
+                if bytes.len() > HASH_BUF {
+                    self.hash.update(bytes);
+                    return;
+                }
+            }
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+
+    /// A length with rmp's smallest marker: `fix` (+ n) below `fix_max`, else
+    /// `m8` (if any) below 256, `m16` up to 65,535, else `m32`.
+    #[inline]
+    fn len(w: &mut impl Sink, n: usize, fix: u8, fix_max: usize, m8: Option<u8>, m16: u8, m32: u8) {
+        let n32 = n as u32;
+        if n < fix_max {
+            w.put(&[fix | n as u8]);
+        } else if let (Some(m8), true) = (m8, n < 256) {
+            w.put(&[m8, n as u8]);
+        } else if n < 65_536 {
+            let b = (n32 as u16).to_be_bytes();
+            w.put(&[m16, b[0], b[1]]);
+        } else {
+            let b = n32.to_be_bytes();
+            w.put(&[m32, b[0], b[1], b[2], b[3]]);
+        }
+    }
+
+    #[inline]
+    fn str(w: &mut impl Sink, s: &str) {
+        len(w, s.len(), 0xa0, 32, Some(0xd9), 0xda, 0xdb);
+        w.put(s.as_bytes());
+    }
+
+    #[inline]
+    fn map(w: &mut impl Sink, n: usize) {
+        len(w, n, 0x80, 16, None, 0xde, 0xdf);
+    }
+
+    fn uint(w: &mut impl Sink, v: u32) {
+        if v < 128 {
+            w.put(&[v as u8]);
+        } else if v < 256 {
+            w.put(&[0xcc, v as u8]);
+        } else if v < 65_536 {
+            let b = (v as u16).to_be_bytes();
+            w.put(&[0xcd, b[0], b[1]]);
+        } else {
+            let b = v.to_be_bytes();
+            w.put(&[0xce, b[0], b[1], b[2], b[3]]);
+        }
+    }
+
+    /// Writes `c` exactly as `rmp_serde::to_vec_named` does.
+    pub(super) fn encode_chunk(c: &Chunk, w: &mut impl Sink) {
+        map(w, 5);
+        str(w, "batch");
+        str(w, &c.batch);
+        str(w, "seq");
+        uint(w, c.seq);
+        str(w, "last");
+        w.put(&[if c.last { 0xc3 } else { 0xc2 }]);
+        str(w, "template");
+        let t = &c.template;
+        map(w, 3 + usize::from(t.kakao_options.is_some()));
+        str(w, "type");
+        str(w, &t.kind);
+        str(w, "from");
+        str(w, &t.from);
+        str(w, "text");
+        str(w, &t.text);
+        if let Some(k) = &t.kakao_options {
+            str(w, "kakao_options");
+            map(w, 2);
+            str(w, "pf_id");
+            str(w, &k.pf_id);
+            str(w, "template_id");
+            str(w, &k.template_id);
+        }
+        str(w, "recipients");
+        len(w, c.recipients.len(), 0x90, 16, None, 0xdc, 0xdd);
+        for r in &c.recipients {
+            map(w, 2);
+            str(w, "to");
+            str(w, &r.to);
+            str(w, "vars");
+            map(w, r.vars.len());
+            for (k, v) in &r.vars {
+                str(w, k);
+                str(w, v);
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Digest;
 
     fn template(text: &str) -> Template {
         Template {
@@ -320,6 +674,163 @@ mod tests {
         ));
         c.batch = "a{b}".into();
         assert!(matches!(c.validate(), Err(ChunkError::BatchId(_))));
+    }
+
+    fn sample(n: usize, kakao: bool) -> Chunk {
+        Chunk {
+            batch: "camp-1".into(),
+            seq: 7,
+            last: false,
+            template: Template {
+                kind: if kakao { "ATA" } else { "SMS" }.into(),
+                from: "0212345678".into(),
+                text: "Hi #{name}, \"#{code}\"\n".into(),
+                kakao_options: kakao.then(|| KakaoTemplate {
+                    pf_id: "pf".into(),
+                    template_id: "tp".into(),
+                }),
+            },
+            recipients: (0..n)
+                .map(|i| Recipient {
+                    to: format!("010{i:08}"),
+                    vars: BTreeMap::from([
+                        ("name".to_string(), format!("c{i}")),
+                        ("code".to_string(), "é".repeat(i % 40)),
+                    ]),
+                })
+                .collect(),
+        }
+    }
+
+    /// What rmp-serde alone makes of `bytes`: the value, or the message.
+    fn reference(bytes: &[u8]) -> Result<Chunk, String> {
+        crate::events::decode_payload::<Chunk>("chunk", bytes).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn canonical_encoding_is_rmp_serdes() {
+        for (n, kakao) in [
+            (0, false),
+            (1, true),
+            (15, false),
+            (16, true),
+            (70_000, false),
+        ] {
+            let mut c = sample(n, kakao);
+            for (seq, text_len) in [(0, 0), (127, 31), (128, 32), (255, 255), (256, 256)]
+                .into_iter()
+                .chain([(65_535, 65_535), (65_536, 65_536), (u32::MAX, 70_000)])
+            {
+                if n > 16 && seq > 0 {
+                    break;
+                }
+                c.seq = seq;
+                c.template.text = "x".repeat(text_len);
+                c.last = seq % 2 == 0;
+                let mut mine = Vec::new();
+                fast::encode_chunk(&c, &mut mine);
+                let theirs = rmp_serde::to_vec_named(&c).unwrap();
+                assert!(mine == theirs, "n={n} seq={seq} text={text_len}");
+                assert_eq!(c.digest(), hex::encode(&sha2::Sha256::digest(&theirs)[..8]));
+                assert_eq!(Chunk::decode(&mine).unwrap(), c);
+                assert!(fast::decode_chunk(&mine).is_some());
+            }
+        }
+        let many_vars = Recipient {
+            to: "1".into(),
+            vars: (0..20).map(|i| (format!("v{i}"), "x".into())).collect(),
+        };
+        let mut c = sample(1, false);
+        c.recipients.push(many_vars);
+        let mut mine = Vec::new();
+        fast::encode_chunk(&c, &mut mine);
+        assert_eq!(mine, rmp_serde::to_vec_named(&c).unwrap());
+    }
+
+    #[test]
+    fn the_digest_is_unchanged() {
+        // Computed by the earlier digest (sha256 of rmp_serde::to_vec_named):
+        // stored digests must keep matching their chunks.
+        let c = Chunk {
+            batch: "b1".into(),
+            seq: 3,
+            last: false,
+            template: template("x"),
+            recipients: vec![Recipient {
+                to: "01012345678".into(),
+                vars: BTreeMap::new(),
+            }],
+        };
+        let expected =
+            hex::encode(&sha2::Sha256::digest(rmp_serde::to_vec_named(&c).unwrap())[..8]);
+        assert_eq!(c.digest(), expected);
+        assert_eq!(sample(3, true).digest(), sample(3, true).digest());
+        assert_ne!(sample(3, true).digest(), sample(3, false).digest());
+    }
+
+    #[test]
+    fn decoding_agrees_with_rmp_serde_on_any_shape() {
+        let c = sample(3, true);
+        let canonical = c.encode();
+        let mut cases: Vec<Vec<u8>> = vec![canonical.clone()];
+        // Fields in another order (a JSON value's maps are sorted by name).
+        let v = serde_json::to_value(&c).unwrap();
+        cases.push(rmp_serde::to_vec_named(&v).unwrap());
+        // Positional (rmp_serde::to_vec) encoding.
+        cases.push(rmp_serde::to_vec(&c).unwrap());
+        // An unknown field, a repeated field, a missing `vars`, a nil
+        // kakao_options, a missing field.
+        let mut obj = v.as_object().unwrap().clone();
+        obj.insert("extra".into(), serde_json::json!([1, "x"]));
+        cases.push(rmp_serde::to_vec_named(&obj).unwrap());
+        let mut repeated = canonical.clone();
+        repeated[0] = 0x86;
+        repeated.extend(rmp_serde::to_vec(&"seq").unwrap());
+        repeated.push(0x05);
+        cases.push(repeated);
+        let mut o = obj.clone();
+        o.remove("extra");
+        o["recipients"][0].as_object_mut().unwrap().remove("vars");
+        o["template"]["kakao_options"] = serde_json::Value::Null;
+        cases.push(rmp_serde::to_vec_named(&o).unwrap());
+        o["recipients"][1]["vars"] = serde_json::Value::Null;
+        cases.push(rmp_serde::to_vec_named(&o).unwrap());
+        o.remove("last");
+        cases.push(rmp_serde::to_vec_named(&o).unwrap());
+        // Signed and wide integers, a negative one, a `bin` batch id, bad
+        // UTF-8, and every truncation of the canonical bytes.
+        let seq_at = canonical.windows(4).position(|w| w == b"\xa3seq").unwrap() + 4;
+        for int in [
+            &[0xd3, 0, 0, 0, 0, 0, 0, 0, 5][..],
+            &[0xcf, 0, 0, 0, 0, 0, 0, 0, 5],
+            &[0xff],
+            &[0xce, 0xff, 0xff, 0xff, 0xff],
+        ] {
+            let mut b = canonical[..seq_at].to_vec();
+            b.extend_from_slice(int);
+            b.extend_from_slice(&canonical[seq_at + 1..]);
+            cases.push(b);
+        }
+        let batch_at = canonical
+            .windows(6)
+            .position(|w| w == b"\xa5batch")
+            .unwrap()
+            + 6;
+        let mut bin = canonical[..batch_at].to_vec();
+        bin.extend_from_slice(&[0xc4, 6]);
+        bin.extend_from_slice(&canonical[batch_at + 1..]);
+        cases.push(bin);
+        let mut bad = canonical.clone();
+        bad[batch_at + 1] = 0xff;
+        cases.push(bad);
+        for cut in 0..canonical.len() {
+            cases.push(canonical[..cut].to_vec());
+        }
+        cases.push([canonical.as_slice(), b"trailing"].concat());
+        for (i, b) in cases.iter().enumerate() {
+            let got = Chunk::decode(b).map_err(|e| e.to_string());
+            assert_eq!(got, reference(b), "case {i}");
+        }
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! Unknown fields are ignored on input (the real service returns many more
 //! than this subset), so that pointing the client at it keeps working.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 
+use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Kind of message. Serialised as `SMS`, `LMS`, `ATA` (AlimTalk) or `CTA`.
@@ -203,6 +206,141 @@ impl Registration {
     }
 }
 
+/// An add request's answer as the worker needs it, counted while it is read:
+/// of each result only `statusCode` is looked at (the other fields are
+/// skipped without being kept), and only the failures keep their code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddSummary {
+    /// `errorCount` as the provider sent it.
+    pub error_count: u64,
+    /// How many results the answer had.
+    pub results: usize,
+    /// Results `"2000"` ([`Registration::Registered`]).
+    pub registered: u32,
+    /// Results `"1026"` ([`Registration::Duplicate`]).
+    pub duplicates: u32,
+    /// Any other code ([`Registration::Failed`]): the message's position in
+    /// the request, and the code.
+    pub failed: Vec<(usize, String)>,
+}
+
+impl AddSummary {
+    /// Reads an add request's answer (`errorCount` is checked as
+    /// [`AddMessagesResponse`] checks it; each result needs a `statusCode`).
+    pub fn from_json(bytes: &[u8]) -> Result<AddSummary, serde_json::Error> {
+        let r: LeanAddResponse = serde_json::from_slice(bytes)?;
+        let mut s = r.result_list;
+        s.error_count = r.error_count;
+        Ok(s)
+    }
+
+    /// Counts one result.
+    fn count(&mut self, code: &str) {
+        match code {
+            CODE_REGISTERED => self.registered += 1,
+            CODE_DUPLICATE => self.duplicates += 1,
+            other => self.failed.push((self.results, other.to_owned())),
+        }
+        self.results += 1;
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanAddResponse {
+    #[serde(deserialize_with = "number_or_digit_string", default)]
+    error_count: u64,
+    #[serde(default)]
+    result_list: AddSummary,
+}
+
+#[derive(Deserialize)]
+struct LeanResult<'a> {
+    #[serde(rename = "statusCode", borrow)]
+    status_code: Cow<'a, str>,
+}
+
+impl<'de> Deserialize<'de> for AddSummary {
+    /// A `resultList` array, counted (no `errorCount`: see [`AddSummary::from_json`]).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Tally;
+        impl<'de> Visitor<'de> for Tally {
+            type Value = AddSummary;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AddSummary, A::Error> {
+                let mut s = AddSummary::default();
+                while let Some(r) = seq.next_element::<LeanResult<'de>>()? {
+                    s.count(&r.status_code);
+                }
+                Ok(s)
+            }
+        }
+        d.deserialize_seq(Tally)
+    }
+}
+
+/// Appends `s` as a JSON string, byte for byte as `serde_json` writes it.
+#[inline]
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    write_json_str_content(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped as inside a JSON string (without the quotes), byte
+/// for byte as `serde_json` escapes it: `"`, `\` and control characters only.
+#[inline]
+pub fn write_json_str_content(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    if !bytes.iter().any(|&b| needs_escape(b)) {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if !needs_escape(b) {
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\x08' => out.extend_from_slice(b"\\b"),
+            b'\x0c' => out.extend_from_slice(b"\\f"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+#[inline]
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+impl MessageType {
+    /// The JSON name: `SMS`, `LMS`, `ATA` or `CTA`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageType::Sms => "SMS",
+            MessageType::Lms => "LMS",
+            MessageType::Ata => "ATA",
+            MessageType::Cta => "CTA",
+        }
+    }
+}
+
 /// Every non-2xx answer's body.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -245,6 +383,75 @@ mod tests {
         assert_eq!(a.error_count, 2);
         assert_eq!(b.error_count, 2);
         assert!(serde_json::from_str::<AddMessagesResponse>(r#"{"errorCount": "x"}"#).is_err());
+    }
+
+    #[test]
+    fn json_strings_are_serde_jsons() {
+        let mut all: String = (0u8..0x80).map(char::from).collect();
+        all.push_str("é한\u{2028}\u{7f}\"\\");
+        for s in [all.as_str(), "", "plain", "a\"b", "\\", "\u{1}x\u{1f}"] {
+            let mut out = Vec::new();
+            write_json_str(&mut out, s);
+            assert_eq!(out, serde_json::to_vec(s).unwrap(), "{s:?}");
+        }
+        for t in [
+            MessageType::Sms,
+            MessageType::Lms,
+            MessageType::Ata,
+            MessageType::Cta,
+        ] {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+        }
+    }
+
+    #[test]
+    fn add_summary_counts_what_the_full_answer_says() {
+        let body = br#"{"groupId":"G","errorCount":"2","resultList":[
+            {"to":"010","messageId":"M1","statusCode":"2000","statusMessage":"ok"},
+            {"statusMessage":"dup \"x\"","statusCode":"1026","to":"011"},
+            {"to":"012","statusCode":"1062","messageId":null,"extra":[1,{"a":2}]},
+            {"to":"013","statusCode":"10\u0030\u0030"}]}"#;
+        let s = AddSummary::from_json(body).unwrap();
+        let full: AddMessagesResponse = serde_json::from_slice(body).unwrap();
+        assert_eq!(s.error_count, full.error_count);
+        assert_eq!(s.results, full.result_list.len());
+        assert_eq!((s.registered, s.duplicates), (1, 1));
+        assert_eq!(s.failed, vec![(2, "1062".into()), (3, "1000".into())]);
+        for r in &full.result_list {
+            let reg = Registration::from_result(r);
+            assert!(matches!(
+                (r.status_code.as_str(), reg),
+                ("2000", Registration::Registered { .. })
+                    | ("1026", Registration::Duplicate)
+                    | ("1062" | "1000", Registration::Failed { .. })
+            ));
+        }
+        assert_eq!(
+            AddSummary::from_json(br#"{"resultList":[]}"#).unwrap(),
+            AddSummary::default()
+        );
+        for bad in [
+            &br#"{"errorCount":"x","resultList":[]}"#[..],
+            br#"{"resultList":[{"to":"010"}]}"#,
+            br#"{"resultList":null}"#,
+            br#"{"resultList":[{"statusCode":2000}]}"#,
+            br#"{"resultList":[{"statusCode":"2000"}"#,
+            br#"{"resultList":[{"statusCode":"2000","statusCode":"2000"}]}"#,
+        ] {
+            assert!(
+                AddSummary::from_json(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+            assert!(serde_json::from_slice::<AddMessagesResponse>(bad).is_err());
+        }
+        // Like the full answer, a positional one is read too.
+        let positional = br#"[1, [{"statusCode":"1062"}]]"#;
+        assert_eq!(
+            AddSummary::from_json(positional).unwrap().failed,
+            vec![(0, "1062".into())]
+        );
+        assert!(serde_json::from_slice::<AddMessagesResponse>(positional).is_ok());
     }
 
     #[test]
