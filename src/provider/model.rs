@@ -228,6 +228,16 @@ impl AddSummary {
     /// Reads an add request's answer (`errorCount` is checked as
     /// [`AddMessagesResponse`] checks it; each result needs a `statusCode`).
     pub fn from_json(bytes: &[u8]) -> Result<AddSummary, serde_json::Error> {
+        // The usual shape is scanned directly; anything else (nested values,
+        // escapes, floats, errors...) is left to serde_json, whose answer it
+        // then is.
+        if let Some(s) = scan::add_summary(bytes) {
+            return Ok(s);
+        }
+        Self::from_json_serde(bytes)
+    }
+
+    fn from_json_serde(bytes: &[u8]) -> Result<AddSummary, serde_json::Error> {
         let r: LeanAddResponse = serde_json::from_slice(bytes)?;
         let mut s = r.result_list;
         s.error_count = r.error_count;
@@ -278,6 +288,216 @@ impl<'de> Deserialize<'de> for AddSummary {
             }
         }
         d.deserialize_seq(Tally)
+    }
+}
+
+/// A scanner for the usual shape of an add answer: a strict subset of JSON
+/// (flat objects of unescaped strings, integers, `true`, `false`, `null`).
+/// Whatever it accepts, serde_json reads to the same [`AddSummary`]; on
+/// anything else it gives up (`None`) and serde_json decides.
+mod scan {
+    use super::AddSummary;
+
+    struct Scan<'a> {
+        b: &'a [u8],
+        i: usize,
+    }
+
+    impl<'a> Scan<'a> {
+        #[inline]
+        fn peek(&mut self) -> Option<u8> {
+            while let Some(&c) = self.b.get(self.i) {
+                if !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+                    return Some(c);
+                }
+                self.i += 1;
+            }
+            None
+        }
+
+        #[inline]
+        fn eat(&mut self, c: u8) -> Option<()> {
+            (self.peek()? == c).then(|| self.i += 1)
+        }
+
+        /// A string without escapes or control characters, valid UTF-8.
+        #[inline]
+        fn str(&mut self) -> Option<&'a [u8]> {
+            self.eat(b'"')?;
+            let rest = &self.b[self.i..];
+            let len = string_end(rest)?;
+            if rest[len] != b'"' {
+                return None;
+            }
+            let s = &rest[..len];
+            if !s.is_ascii() {
+                std::str::from_utf8(s).ok()?;
+            }
+            self.i += len + 1;
+            Some(s)
+        }
+
+        fn literal(&mut self, word: &[u8]) -> Option<()> {
+            let end = self.i + word.len();
+            (self.b.get(self.i..end)? == word).then(|| self.i = end)
+        }
+
+        /// An integer: `-?(0|[1-9][0-9]*)`, not followed by a fraction or
+        /// an exponent. Its digits.
+        fn integer(&mut self) -> Option<&'a [u8]> {
+            if self.peek()? == b'-' {
+                self.i += 1;
+            }
+            let start = self.i;
+            let digits = self.b[start..]
+                .iter()
+                .position(|c| !c.is_ascii_digit())
+                .unwrap_or(self.b.len() - start);
+            let d = &self.b[start..start + digits];
+            if d.is_empty() || (d[0] == b'0' && d.len() > 1) {
+                return None;
+            }
+            self.i += digits;
+            if matches!(self.b.get(self.i), Some(b'.' | b'e' | b'E')) {
+                return None;
+            }
+            Some(d)
+        }
+
+        fn skip_value(&mut self) -> Option<()> {
+            match self.peek()? {
+                b'"' => self.str().map(drop),
+                b'-' | b'0'..=b'9' => self.integer().map(drop),
+                b't' => self.literal(b"true"),
+                b'f' => self.literal(b"false"),
+                b'n' => self.literal(b"null"),
+                _ => None,
+            }
+        }
+
+        /// After a member: `true` at the closing `close`, `false` at a comma.
+        #[inline]
+        fn next(&mut self, close: u8) -> Option<bool> {
+            let c = self.peek()?;
+            self.i += 1;
+            match c {
+                b',' => Some(false),
+                c if c == close => Some(true),
+                _ => None,
+            }
+        }
+
+        /// `{`, and whether `}` follows at once.
+        fn open_object(&mut self) -> Option<bool> {
+            self.eat(b'{')?;
+            Some(self.eat(b'}').is_some())
+        }
+    }
+
+    /// The position of the first `"`, `\\` or control character, eight
+    /// bytes at a time (like serde_json's own string scan).
+    #[inline]
+    pub(super) fn string_end(b: &[u8]) -> Option<usize> {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let mut i = 0;
+        while let Some(word) = b.get(i..i + 8) {
+            let x = u64::from_le_bytes(word.try_into().ok()?);
+            // Per byte, the high bit is set at (and only false positives
+            // above) the first byte that is a quote, a backslash or < 0x20.
+            let quote = x ^ (ONES * u64::from(b'"'));
+            let backslash = x ^ (ONES * u64::from(b'\\'));
+            let found = (quote.wrapping_sub(ONES) & !quote
+                | backslash.wrapping_sub(ONES) & !backslash
+                | x.wrapping_sub(ONES * 0x20) & !x)
+                & HIGH;
+            if found != 0 {
+                return Some(i + (found.trailing_zeros() / 8) as usize);
+            }
+            i += 8;
+        }
+        b[i..]
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+            .map(|p| i + p)
+    }
+
+    fn digits_u64(d: &[u8]) -> Option<u64> {
+        if d.is_empty() || !d.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(d).ok()?.parse().ok()
+    }
+
+    /// `errorCount`: a count as a number, a string of digits, or `null`.
+    fn error_count(s: &mut Scan<'_>) -> Option<u64> {
+        match s.peek()? {
+            b'"' => digits_u64(s.str()?),
+            b'n' => s.literal(b"null").map(|()| 0),
+            b'0'..=b'9' => digits_u64(s.integer()?),
+            _ => None,
+        }
+    }
+
+    fn result_list(s: &mut Scan<'_>, out: &mut AddSummary) -> Option<()> {
+        s.eat(b'[')?;
+        if s.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            if s.open_object()? {
+                return None;
+            }
+            let mut code = None;
+            loop {
+                let key = s.str()?;
+                s.eat(b':')?;
+                if key == b"statusCode" {
+                    if code.is_some() {
+                        return None;
+                    }
+                    code = Some(s.str()?);
+                } else {
+                    s.skip_value()?;
+                }
+                if s.next(b'}')? {
+                    break;
+                }
+            }
+            out.count(std::str::from_utf8(code?).ok()?);
+            if s.next(b']')? {
+                return Some(());
+            }
+        }
+    }
+
+    pub(super) fn add_summary(bytes: &[u8]) -> Option<AddSummary> {
+        let s = &mut Scan { b: bytes, i: 0 };
+        let mut out = AddSummary::default();
+        let (mut count_seen, mut list_seen) = (false, false);
+        if !s.open_object()? {
+            loop {
+                let key = s.str()?;
+                s.eat(b':')?;
+                match key {
+                    b"errorCount" if !count_seen => {
+                        count_seen = true;
+                        out.error_count = error_count(s)?;
+                    }
+                    b"resultList" if !list_seen => {
+                        list_seen = true;
+                        result_list(s, &mut out)?;
+                    }
+                    b"errorCount" | b"resultList" => return None,
+                    _ => s.skip_value()?,
+                }
+                if s.next(b'}')? {
+                    break;
+                }
+            }
+        }
+        // Only whitespace may follow.
+        (s.peek().is_none()).then_some(out)
     }
 }
 
@@ -452,6 +672,91 @@ mod tests {
             vec![(0, "1062".into())]
         );
         assert!(serde_json::from_slice::<AddMessagesResponse>(positional).is_ok());
+    }
+
+    #[test]
+    fn the_scanner_agrees_with_serde_json() {
+        let base: Vec<&[u8]> = vec![
+            r#"{"k":"한","errorCount":"2","resultList":[{"statusCode":"1000"}]}"#.as_bytes(),
+            br#"{"groupId":"G4V","errorCount":1,"resultList":[{"to":"01000000001","messageId":"M4V1","statusCode":"2000","statusMessage":"Registered"},{"to":"010","statusCode":"1062","statusMessage":"Invalid recipient number"}]}"#,
+            br#" { "errorCount" : "0" , "resultList" : [ { "statusCode" : "1026" , "n" : -12 , "t" : true , "f" : false , "z" : null , "k" : "x" } ] , "x" : 0 } "#,
+            br#"{"resultList":[],"errorCount":null}"#,
+        ];
+        let alphabet = b"\"{}[],:\\ \n0123456789-.eE+tfnul\x01\xc3\xa9a2000";
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        let (mut scanned, mut total) = (0, 0);
+        for doc in &base {
+            assert!(
+                scan::add_summary(doc).is_some(),
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+            for _ in 0..40_000 {
+                let mut m = doc.to_vec();
+                for _ in 0..1 + next(3) {
+                    let at = next(m.len());
+                    match next(4) {
+                        0 => m[at] = alphabet[next(alphabet.len())],
+                        1 => {
+                            m.remove(at);
+                        }
+                        2 => m.insert(at, alphabet[next(alphabet.len())]),
+                        _ => {
+                            let end = (at + 1 + next(12)).min(m.len());
+                            let piece = m[at..end].to_vec();
+                            let to = next(m.len());
+                            m.splice(to..to, piece);
+                        }
+                    }
+                }
+                total += 1;
+                if let Some(fast) = scan::add_summary(&m) {
+                    scanned += 1;
+                    assert_eq!(
+                        AddSummary::from_json_serde(&m).ok(),
+                        Some(fast),
+                        "{}",
+                        String::from_utf8_lossy(&m)
+                    );
+                }
+            }
+        }
+        // The mutations exercise both sides.
+        assert!(
+            scanned > total / 20 && scanned < total,
+            "{scanned} of {total}"
+        );
+    }
+
+    #[test]
+    fn string_ends_are_found_eight_bytes_at_a_time() {
+        let naive = |b: &[u8]| b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for len in 0..40 {
+            for _ in 0..2_000 {
+                let b: Vec<u8> = (0..len)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        match rng % 16 {
+                            0 => b'"',
+                            1 => b'\\',
+                            2 => (rng >> 8) as u8 % 0x20,
+                            3 => 0x80 | (rng >> 8) as u8,
+                            _ => 0x20 + (rng >> 8) as u8 % 0x60,
+                        }
+                    })
+                    .collect();
+                assert_eq!(scan::string_end(&b), naive(&b), "{b:?}");
+            }
+        }
     }
 
     #[test]
