@@ -2,8 +2,9 @@
 //!
 //! `cargo bench --bench hot_path` (release). Decodes, validates and digests a
 //! 5,000-recipient chunk (W1's size), writes the 10,000-message add request
-//! body and reads a 10,000-result answer (the mock's format), each the way the
-//! worker does it now and, for comparison, the earlier way (`old:` lines).
+//! body and reads a 10,000-result answer (the mock's format): read in place
+//! (`ChunkRef`), owned (`Chunk`), and for comparison the earlier way (`old:`
+//! lines).
 //! Prints nanoseconds per recipient, the best of a few rounds (the machine is
 //! shared: the best is the least disturbed).
 
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use groupcast::events::chunk::KakaoTemplate;
+use groupcast::events::chunk::{ChunkRef, KakaoTemplate};
 use groupcast::events::{Chunk, Recipient, Template};
 use groupcast::provider::model::{AddMessagesRequest, AddMessagesResponse, AddSummary};
 use groupcast::provider::Registration;
@@ -95,20 +96,31 @@ fn main() {
         let bytes = c.encode();
         let n = c.recipients.len();
         measure("encode (producer)", n, || c.encode());
-        measure("decode 5,000", n, || Chunk::decode(&bytes).unwrap());
+        measure("decode 5,000 in place (ChunkRef)", n, || {
+            ChunkRef::decode(&bytes).unwrap()
+        });
+        measure("decode 5,000 (Chunk)", n, || Chunk::decode(&bytes).unwrap());
         measure("old: decode (rmp-serde)", n, || {
             rmp_serde::from_slice::<Chunk>(&bytes).unwrap()
         });
-        measure("validate", n, || c.validate().unwrap());
-        measure("digest", n, || c.digest());
+        let view = ChunkRef::decode(&bytes).unwrap();
+        measure("validate (ChunkRef)", n, || view.validate().unwrap());
+        measure("validate (Chunk)", n, || c.validate().unwrap());
+        measure("digest (ChunkRef)", n, || view.digest());
+        measure("digest (Chunk)", n, || c.digest());
         measure("old: digest (sha256 of encode)", n, || {
             hex::encode(&Sha256::digest(c.encode())[..8])
         });
 
         let big = chunk(10_000, kakao);
         let m = big.recipients.len();
-        measure("add body 10,000", m, || {
-            load_chunk::add_body(&big.template, &big.recipients)
+        let big_bytes = big.encode();
+        let big_view = ChunkRef::decode(&big_bytes).unwrap();
+        measure("add body 10,000 (ChunkRef)", m, || {
+            load_chunk::add_body(&big_view.template, &big_view.recipients)
+        });
+        measure("add body 10,000 (Chunk)", m, || {
+            load_chunk::add_body(&big.template.view(), &big.recipients)
         });
         measure("old: messages + serde_json body", m, || {
             let msgs = load_chunk::messages(&big);
@@ -132,11 +144,19 @@ fn main() {
     let c = chunk(5_000, false);
     let bytes = c.encode();
     let a = answer(5_000);
-    measure("worker path", 5_000, || {
-        let c = Chunk::decode(&bytes).unwrap();
+    measure("worker path, in place (ChunkRef)", 5_000, || {
+        let c = ChunkRef::decode(&bytes).unwrap();
         c.validate().unwrap();
         let d = c.digest();
         let body = load_chunk::add_body(&c.template, &c.recipients);
+        let s = AddSummary::from_json(&a).unwrap();
+        (d, body.len(), s.registered)
+    });
+    measure("worker path (Chunk)", 5_000, || {
+        let c = Chunk::decode(&bytes).unwrap();
+        c.validate().unwrap();
+        let d = c.digest();
+        let body = load_chunk::add_body(&c.template.view(), &c.recipients);
         let s = AddSummary::from_json(&a).unwrap();
         (d, body.len(), s.registered)
     });

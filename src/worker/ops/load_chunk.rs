@@ -2,9 +2,8 @@
 //! `chunk_loaded` (only after every piece was accepted: write order replaces
 //! recovery logic) and evaluate the generation's completion.
 
-use std::collections::BTreeMap;
-
-use crate::events::{Chunk, ChunkLoaded, Recipient, RegistrationFailure, Template};
+use crate::events::chunk::{ChunkRef, RecipientFields, TemplateRef};
+use crate::events::{Chunk, ChunkLoaded, RegistrationFailure};
 use crate::provider::model::{write_json_str, write_json_str_content, AddSummary};
 use crate::provider::{
     KakaoOptions, Message, MessageType, ProviderError, MAX_MESSAGES_PER_REQUEST,
@@ -67,17 +66,17 @@ struct Encoder<'a> {
 }
 
 impl<'a> Encoder<'a> {
-    fn new(t: &'a Template) -> Self {
+    fn new(t: &TemplateRef<'a>) -> Self {
         let mut head = Vec::with_capacity(64 + t.from.len());
         head.extend_from_slice(b",\"from\":");
-        write_json_str(&mut head, &t.from);
+        write_json_str(&mut head, t.from);
         head.extend_from_slice(b",\"type\":\"");
-        head.extend_from_slice(message_type(&t.kind).as_str().as_bytes());
+        head.extend_from_slice(message_type(t.kind).as_str().as_bytes());
         head.extend_from_slice(b"\",\"text\":\"");
         // The same scan as `Template::render`.
         let mut text = Vec::new();
         let mut literal = Vec::new();
-        let mut rest = t.text.as_str();
+        let mut rest = t.text;
         while let Some(start) = rest.find("#{") {
             write_json_str_content(&mut literal, &rest[..start]);
             let after = &rest[start + 2..];
@@ -104,12 +103,12 @@ impl<'a> Encoder<'a> {
         if !literal.is_empty() {
             text.push(Piece::Literal(literal));
         }
-        let kakao = t.kakao_options.as_ref().map(|k| {
+        let kakao = t.kakao_options.map(|k| {
             let mut v = Vec::with_capacity(64 + k.pf_id.len() + k.template_id.len());
             v.extend_from_slice(b",\"kakaoOptions\":{\"pfId\":");
-            write_json_str(&mut v, &k.pf_id);
+            write_json_str(&mut v, k.pf_id);
             v.extend_from_slice(b",\"templateId\":");
-            write_json_str(&mut v, &k.template_id);
+            write_json_str(&mut v, k.template_id);
             v.extend_from_slice(b",\"variables\":{");
             v
         });
@@ -118,14 +117,14 @@ impl<'a> Encoder<'a> {
 
     /// Appends one recipient's message, as `serde_json` writes its
     /// [`Message`].
-    fn message(&self, out: &mut Vec<u8>, r: &Recipient) {
+    fn message(&self, out: &mut Vec<u8>, r: &impl RecipientFields) {
         out.extend_from_slice(b"{\"to\":");
-        write_json_str(out, &r.to);
+        write_json_str(out, r.to());
         out.extend_from_slice(&self.head);
         for piece in &self.text {
             match piece {
                 Piece::Literal(bytes) => out.extend_from_slice(bytes),
-                Piece::Var { name, raw } => match r.vars.get(*name) {
+                Piece::Var { name, raw } => match r.var(name) {
                     Some(v) => write_json_str_content(out, v),
                     None => out.extend_from_slice(raw),
                 },
@@ -134,7 +133,7 @@ impl<'a> Encoder<'a> {
         out.push(b'"');
         if let Some(kakao) = &self.kakao {
             out.extend_from_slice(kakao);
-            write_variables(out, &r.vars);
+            write_variables(out, r);
             out.extend_from_slice(b"}}");
         }
         out.push(b'}');
@@ -144,7 +143,7 @@ impl<'a> Encoder<'a> {
 /// The Kakao variables `{"#{name}":value,...}` (without the braces), in the
 /// order of their `#{name}` keys, as the `BTreeMap` of [`KakaoOptions`] has
 /// them.
-fn write_variables(out: &mut Vec<u8>, vars: &BTreeMap<String, String>) {
+fn write_variables(out: &mut Vec<u8>, r: &impl RecipientFields) {
     let entry = |out: &mut Vec<u8>, i: usize, name: &str, value: &str| {
         if i > 0 {
             out.push(b',');
@@ -157,22 +156,22 @@ fn write_variables(out: &mut Vec<u8>, vars: &BTreeMap<String, String>) {
     // By name and by `#{name}` the order is the same, unless a name is a
     // prefix of another ("a" < "ab", but "#{ab}" < "#{a}"); in name order
     // such a name is directly followed by one it prefixes.
-    let mut names = vars.keys();
+    let mut names = r.vars().map(|(n, _)| n);
     let reordered = names.next().is_some_and(|first| {
         let mut prev = first;
         names.any(|n| {
-            let prefix = n.starts_with(prev.as_str());
+            let prefix = n.starts_with(prev);
             prev = n;
             prefix
         })
     });
     if !reordered {
-        for (i, (n, v)) in vars.iter().enumerate() {
+        for (i, (n, v)) in r.vars().enumerate() {
             entry(out, i, n, v);
         }
         return;
     }
-    let mut sorted: Vec<(&String, &String)> = vars.iter().collect();
+    let mut sorted: Vec<(&str, &str)> = r.vars().collect();
     sorted.sort_by(|(a, _), (b, _)| a.bytes().chain(Some(b'}')).cmp(b.bytes().chain(Some(b'}'))));
     for (i, (n, v)) in sorted.into_iter().enumerate() {
         entry(out, i, n, v);
@@ -183,7 +182,7 @@ fn write_variables(out: &mut Vec<u8>, vars: &BTreeMap<String, String>) {
 /// template `t` (at most [`MAX_MESSAGES_PER_REQUEST`] of them): byte for byte
 /// what `serde_json` writes for the [`messages`] of those recipients, but
 /// written directly, without them.
-pub fn add_body(t: &Template, recipients: &[Recipient]) -> Vec<u8> {
+pub fn add_body<R: RecipientFields>(t: &TemplateRef<'_>, recipients: &[R]) -> Vec<u8> {
     const OPEN: &[u8] = b"{\"messages\":[";
     let enc = Encoder::new(t);
     let mut out = Vec::with_capacity(OPEN.len() + 256);
@@ -205,17 +204,17 @@ pub fn add_body(t: &Template, recipients: &[Recipient]) -> Vec<u8> {
     out
 }
 
-/// Adds every recipient of the chunk, one request per
-/// [`MAX_MESSAGES_PER_REQUEST`], and sums the answers (failures by their
-/// position in the chunk).
-async fn add_all(ctx: &Ctx, group_id: &str, chunk: &Chunk) -> Result<AddSummary, ProviderError> {
+/// Adds every recipient, one request per [`MAX_MESSAGES_PER_REQUEST`], and
+/// sums the answers (failures by their position in `recipients`).
+async fn add_all<R: RecipientFields>(
+    ctx: &Ctx,
+    group_id: &str,
+    template: &TemplateRef<'_>,
+    recipients: &[R],
+) -> Result<AddSummary, ProviderError> {
     let mut total = AddSummary::default();
-    for (k, part) in chunk
-        .recipients
-        .chunks(MAX_MESSAGES_PER_REQUEST)
-        .enumerate()
-    {
-        let body = add_body(&chunk.template, part);
+    for (k, part) in recipients.chunks(MAX_MESSAGES_PER_REQUEST).enumerate() {
+        let body = add_body(template, part);
         let s = ctx
             .provider
             .add_messages_json(group_id, body, part.len())
@@ -240,9 +239,52 @@ pub async fn run(
     gen: u32,
     group_id: &str,
 ) -> Result<Outcome, OpError> {
-    let requests = chunk.recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
+    let template = chunk.template.view();
+    load(
+        ctx,
+        log,
+        chunk.seq,
+        &template,
+        &chunk.recipients,
+        gen,
+        group_id,
+    )
+    .await
+}
+
+/// [`run`] for a chunk read in place ([`ChunkRef::decode`]).
+pub async fn run_ref(
+    ctx: &Ctx,
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    gen: u32,
+    group_id: &str,
+) -> Result<Outcome, OpError> {
+    load(
+        ctx,
+        log,
+        chunk.seq,
+        &chunk.template,
+        &chunk.recipients,
+        gen,
+        group_id,
+    )
+    .await
+}
+
+/// Loads chunk `seq` (`template`, `recipients`) into `group_id`.
+async fn load<R: RecipientFields + Sync>(
+    ctx: &Ctx,
+    log: &BatchLog,
+    seq: u32,
+    template: &TemplateRef<'_>,
+    recipients: &[R],
+    gen: u32,
+    group_id: &str,
+) -> Result<Outcome, OpError> {
+    let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
     ctx.limiter.acquire(requests).await?;
-    let summary = match add_all(ctx, group_id, chunk).await {
+    let summary = match add_all(ctx, group_id, template, recipients).await {
         Ok(s) => s,
         Err(e) => {
             let outcome = Outcome::from_provider(&e);
@@ -250,7 +292,7 @@ pub async fn run(
                 // A repeat delivery racing the original can find the group
                 // already sent (400 InvalidGroupStatus): harmless if the chunk
                 // is recorded as loaded.
-                let key = format!("k:loaded/{gen}/{}", chunk.seq);
+                let key = format!("k:loaded/{gen}/{seq}");
                 if log
                     .fields(&[key])
                     .await?
@@ -273,14 +315,14 @@ pub async fn run(
         .failed
         .into_iter()
         .map(|(i, code)| RegistrationFailure {
-            to: chunk.recipients[i].to.clone(),
+            to: recipients[i].to().to_string(),
             code,
         })
         .collect();
     let failures = failed.len() as u64;
     let event = ChunkLoaded {
         gen,
-        seq: chunk.seq,
+        seq,
         group_id: group_id.to_string(),
         registered,
         duplicates,
@@ -304,6 +346,7 @@ pub async fn run(
 mod tests {
     use super::*;
     use crate::events::chunk::KakaoTemplate;
+    use crate::events::{Recipient, Template};
     use crate::provider::model::AddMessagesRequest;
 
     fn chunk(text: &str, kakao: bool, recipients: Vec<Recipient>) -> Chunk {
@@ -364,8 +407,11 @@ mod tests {
         ] {
             for kakao in [false, true] {
                 let c = chunk(text, kakao, people.clone());
-                for part in [&c.recipients[..], &c.recipients[..1], &c.recipients[2..]] {
-                    let mine = add_body(&c.template, part);
+                let view = c.view();
+                for range in [0..c.recipients.len(), 0..1, 2..c.recipients.len()] {
+                    let part = &c.recipients[range.clone()];
+                    let mine = add_body(&c.template.view(), part);
+                    let borrowed = add_body(&view.template, &view.recipients[range]);
                     let msgs = messages(&Chunk {
                         recipients: part.to_vec(),
                         ..c.clone()
@@ -378,10 +424,15 @@ mod tests {
                         String::from_utf8_lossy(&mine),
                         String::from_utf8_lossy(&theirs)
                     );
+                    assert!(borrowed == theirs);
                 }
             }
         }
         let empty = chunk("x", false, vec![]);
-        assert_eq!(add_body(&empty.template, &[]), br#"{"messages":[]}"#);
+        let none: &[Recipient] = &[];
+        assert_eq!(
+            add_body(&empty.template.view(), none),
+            br#"{"messages":[]}"#
+        );
     }
 }
