@@ -52,7 +52,7 @@ enum Piece<'a> {
     /// Text, escaped.
     Literal(Vec<u8>),
     /// A `#{name}` placeholder; `raw` is its escaped text, for a recipient
-    /// without that variable (kept as is, like [`Template::render`]).
+    /// without that variable (kept as is, like [`crate::events::Template::render`]).
     Var { name: &'a str, raw: Vec<u8> },
 }
 
