@@ -121,6 +121,11 @@ impl Keyspace {
     pub fn reports(&self, shard: u32) -> String {
         self.shard_key(shard, "reports")
     }
+    /// The lost-writes stream of a shard: one entry per batch whose
+    /// acknowledged events Redis lost (see `store::witness`).
+    pub fn lost_writes(&self, shard: u32) -> String {
+        self.shard_key(shard, "lost")
+    }
     /// The set of batches of a shard that have not reported yet.
     pub fn active(&self, shard: u32) -> String {
         self.shard_key(shard, "active")

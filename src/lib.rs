@@ -16,6 +16,7 @@ pub mod phone;
 pub mod producer;
 pub mod projection;
 pub mod provider;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod store;
 pub mod verify;

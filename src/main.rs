@@ -11,7 +11,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = groupcast::cli::Cli::parse();
+    // Threads named after the command, so that `top -H` and `perf` tell a
+    // worker from a mock provider on the same machine.
+    let name = match &cli.command {
+        groupcast::cli::Command::Worker(_) => "gc-worker",
+        groupcast::cli::Command::MockProvider(_) => "gc-mock",
+        groupcast::cli::Command::Bench(_) => "gc-bench",
+        _ => "groupcast",
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_name(name)
         .enable_all()
         .build()
     {

@@ -210,6 +210,11 @@ pub const METRICS: &[Metric] = &[
         "Batches whose report was decided",
     ),
     counter(
+        "groupcast_redis_writes_lost_total",
+        &[],
+        "Acknowledged events found missing when read back: Redis lost writes (alert on any)",
+    ),
+    counter(
         "groupcast_batch_stalls_total",
         &[],
         "Stalls recorded by the watchdog (one per stall of a batch)",

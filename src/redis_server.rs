@@ -43,6 +43,12 @@ pub struct ServerOptions {
     pub dir: Option<PathBuf>,
     /// Use this port instead of a free one.
     pub port: Option<u16>,
+    /// The URL to PING while waiting for the server to be ready, when the
+    /// plain `redis://127.0.0.1:<port>/` cannot answer it: a server that
+    /// wants a password (`redis://:pw@...`), or one that only speaks TLS
+    /// (`rediss://127.0.0.1:<tls port>/#insecure`, with `--port 0` and
+    /// `--tls-port` in `args`; set `port` too so that the URL can name it).
+    pub ready_url: Option<String>,
 }
 
 /// A running private `redis-server`.
@@ -133,8 +139,9 @@ impl RedisServer {
 
     fn wait_ready(&self, log: &Path) -> Result<(), ServerError> {
         let deadline = Instant::now() + Duration::from_secs(20);
+        let url = self.options.ready_url.clone().unwrap_or_else(|| self.url());
         loop {
-            if let Ok(client) = redis::Client::open(self.url()) {
+            if let Ok(client) = redis::Client::open(url.as_str()) {
                 if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
                     // A server loading its AOF answers LOADING: not ready yet.
                     if redis::cmd("PING").query::<String>(&mut c).is_ok() {

@@ -8,7 +8,6 @@ use serde::Serialize;
 use crate::events::{Chunk, Event, Recorded};
 use crate::projection::Projection;
 use crate::provider::{GroupStatus, ProviderClient};
-use crate::store::queue::parse_entries;
 use crate::store::{Store, StoreResult};
 
 /// One check.
@@ -51,6 +50,7 @@ struct Gen {
     assigned: BTreeMap<u32, u32>,
     loaded: BTreeMap<u32, (usize, String, u32, usize)>,
     sends: Vec<usize>,
+    refused: Vec<String>,
     closed: bool,
 }
 
@@ -77,6 +77,23 @@ pub async fn verify_batch(
         0,
         bad.is_empty(),
         format!("{} events, {} undecodable", raw.len(), bad.len()),
+    );
+    let lost = crate::store::witness::lost_records(store, batch).await?;
+    check(
+        0,
+        lost.is_empty(),
+        if lost.is_empty() {
+            "no lost Redis writes were detected for this batch".into()
+        } else {
+            format!(
+                "Redis lost acknowledged writes of this batch, so its events may not show \
+                 everything the provider did (a second group for a generation, a send): {}",
+                lost.iter()
+                    .map(|(id, d)| format!("[{id}] {d}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        },
     );
     let events: Vec<Recorded> = raw.into_iter().filter_map(Result::ok).collect();
     let live = log.state().await?;
@@ -122,6 +139,11 @@ pub async fn verify_batch(
                     .insert(e.seq, (i, e.group_id.clone(), e.registered, e.failed.len()));
             }
             Event::SendTriggered(e) => gens.entry(e.gen).or_default().sends.push(i),
+            Event::SendRefused(e) => gens
+                .entry(e.gen)
+                .or_default()
+                .refused
+                .push(e.reason.clone()),
             Event::GenerationClosed(e) => gens.entry(e.gen).or_default().closed = true,
             Event::BatchReported(_) => reports += 1,
             Event::InputRejected(e) => {
@@ -151,6 +173,17 @@ pub async fn verify_batch(
             2,
             st.sends.len() <= 1,
             format!("gen {g}: {} send event(s)", st.sends.len()),
+        );
+        // A refused send (the provider's count disagreed with our events)
+        // leaves the generation unsent: never a pass.
+        check(
+            2,
+            st.refused.is_empty(),
+            if st.refused.is_empty() {
+                format!("gen {g}: no send refused")
+            } else {
+                format!("gen {g}: send refused: {}", st.refused.join("; "))
+            },
         );
         if let Some(&send_at) = st.sends.first() {
             let all_loaded_before = st.closed
@@ -229,6 +262,18 @@ pub async fn verify_batch(
                             2,
                             group.status != GroupStatus::Pending,
                             format!("gen {g}: provider status {:?} after our send", group.status),
+                        );
+                    } else {
+                        // Only we send our groups: one sent without a send
+                        // event means events were lost (or a send is being
+                        // recorded right now).
+                        check(
+                            2,
+                            matches!(group.status, GroupStatus::Pending | GroupStatus::Deleted),
+                            format!(
+                                "gen {g}: provider status {:?} of {group_id}, and no send event",
+                                group.status
+                            ),
                         );
                     }
                 }
@@ -320,13 +365,9 @@ async fn get_group(
 
 async fn count_reports(store: &Store, batch: &str) -> StoreResult<usize> {
     let stream = store.keys.reports(store.keys.shard_of(batch));
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    Ok(parse_entries(&v)
+    Ok(store
+        .entries(&stream)
+        .await?
         .iter()
         .filter(|e| e.get("batch") == Some(batch.as_bytes()))
         .count())
@@ -335,13 +376,9 @@ async fn count_reports(store: &Store, batch: &str) -> StoreResult<usize> {
 /// Dead letters whose original entry is a chunk of `batch`.
 pub async fn count_dead_letters(store: &Store, batch: &str) -> StoreResult<usize> {
     let stream = store.keys.dead_letters(store.keys.shard_of(batch));
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    Ok(parse_entries(&v)
+    Ok(store
+        .entries(&stream)
+        .await?
         .iter()
         .filter(|e| {
             e.get("f:d")

@@ -12,20 +12,10 @@ use groupcast::producer::append_chunks;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shuffled_duplicated_chunks_of_three_batches_on_eight_workers() {
     let rig = Rig::start(8, test_config(), mock_config()).await;
-    let mut all = Vec::new();
-    let mut expected = BTreeMap::new();
-    let batches: Vec<String> = (0..3).map(|k| format!("camp-{k}")).collect();
-    for (k, b) in batches.iter().enumerate() {
-        let n = 2_000 + 500 * k;
-        all.extend(shuffled_chunks(b, k as u32, n, 150, k as u64 + 1));
-        expected.insert(b.clone(), n);
-    }
-    shuffle(&mut all, 99);
-    append_chunks(&rig.store, &all).await.expect("append");
-    rig.wait_reported(&batches, Duration::from_secs(60)).await;
-    rig.verify(&batches).await;
-    rig.check_ledger(&expected);
-    assert!(dead_letters(&rig.store).await.is_empty());
+    let batches: Vec<(String, usize)> = (0..3)
+        .map(|k| (format!("camp-{k}"), 2_000 + 500 * k))
+        .collect();
+    scenarios::shuffled_duplicated_batches(&rig, &batches, 150, Duration::from_secs(60)).await;
     rig.stop().await;
 }
 
@@ -36,25 +26,7 @@ async fn cap_rollover_keeps_every_generation_under_the_cap() {
         ..test_config()
     };
     let rig = Rig::start(4, config, mock_config()).await;
-    let batch = "rollover".to_string();
-    let chunks = shuffled_chunks(&batch, 7, 10_000, 300, 5);
-    append_chunks(&rig.store, &chunks).await.expect("append");
-    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
-        .await;
-    rig.verify(std::slice::from_ref(&batch)).await;
-    rig.check_ledger(&BTreeMap::from([(batch.clone(), 10_000)]));
-    let st = rig.store.batch(&batch).state().await.expect("state");
-    // 34 chunks (33 of 300, one of 100), three or four per generation
-    // depending on arrival order.
-    assert!(
-        (10..=12).contains(&st.generations()),
-        "{} generations",
-        st.generations()
-    );
-    for g in 0..st.generations() {
-        assert!(st.gen_int(g, "n") <= 1_000);
-        assert_eq!(st.gen_field(g, "sent"), Some("sent"));
-    }
+    scenarios::cap_rollover(&rig, "rollover", Duration::from_secs(60)).await;
     rig.stop().await;
 }
 
@@ -406,5 +378,75 @@ async fn bad_ingest_entries_are_dead_lettered_and_other_batches_are_unaffected()
             .int("rejected"),
         1
     );
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_report_is_delivered_to_the_webhook_until_accepted() {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+
+    // A webhook that fails its first three calls.
+    type Calls = Arc<Mutex<Vec<String>>>;
+    async fn hook(State(calls): State<Calls>, headers: HeaderMap) -> StatusCode {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let mut c = calls.lock().expect("lock");
+        c.push(key);
+        if c.len() <= 3 {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::OK
+        }
+    }
+    let calls: Calls = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/reports", listener.local_addr().expect("addr"));
+    let app = axum::Router::new()
+        .route("/reports", post(hook))
+        .with_state(calls.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let config = groupcast::worker::WorkerConfig {
+        report_webhook: Some(url),
+        ..test_config()
+    };
+    let rig = Rig::start(2, config, mock_config()).await;
+    let batch = "webhook".to_string();
+    append_chunks(&rig.store, &shuffled_chunks(&batch, 40, 500, 100, 9))
+        .await
+        .expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
+        .await;
+    let log = rig.store.batch(&batch);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while log.state().await.expect("state").get("delivered").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "report never delivered; calls: {:?}",
+            calls.lock().expect("lock")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = calls.lock().expect("lock").clone();
+    assert_eq!(
+        calls.len(),
+        4,
+        "three refusals, then accepted once: {calls:?}"
+    );
+    assert!(calls.iter().all(|k| k == "webhook:report"), "{calls:?}");
+    assert_eq!(
+        log.state().await.expect("state").get("delivered"),
+        Some("200")
+    );
+    rig.verify(std::slice::from_ref(&batch)).await;
     rig.stop().await;
 }

@@ -152,6 +152,25 @@ fn commands(info: &str) -> u64 {
         .sum()
 }
 
+/// Calls per command (scripts' inner commands included), excluding INFO.
+fn commands_by_name(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            Some((
+                name.to_string(),
+                rest.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?,
+            ))
+        })
+        .collect()
+}
+
 fn percentile(v: &mut [u64], p: f64) -> u64 {
     if v.is_empty() {
         return 0;
@@ -336,18 +355,40 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     }
 
     // Wait for every report.
+    // Blocking reads of the reports stream: one command per report rather
+    // than a polling loop that would inflate the command count we measure.
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut reader = store.blocking().await?;
+    let reports = store.keys.reports(0);
+    let mut after = "0-0".to_string();
+    let mut done = 0;
     loop {
-        let mut done = 0;
-        for b in &batches {
-            if store.batch(b).fields(&["report".into()]).await?[0].is_some() {
-                done += 1;
+        let v: redis::Value = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1000)
+            .arg("BLOCK")
+            .arg(250)
+            .arg("STREAMS")
+            .arg(&reports)
+            .arg(&after)
+            .query_async(&mut reader)
+            .await?;
+        if let redis::Value::Array(streams) = &v {
+            for s in streams {
+                if let redis::Value::Array(parts) = s {
+                    if let Some(entries) = parts.get(1) {
+                        for e in crate::store::queue::parse_entries(entries) {
+                            after = e.id.clone();
+                            done += 1;
+                        }
+                    }
+                }
             }
         }
         if let Some(m) = info_field(&info(&store, "memory").await?, "used_memory") {
             peak_memory = peak_memory.max(m);
         }
-        if done == batches.len() {
+        if done >= batches.len() {
             break;
         }
         if Instant::now() > deadline {
@@ -357,7 +398,6 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
                 args.timeout_secs
             )));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu_workers: f64 = worker_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu_workers_0;
@@ -375,7 +415,6 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     // The streams are trimmed by the workers' maintenance every 30 s; trim
     // now so that the final memory is what a steady state keeps.
     crate::worker::maintenance::trim_all(&store).await?;
-    let mem_end = info_field(&info(&store, "memory").await?, "used_memory").unwrap_or(0.0);
     let mut retained = 0u64;
     for b in &batches {
         let k = store.keys.batch(b);
@@ -383,11 +422,31 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             let n: Option<u64> = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
                 .query_async(&mut store.conn.clone())
                 .await?;
             retained += n.unwrap_or(0);
         }
     }
+    // Where the rest of the final memory is: every key's size, biggest first.
+    let mut key_sizes: Vec<(String, u64)> = Vec::new();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("bench:*")
+        .query_async(&mut store.conn.clone())
+        .await?;
+    for k in keys {
+        let n: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&k)
+            .query_async(&mut store.conn.clone())
+            .await?;
+        key_sizes.push((k, n.unwrap_or(0)));
+    }
+    key_sizes.sort_by_key(|k| std::cmp::Reverse(k.1));
+    key_sizes.truncate(8);
+    let mem_info = info(&store, "memory").await?;
+    let scripts_bytes = info_field(&mem_info, "used_memory_scripts").unwrap_or(0.0) as u64;
 
     // Latencies, from the events, and verification.
     let provider = ProviderClient::new(ProviderConfig {
@@ -442,7 +501,29 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             "{registered} of {total} recipients registered at the provider"
         ));
     }
+    // Final memory with the workers, the mock and our own connections gone:
+    // their client buffers are not what Redis keeps.
     drop(procs);
+    drop(reader);
+    let url = server.url();
+    drop(store);
+    let fresh = Store::connect(&url, Keyspace::new("bench", 1)).await?;
+    let mem_end = info_field(&info(&fresh, "memory").await?, "used_memory").unwrap_or(0.0);
+    let memory_stats: redis::Value = redis::cmd("MEMORY")
+        .arg("STATS")
+        .query_async(&mut fresh.conn.clone())
+        .await?;
+    let mut mem_stats = serde_json::Map::new();
+    if let redis::Value::Array(kv) = &memory_stats {
+        for p in kv.chunks(2) {
+            if let (Ok(k), Ok(v)) = (
+                redis::from_redis_value::<String>(p[0].clone()),
+                redis::from_redis_value::<i64>(p[1].clone()),
+            ) {
+                mem_stats.insert(k, v.into());
+            }
+        }
+    }
 
     let line = json!({
         "workload": plan.name,
@@ -458,6 +539,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         "redis_cpu_seconds": round(cpu_redis),
         "redis_commands": redis_commands,
         "redis_commands_per_chunk": round(redis_commands as f64 / chunks_total as f64),
+        "redis_commands_by_name": commands_by_name(&stats),
         "mock_cpu_seconds": round(cpu_mock),
         "producer_cpu_seconds": round(cpu_producer),
         "wall_over_bound": round(wall / (cpu_mock.max((cpu_workers + cpu_redis + cpu_mock + cpu_producer) / 2.0))),
@@ -465,6 +547,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         "redis_used_memory_peak": peak_memory as u64,
         "redis_used_memory_end": mem_end as u64,
         "retained_event_bytes": retained,
+        "redis_used_memory_scripts": scripts_bytes,
+        "largest_keys_end": key_sizes,
+        "redis_memory_stats_end": mem_stats,
         "submit_to_loaded_ms_p50": percentile(&mut load_ms.clone(), 0.5),
         "submit_to_loaded_ms_p99": percentile(&mut load_ms, 0.99),
         "complete_to_send_ms_p50": percentile(&mut send_ms.clone(), 0.5),

@@ -4,7 +4,7 @@ use clap::{Args, Subcommand};
 
 use super::{human_time, outln, print_table, CliError, RedisArgs};
 use crate::events::entry_millis;
-use crate::store::queue::{parse_entries, Entry};
+use crate::store::queue::Entry;
 use crate::store::Store;
 
 /// Dead-letter flags.
@@ -48,14 +48,8 @@ pub enum DlqAction {
 async fn all(store: &Store) -> Result<Vec<(u32, Entry)>, CliError> {
     let mut out = Vec::new();
     for shard in 0..store.keys.shards() {
-        let v: redis::Value = redis::cmd("XRANGE")
-            .arg(store.keys.dead_letters(shard))
-            .arg("-")
-            .arg("+")
-            .query_async(&mut store.conn.clone())
-            .await
-            .map_err(|e| CliError::Redis(e.to_string()))?;
-        out.extend(parse_entries(&v).into_iter().map(|e| (shard, e)));
+        let letters = store.entries(&store.keys.dead_letters(shard)).await?;
+        out.extend(letters.into_iter().map(|e| (shard, e)));
     }
     Ok(out)
 }

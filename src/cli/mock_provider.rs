@@ -14,10 +14,13 @@ pub struct MockProviderArgs {
     /// Address to listen on (loopback unless told otherwise).
     #[arg(long, env = "GROUPCAST_MOCK_LISTEN", default_value = "127.0.0.1:8787")]
     pub listen: SocketAddr,
-    /// API key the mock accepts (or GROUPCAST_MOCK_API_KEY / _FILE).
+    /// API key the mock accepts. Prefer GROUPCAST_MOCK_API_KEY or
+    /// GROUPCAST_MOCK_API_KEY_FILE: a command line is visible to `ps`.
     #[arg(long, env = "GROUPCAST_MOCK_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// API secret the mock checks signatures with (or GROUPCAST_MOCK_API_SECRET / _FILE).
+    /// API secret the mock checks signatures with. Prefer
+    /// GROUPCAST_MOCK_API_SECRET or GROUPCAST_MOCK_API_SECRET_FILE: a
+    /// command line is visible to `ps`.
     #[arg(long, env = "GROUPCAST_MOCK_API_SECRET", hide_env_values = true)]
     pub api_secret: Option<String>,
     /// Group cap: messages beyond it are answered 1000.
@@ -44,13 +47,19 @@ pub struct MockProviderArgs {
 pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
     let key = match args.api_key {
         Some(k) => k,
-        None => secret_from_env("GROUPCAST_MOCK_API_KEY")?
-            .ok_or_else(|| CliError::Usage("set GROUPCAST_MOCK_API_KEY (or --api-key)".into()))?,
+        None => secret_from_env("GROUPCAST_MOCK_API_KEY")?.ok_or_else(|| {
+            CliError::Usage(
+                "set GROUPCAST_MOCK_API_KEY or GROUPCAST_MOCK_API_KEY_FILE (or --api-key)".into(),
+            )
+        })?,
     };
     let secret = match args.api_secret {
         Some(s) => s,
         None => secret_from_env("GROUPCAST_MOCK_API_SECRET")?.ok_or_else(|| {
-            CliError::Usage("set GROUPCAST_MOCK_API_SECRET (or --api-secret)".into())
+            CliError::Usage(
+                "set GROUPCAST_MOCK_API_SECRET or GROUPCAST_MOCK_API_SECRET_FILE (or --api-secret)"
+                    .into(),
+            )
         })?,
     };
     for (name, v) in [

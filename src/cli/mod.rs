@@ -11,12 +11,13 @@ pub mod submit;
 pub mod verify;
 pub mod worker;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::keys::Keyspace;
-use crate::store::{Store, StoreError};
+use crate::store::{ClientTlsConfig, Store, StoreError, TlsCertificates};
 
 /// Bulk notifications through a provider's group API, event-sourced on Redis Streams.
 #[derive(Debug, Parser)]
@@ -69,7 +70,8 @@ pub enum Command {
 pub struct RedisArgs {
     /// Redis URL: redis://, rediss:// (TLS), or redis+cluster://host:port,host:port.
     /// Put no password here (a command line is visible to `ps`): use
-    /// GROUPCAST_REDIS_PASSWORD or GROUPCAST_REDIS_PASSWORD_FILE.
+    /// GROUPCAST_REDIS_PASSWORD or GROUPCAST_REDIS_PASSWORD_FILE (and
+    /// GROUPCAST_REDIS_USERNAME for an ACL user).
     #[arg(
         long = "redis",
         env = "GROUPCAST_REDIS_URL",
@@ -80,30 +82,135 @@ pub struct RedisArgs {
     #[arg(long, env = "GROUPCAST_PREFIX", default_value = "gc")]
     pub prefix: String,
     /// Number of shards (hash tags) batches are spread over. Changing it
-    /// moves batches to other shards: drain first (see README).
+    /// moves batches to other shards: drain first (see docs/cluster.md).
     #[arg(long, env = "GROUPCAST_SHARDS", default_value_t = 1)]
     pub shards: u32,
+    /// PEM file of the CA that signed the Redis server's certificate
+    /// (rediss:// only). Without it the system's trust store is used.
+    #[arg(long = "redis-ca-file", env = "GROUPCAST_REDIS_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for a server with `tls-auth-clients yes`.
+    #[arg(
+        long = "redis-client-cert-file",
+        env = "GROUPCAST_REDIS_CLIENT_CERT_FILE",
+        requires = "client_key_file"
+    )]
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PKCS#8 PEM).
+    #[arg(
+        long = "redis-client-key-file",
+        env = "GROUPCAST_REDIS_CLIENT_KEY_FILE",
+        requires = "client_cert_file"
+    )]
+    pub client_key_file: Option<PathBuf>,
+}
+
+/// The Redis credentials, from the environment or a file (never the command line).
+#[derive(Clone, Default)]
+pub struct RedisCredentials {
+    /// GROUPCAST_REDIS_USERNAME (an ACL user; none means `default`).
+    pub username: Option<String>,
+    /// GROUPCAST_REDIS_PASSWORD or the file GROUPCAST_REDIS_PASSWORD_FILE names.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RedisCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCredentials")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl RedisCredentials {
+    /// Reads them from the environment.
+    pub fn from_env() -> Result<RedisCredentials, CliError> {
+        Ok(RedisCredentials {
+            password: secret_from_env("GROUPCAST_REDIS_PASSWORD")?,
+            username: std::env::var("GROUPCAST_REDIS_USERNAME").ok(),
+        })
+    }
 }
 
 impl RedisArgs {
     /// The URL with the password from the environment or a file put in.
     pub fn resolved_url(&self) -> Result<String, CliError> {
-        let password = secret_from_env("GROUPCAST_REDIS_PASSWORD")?;
-        let username = std::env::var("GROUPCAST_REDIS_USERNAME").ok();
-        Ok(match (password, username) {
+        Ok(self.url_with(&RedisCredentials::from_env()?))
+    }
+
+    fn url_with(&self, creds: &RedisCredentials) -> String {
+        match (&creds.password, &creds.username) {
             (None, None) => self.url.clone(),
             (password, username) => {
                 with_credentials(&self.url, username.as_deref(), password.as_deref())
             }
-        })
+        }
     }
 
-    /// Connects.
+    /// The TLS files named by `--redis-ca-file` / GROUPCAST_REDIS_CA_FILE and
+    /// the client certificate options, read; `None` when none is given.
+    pub fn tls_certificates(&self) -> Result<Option<TlsCertificates>, CliError> {
+        let read = |path: &PathBuf, var: &str| {
+            std::fs::read(path)
+                .map_err(|e| CliError::Usage(format!("{var}={}: cannot read: {e}", path.display())))
+        };
+        let root_cert = match &self.ca_file {
+            Some(p) => Some(read(p, "GROUPCAST_REDIS_CA_FILE")?),
+            None => None,
+        };
+        let client_tls = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read(cert, "GROUPCAST_REDIS_CLIENT_CERT_FILE")?,
+                client_key: read(key, "GROUPCAST_REDIS_CLIENT_KEY_FILE")?,
+            }),
+            _ => None,
+        };
+        if root_cert.is_none() && client_tls.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+
+    /// Connects, and checks that the server takes our credentials (a server
+    /// that wants a password accepts a connection without one and refuses
+    /// its first command): every failure is explained in one message, with
+    /// the URL redacted and no secret in it.
     pub async fn connect(&self) -> Result<Store, CliError> {
-        let url = self.resolved_url()?;
-        Store::connect(&url, Keyspace::new(self.prefix.clone(), self.shards))
+        let creds = RedisCredentials::from_env()?;
+        let tls = self.tls_certificates()?;
+        self.connect_with(&creds, tls)
             .await
-            .map_err(|e| CliError::Redis(explain_connect(&self.url, e)))
+            .map_err(|e| CliError::Redis(self.explain(&e, &creds)))
+    }
+
+    /// Connects and checks the server answers `PING`, returning the raw
+    /// error (for callers that wait while Redis is away).
+    pub async fn connect_with(
+        &self,
+        creds: &RedisCredentials,
+        tls: Option<TlsCertificates>,
+    ) -> Result<Store, StoreError> {
+        let url = self.url_with(creds);
+        let keys = Keyspace::new(self.prefix.clone(), self.shards);
+        let store = Store::connect_with_tls(&url, keys, tls).await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut store.conn.clone())
+            .await?;
+        Ok(store)
+    }
+
+    /// What a connection error means and what to do, without secrets.
+    pub fn explain(&self, e: &StoreError, creds: &RedisCredentials) -> String {
+        match e {
+            StoreError::Redis(r) => {
+                explain_connect(&self.url, Some(r), &format!("redis: {r}"), creds)
+            }
+            other => explain_connect(&self.url, None, &other.to_string(), creds),
+        }
     }
 }
 
@@ -150,22 +257,50 @@ pub fn secret_from_env(name: &str) -> Result<Option<String>, CliError> {
     Ok(None)
 }
 
-fn explain_connect(url: &str, e: StoreError) -> String {
+fn explain_connect(
+    url: &str,
+    error: Option<&redis::RedisError>,
+    text: &str,
+    creds: &RedisCredentials,
+) -> String {
     let redacted = crate::store::redact_url(url);
-    let text = e.to_string();
-    let hint = if text.contains("WRONGPASS")
-        || text.contains("NOAUTH")
-        || text.contains("invalid username-password")
+    let code = error.and_then(|e| e.code());
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    let tls = url.starts_with("rediss");
+    let hint = if error.is_some_and(|e| e.kind() == redis::ErrorKind::AuthenticationFailed)
+        || matches!(code, Some("NOAUTH" | "WRONGPASS"))
+        || has(&["WRONGPASS", "NOAUTH", "invalid username-password"])
     {
-        "the credentials were refused: check GROUPCAST_REDIS_USERNAME / GROUPCAST_REDIS_PASSWORD(_FILE)"
-    } else if text.contains("refused") || text.contains("Connection refused") {
+        "the credentials were refused: check GROUPCAST_REDIS_USERNAME and \
+         GROUPCAST_REDIS_PASSWORD (or GROUPCAST_REDIS_PASSWORD_FILE)"
+    } else if code == Some("NOPERM") || has(&["NOPERM"]) {
+        "the ACL user lacks permissions: groupcast needs streams, hashes, sets, sorted sets, \
+         strings and EVALSHA on its prefix (see docs/security.md)"
+    } else if has(&["certificate", "SSL", "TLS", "handshake"])
+        // A server that wants a client certificate and got none closes the
+        // connection right after the handshake.
+        || (tls && (error.is_some_and(|e| e.is_io_error() || e.is_connection_dropped())
+            || has(&["reset by peer", "Broken pipe", "closed"])))
+    {
+        "the TLS handshake failed: for a server certificate signed by a private CA set \
+         GROUPCAST_REDIS_CA_FILE to that CA's PEM file; for a server that wants client \
+         certificates set GROUPCAST_REDIS_CLIENT_CERT_FILE and GROUPCAST_REDIS_CLIENT_KEY_FILE"
+    } else if error.is_some_and(|e| e.is_connection_refusal()) || has(&["refused"]) {
         "nothing listens there: is redis-server running? (Debian: sudo apt-get install redis-server)"
-    } else if text.contains("NOPERM") {
-        "the ACL user lacks permissions: groupcast needs streams, hashes, sets, sorted sets, strings and EVALSHA on its prefix"
     } else {
-        "check the URL, the network and the server's log"
+        "check the URL (rediss:// for TLS), the network and the server's log"
     };
+    let text = scrub(text, creds.password.as_deref());
     format!("cannot use redis at {redacted}: {text} ({hint})")
+}
+
+/// `text` with every occurrence of `secret` (as given and percent-encoded)
+/// replaced by `***`: a last guard for error texts that might echo a URL.
+pub fn scrub(text: &str, secret: Option<&str>) -> String {
+    match secret {
+        Some(s) if !s.is_empty() => text.replace(s, "***").replace(&percent(s), "***"),
+        _ => text.to_string(),
+    }
 }
 
 /// What a command failed with, and its exit code.
@@ -184,7 +319,12 @@ pub enum CliError {
 
 impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
-        CliError::Redis(e.to_string())
+        match &e {
+            StoreError::Redis(r) if r.code() == Some("NOPERM") => CliError::Redis(format!(
+                "{e} (the ACL user lacks a command groupcast needs: see docs/security.md for the rule)"
+            )),
+            _ => CliError::Redis(e.to_string()),
+        }
     }
 }
 

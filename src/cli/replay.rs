@@ -24,37 +24,23 @@ pub struct ReplayArgs {
     pub verify: bool,
 }
 
-/// Every batch id that has an event stream (single server; on a cluster,
-/// give --batch).
+/// Every batch id that has an event stream (on a cluster, every master is
+/// scanned: a SCAN cursor belongs to one node).
 pub async fn all_batches(store: &Store) -> Result<Vec<String>, CliError> {
     let pattern = format!("{}:{{s*}}:b:*:events", store.keys.prefix());
-    let mut conn = store.conn.clone();
-    let mut cursor = 0u64;
-    let mut out = Vec::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| CliError::Redis(format!("SCAN: {e}")))?;
-        for k in keys {
-            if let Some(b) = k
-                .split(":b:")
+    let keys = store
+        .scan_match(&pattern)
+        .await
+        .map_err(|e| CliError::Redis(format!("SCAN: {e}")))?;
+    let mut out: Vec<String> = keys
+        .iter()
+        .filter_map(|k| {
+            k.split(":b:")
                 .nth(1)
                 .and_then(|r| r.strip_suffix(":events"))
-            {
-                out.push(b.to_string());
-            }
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+                .map(str::to_string)
+        })
+        .collect();
     out.sort();
     out.dedup();
     Ok(out)

@@ -3,14 +3,15 @@
 //! names the file, line and field, exits 2, and appends nothing.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, IsTerminal};
+use std::io::{BufRead, IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Deserialize;
 
 use super::{CliError, RedisArgs};
-use crate::events::chunk::{KakaoTemplate, MAX_CHUNK_RECIPIENTS, MAX_VAR_CHARS};
+use crate::events::chunk::{KakaoTemplate, MAX_CHUNK_RECIPIENTS, MAX_TEXT_CHARS, MAX_VAR_CHARS};
+use crate::events::{clip, ChunkError, QUOTE_MAX};
 use crate::events::{Recipient, Template};
 use crate::keys::validate_batch_id;
 use crate::phone;
@@ -62,10 +63,26 @@ fn usage(msg: String) -> CliError {
     CliError::Usage(msg)
 }
 
+/// The largest template file read: room for a text of [`MAX_TEXT_CHARS`]
+/// characters, each escaped as `\uXXXX`, and the other fields.
+pub const MAX_TEMPLATE_FILE_BYTES: u64 = 64 * 1024;
+
 /// Reads and checks a template file.
 pub fn read_template(path: &Path) -> Result<Template, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| usage(format!("{}: cannot read: {e}", path.display())))?;
+    let cannot = |e: std::io::Error| usage(format!("{}: cannot read: {e}", path.display()));
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(MAX_TEMPLATE_FILE_BYTES + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_TEMPLATE_FILE_BYTES {
+        return Err(usage(format!(
+            "{}: the template file is over {MAX_TEMPLATE_FILE_BYTES} bytes (its text may have at most {MAX_TEXT_CHARS} characters)",
+            path.display()
+        )));
+    }
     let t: TemplateFile = serde_json::from_str(&text).map_err(|e| {
         usage(format!(
             "{}:{}: not a template ({e}); expected {{\"type\": \"ATA\", \"from\": \"...\", \"text\": \"...\", \"kakaoOptions\": {{\"pfId\": \"...\", \"templateId\": \"...\"}}}}",
@@ -131,7 +148,8 @@ pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient
             return Err(at(
                 "to",
                 format!(
-                    "{to:?} is not a valid phone number (digits only, 9 to 11, starting with 0)"
+                    "{:?} is not a valid phone number (digits only, 9 to 11, starting with 0)",
+                    clip(&to, QUOTE_MAX)
                 ),
             ));
         }
@@ -207,8 +225,10 @@ fn read_jsonl(path: &Path, file: std::fs::File) -> Result<Rows, CliError> {
                 serde_json::Value::Bool(b) => b.to_string(),
                 other => {
                     return Err(usage(format!(
-                        "{}:{n}: field `{k}`: {other} is not a string or number",
-                        path.display()
+                        "{}:{n}: field `{}`: {} is not a string or number",
+                        path.display(),
+                        clip(&k, QUOTE_MAX),
+                        clip(&other.to_string(), QUOTE_MAX)
                     )))
                 }
             };
@@ -233,8 +253,10 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     let total = recipients.len();
     let chunks = producer::cut(&args.batch, &template, recipients, args.chunk_size);
     for c in &chunks {
-        c.validate()
-            .map_err(|e| usage(format!("chunk {}: {e}", c.seq)))?;
+        c.validate().map_err(|e| match e {
+            ChunkError::TooLarge(_) => usage(format!("chunk {}: {e}: lower --chunk-size", c.seq)),
+            e => usage(format!("chunk {}: {e}", c.seq)),
+        })?;
     }
     let store = args.redis.connect().await?;
     let bar = if std::io::stderr().is_terminal() && !args.json {

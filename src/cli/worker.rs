@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 
 use super::{secret_from_env, CliError, RedisArgs};
 use crate::provider::{ProviderClient, ProviderConfig};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, Role, Worker, WorkerConfig};
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -175,72 +175,158 @@ impl WorkerFlags {
 }
 
 /// Warns when the server's settings are weaker than the expected durability,
-/// or when it may evict keys. Returns the warnings.
+/// or when it may evict keys. Returns the warnings. On a cluster every master
+/// has settings of its own: each is checked, and named in its warnings.
 pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> {
     let mut warnings = Vec::new();
-    let mut conn = store.conn.clone();
-    let get = |name: &'static str| {
-        let mut conn = conn.clone();
-        async move {
-            redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async::<Vec<String>>(&mut conn)
-                .await
-                .ok()
-                .and_then(|v| v.get(1).cloned())
+    let get = |name: &'static str| async move {
+        let cmd = redis::cmd("CONFIG").arg("GET").arg(name).clone();
+        match store.on_every_master(&cmd).await {
+            Ok(replies) => replies
+                .into_iter()
+                .map(|(node, r)| {
+                    let v = r
+                        .ok()
+                        .and_then(|v| redis::from_redis_value::<Vec<String>>(v).ok())
+                        .and_then(|v| v.get(1).cloned());
+                    (node, v)
+                })
+                .collect(),
+            Err(_) => vec![("server".to_string(), None)],
         }
     };
-    match get("maxmemory-policy").await {
-        Some(p) if p == "noeviction" => {}
-        Some(p) => warnings.push(format!(
-            "redis maxmemory-policy is {p}: under memory pressure Redis may evict groupcast's keys and lose events; set `maxmemory-policy noeviction`"
-        )),
-        None => warnings.push("cannot read maxmemory-policy (CONFIG GET refused?): make sure it is noeviction".into()),
-    }
-    if durability != Durability::None {
-        let aof = get("appendonly").await;
-        let fsync = get("appendfsync").await;
-        let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
-            (Some("yes"), Some("always"), _) => false,
-            (Some("yes"), Some("everysec"), Durability::Everysec) => false,
-            (None, _, _) | (_, None, _) => {
-                warnings.push("cannot read appendonly/appendfsync: durability not checked".into());
-                false
-            }
-            _ => true,
-        };
-        if weak {
-            warnings.push(format!(
-                "redis has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see README, Durability)",
-                aof.unwrap_or_default(),
-                fsync.unwrap_or_default(),
-                durability
-            ));
+    let cluster = store.target.is_cluster();
+    let redis_at = |node: &str| {
+        if cluster {
+            format!("redis node {node}")
+        } else {
+            "redis".to_string()
+        }
+    };
+    for (node, policy) in get("maxmemory-policy").await {
+        let redis = redis_at(&node);
+        match policy {
+            Some(p) if p == "noeviction" => {}
+            Some(p) => warnings.push(format!(
+                "{redis} maxmemory-policy is {p}: under memory pressure Redis may evict groupcast's keys and lose events; set `maxmemory-policy noeviction`"
+            )),
+            None => warnings.push(format!("cannot read maxmemory-policy of {redis} (CONFIG GET refused?): make sure it is noeviction")),
         }
     }
-    let _ = &mut conn;
+    if durability != Durability::None {
+        let aofs = get("appendonly").await;
+        let fsyncs = get("appendfsync").await;
+        for (node, aof) in aofs {
+            let fsync = fsyncs
+                .iter()
+                .find(|(n, _)| *n == node)
+                .and_then(|(_, f)| f.clone());
+            let redis = redis_at(&node);
+            let weak = match (aof.as_deref(), fsync.as_deref(), durability) {
+                (Some("yes"), Some("always"), Durability::Everysec) => {
+                    tracing::info!(
+                        "{redis} has appendfsync always, stronger than --durability everysec: with no failover \
+                         to a replica that could lag, --durability always drops the wait before adds and sends"
+                    );
+                    false
+                }
+                (Some("yes"), Some("always"), _) => false,
+                (Some("yes"), Some("everysec"), Durability::Everysec) => false,
+                (None, _, _) | (_, None, _) => {
+                    warnings.push(format!(
+                        "cannot read appendonly/appendfsync of {redis}: durability not checked"
+                    ));
+                    false
+                }
+                _ => true,
+            };
+            if weak {
+                warnings.push(format!(
+                    "{redis} has appendonly={} appendfsync={}, weaker than --durability {:?}: a Redis crash can lose acknowledged events (see docs/durability.md)",
+                    aof.unwrap_or_default(),
+                    fsync.unwrap_or_default(),
+                    durability
+                ));
+            }
+        }
+    }
     for w in &warnings {
         tracing::warn!("{w}");
     }
     warnings
 }
 
-/// Runs the worker.
-pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
-    let config = args.worker.config()?;
-    let provider = args.worker.provider()?;
-    let store = args.redis.connect().await?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut store.conn.clone())
-        .await
-        .map_err(|e| {
-            CliError::Redis(format!(
-                "redis at {} does not answer PING: {e}",
-                store.target.redacted()
-            ))
-        })?;
+/// How long a provider add or send waits for the events it relies on to be
+/// on disk (see [`WorkerConfig::durable_after`]), from what the deployment
+/// promises rather than from one node's settings: a failover to a replica can
+/// lose acknowledged writes whatever the old primary's `appendfsync` was.
+/// `always` (every acknowledged write survives any crash or failover) and
+/// `none` (nothing is expected to survive) wait nothing; `everysec` waits the
+/// fsync window.
+pub fn durable_after(durability: Durability) -> Duration {
+    match durability {
+        Durability::Everysec => crate::store::witness::WINDOW,
+        Durability::Always | Durability::None => Duration::ZERO,
+    }
+}
+
+/// Runs `attempt` until it succeeds, waiting (with a capped backoff) while
+/// Redis does not answer or is still loading its data: a worker started
+/// while Redis restarts must wait for it, not exit. Any other failure (bad
+/// credentials, a refused command) is returned at once.
+async fn while_redis_is_away<T, F, Fut>(
+    describe: &dyn Fn(&StoreError) -> String,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut failures = 0u32;
+    loop {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() => {
+                failures += 1;
+                let delay =
+                    Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
+                tracing::warn!(
+                    "{what}: {} (attempt {failures}); trying again in {delay:?}",
+                    describe(&e)
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects, checks the server and starts the roles, waiting for Redis as
+/// long as it is away.
+async fn start(
+    args: &WorkerArgs,
+    config: &WorkerConfig,
+    provider: &ProviderClient,
+) -> Result<Worker, CliError> {
+    let creds = super::RedisCredentials::from_env()?;
+    let tls = args.redis.tls_certificates()?;
+    let describe = |e: &StoreError| args.redis.explain(e, &creds);
+    let store = while_redis_is_away(&describe, "connecting", || {
+        args.redis.connect_with(&creds, tls.clone())
+    })
+    .await
+    .map_err(|e| CliError::Redis(describe(&e)))?;
     check_server(&store, args.worker.durability).await;
+    let mut config = config.clone();
+    config.durable_after = durable_after(args.worker.durability);
+    if !config.durable_after.is_zero() {
+        tracing::info!(
+            "--durability {:?}: provider adds and sends wait {:?} after the events they rely on, until Redis has them on disk",
+            args.worker.durability,
+            config.durable_after
+        );
+    }
     if args.worker.metrics_listen != "off" {
         let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
             CliError::Usage(format!(
@@ -254,7 +340,21 @@ pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
         tracing::info!(%local, "metrics at http://{local}/metrics");
     }
-    let worker = Worker::start(Ctx::new(store, provider, config)).await?;
+    let worker = while_redis_is_away(&describe, "starting the roles", || {
+        Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone()))
+    })
+    .await?;
+    Ok(worker)
+}
+
+/// Runs the worker.
+pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
+    let config = args.worker.config()?;
+    let provider = args.worker.provider()?;
+    let worker = tokio::select! {
+        w = start(&args, &config, &provider) => w?,
+        _ = wait_for_signal() => return Ok(()),
+    };
     wait_for_signal().await;
     tracing::info!("stopping: no new work; in-flight entries finish or stay pending for reclaim");
     worker.stop().await;

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::{clip, QUOTE_MAX};
 use crate::keys::{validate_batch_id, BatchIdError};
 
 /// The most recipients one chunk may carry (one provider add request).
@@ -18,6 +19,10 @@ pub const MAX_CHUNK_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_TEXT_CHARS: usize = 4_000;
 /// The longest template variable value, in characters.
 pub const MAX_VAR_CHARS: usize = 1_000;
+/// The longest sender number (`from`), in characters.
+pub const MAX_SENDER_CHARS: usize = 32;
+/// The longest Kakao channel or template id, in characters.
+pub const MAX_KAKAO_ID_CHARS: usize = 128;
 
 /// One chunk of a batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +89,7 @@ pub enum ChunkError {
     #[error("chunk is {0} bytes; at most {MAX_CHUNK_BYTES} are allowed")]
     TooLarge(usize),
     /// Unknown message type.
-    #[error("template type {0:?} is not one of SMS, LMS, ATA, CTA")]
+    #[error("template type {:?} is not one of SMS, LMS, ATA, CTA", clip(.0, QUOTE_MAX))]
     BadType(String),
     /// AlimTalk without Kakao options.
     #[error("template type {0} needs kakao_options (pf_id, template_id)")]
@@ -95,8 +100,18 @@ pub enum ChunkError {
     /// Sender missing.
     #[error("template has no `from` number")]
     NoSender,
+    /// A template field other than the text is too long.
+    #[error("template field `{field}` is {len} characters; at most {max} are allowed")]
+    FieldTooLong {
+        /// The field.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A recipient's number is empty or absurdly long.
-    #[error("recipient {index} has an unusable number {to:?}")]
+    #[error("recipient {index} has an unusable number {:?}", clip(.to, QUOTE_MAX))]
     BadNumber {
         /// Position in the chunk.
         index: usize,
@@ -104,7 +119,7 @@ pub enum ChunkError {
         to: String,
     },
     /// The same number twice in one chunk.
-    #[error("recipient {index} repeats the number {to:?}")]
+    #[error("recipient {index} repeats the number {:?}", clip(.to, QUOTE_MAX))]
     DuplicateRecipient {
         /// Position in the chunk.
         index: usize,
@@ -112,7 +127,7 @@ pub enum ChunkError {
         to: String,
     },
     /// A placeholder without a value.
-    #[error("recipient {index} has no value for placeholder #{{{name}}}")]
+    #[error("recipient {index} has no value for placeholder #{{{}}}", clip(.name, QUOTE_MAX))]
     MissingVariable {
         /// Position in the chunk.
         index: usize,
@@ -120,7 +135,10 @@ pub enum ChunkError {
         name: String,
     },
     /// A variable value is too long.
-    #[error("recipient {index} variable {name} is longer than {MAX_VAR_CHARS} characters")]
+    #[error(
+        "recipient {index} variable {} is longer than {MAX_VAR_CHARS} characters",
+        clip(.name, QUOTE_MAX)
+    )]
     VariableTooLong {
         /// Position in the chunk.
         index: usize,
@@ -356,6 +374,21 @@ impl TemplateRef<'_> {
         if self.from.trim().is_empty() {
             return Err(ChunkError::NoSender);
         }
+        let mut fields = [
+            ("from", self.from, MAX_SENDER_CHARS),
+            ("", "", 0),
+            ("", "", 0),
+        ];
+        if let Some(k) = &self.kakao_options {
+            fields[1] = ("kakaoOptions.pfId", k.pf_id, MAX_KAKAO_ID_CHARS);
+            fields[2] = ("kakaoOptions.templateId", k.template_id, MAX_KAKAO_ID_CHARS);
+        }
+        for (field, value, max) in fields {
+            let len = value.chars().count();
+            if len > max {
+                return Err(ChunkError::FieldTooLong { field, len, max });
+            }
+        }
         // A text of at most MAX_TEXT_CHARS bytes has at most as many
         // characters: count them only when the bytes could be too many.
         if self.text.len() > MAX_TEXT_CHARS {
@@ -400,6 +433,8 @@ pub fn placeholders(text: &str) -> Vec<String> {
 /// [`Chunk::validate`], for owned and borrowed chunks alike.
 fn validate_chunk<R: RecipientFields>(
     batch: &str,
+    seq: u32,
+    last: bool,
     template: &TemplateRef<'_>,
     recipients: &[R],
 ) -> Result<(), ChunkError> {
@@ -410,6 +445,14 @@ fn validate_chunk<R: RecipientFields>(
     }
     if recipients.len() > MAX_CHUNK_RECIPIENTS {
         return Err(ChunkError::TooManyRecipients(recipients.len()));
+    }
+    // The same limit as `decode`'s, so that a producer (`submit`, or the
+    // Rust API) never appends a chunk that the worker would refuse: the
+    // length of `Chunk::encode`, counted without encoding.
+    let mut bytes = fast::Counter(0);
+    fast::encode_chunk(batch, seq, last, template, recipients, &mut bytes);
+    if bytes.0 > MAX_CHUNK_BYTES {
+        return Err(ChunkError::TooLarge(bytes.0));
     }
     let names = placeholders(template.text);
     let mut seen = HashSet::with_capacity(recipients.len());
@@ -465,7 +508,13 @@ fn digest_chunk<R: RecipientFields>(
 impl Chunk {
     /// Checks everything that can be checked without the batch's state.
     pub fn validate(&self) -> Result<(), ChunkError> {
-        validate_chunk(&self.batch, &self.template.view(), &self.recipients)
+        validate_chunk(
+            &self.batch,
+            self.seq,
+            self.last,
+            &self.template.view(),
+            &self.recipients,
+        )
     }
 
     /// A digest of the chunk's content. Two deliveries of the same chunk have
@@ -553,7 +602,13 @@ impl<'a> ChunkRef<'a> {
     /// Checks everything that can be checked without the batch's state
     /// (as [`Chunk::validate`]).
     pub fn validate(&self) -> Result<(), ChunkError> {
-        validate_chunk(self.batch, &self.template, &self.recipients)
+        validate_chunk(
+            self.batch,
+            self.seq,
+            self.last,
+            &self.template,
+            &self.recipients,
+        )
     }
 
     /// The digest of the chunk's content (as [`Chunk::digest`]).
@@ -906,6 +961,16 @@ mod fast {
     /// Where the encoder writes.
     pub(super) trait Sink {
         fn put(&mut self, bytes: &[u8]);
+    }
+
+    /// Counts the bytes instead of keeping them.
+    pub(super) struct Counter(pub(super) usize);
+
+    impl Sink for Counter {
+        #[inline]
+        fn put(&mut self, bytes: &[u8]) {
+            self.0 += bytes.len();
+        }
     }
 
     impl Sink for Vec<u8> {
@@ -1338,6 +1403,14 @@ mod tests {
         let mut c = sample(3, true);
         c.recipients[0].vars = (0..9).map(|i| (format!("v{i}"), "x".into())).collect();
         chunks.push(c);
+        let mut c = sample(3, true);
+        c.template.from = "1".repeat(MAX_SENDER_CHARS + 1);
+        chunks.push(c);
+        let mut c = sample(3, true);
+        if let Some(k) = &mut c.template.kakao_options {
+            k.template_id = "t".repeat(MAX_KAKAO_ID_CHARS + 1);
+        }
+        chunks.push(c);
         for c in &chunks {
             let bytes = c.encode();
             let r = ChunkRef::decode(&bytes).expect("the usual shape");
@@ -1352,6 +1425,15 @@ mod tests {
             }
         }
         assert!(ChunkRef::decode(&vec![0x80; MAX_CHUNK_BYTES + 1]).is_none());
+        // Too large once encoded: the length is counted, not encoded.
+        let mut c = sample(9_000, false);
+        for r in &mut c.recipients {
+            r.vars.insert("pad".into(), "x".repeat(MAX_VAR_CHARS));
+        }
+        let len = c.encode().len();
+        assert!(len > MAX_CHUNK_BYTES);
+        assert_eq!(c.validate(), Err(ChunkError::TooLarge(len)));
+        assert_eq!(c.view().validate(), Err(ChunkError::TooLarge(len)));
     }
 
     #[test]

@@ -24,6 +24,23 @@ pub use chunk::{Chunk, ChunkError, Recipient, Template};
 /// The envelope version this build writes and reads.
 pub const ENVELOPE_VERSION: &str = "1";
 
+/// The most bytes of hostile input quoted in an error message.
+pub const QUOTE_MAX: usize = 64;
+
+/// At most `max` bytes of `s` (cut on a character boundary), saying how long
+/// it was: error messages and dead-letter reasons quote input, and input can
+/// be megabytes long.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}
+
 /// Why an entry could not be read as an event.
 #[derive(Debug, Error)]
 pub enum DecodeError {
@@ -40,7 +57,7 @@ pub enum DecodeError {
     #[error("entry is {0} bytes, over the limit")]
     TooLarge(usize),
     /// The payload is not valid MessagePack for the type.
-    #[error("malformed {kind} payload: {source}")]
+    #[error("malformed {kind} payload: {}", clip(&.source.to_string(), 8 * QUOTE_MAX))]
     Malformed {
         /// What was being decoded.
         kind: String,
@@ -49,9 +66,17 @@ pub enum DecodeError {
     },
 }
 
+/// The deepest nesting a payload may have. Ours go four levels deep (a
+/// chunk's recipients' variables); rmp-serde's own limit, 1024, takes more
+/// than a 2 MiB thread stack (a tokio worker's) in a debug build, so one
+/// malicious entry nested 1024 deep would abort the worker.
+pub const MAX_PAYLOAD_DEPTH: usize = 32;
+
 /// Decodes a named-field MessagePack payload.
 pub fn decode_payload<T: DeserializeOwned>(kind: &str, bytes: &[u8]) -> Result<T, DecodeError> {
-    rmp_serde::from_slice(bytes).map_err(|source| DecodeError::Malformed {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MAX_PAYLOAD_DEPTH);
+    T::deserialize(&mut de).map_err(|source| DecodeError::Malformed {
         kind: kind.to_string(),
         source,
     })
@@ -90,7 +115,7 @@ macro_rules! events {
             pub fn decode(type_name: &str, data: &[u8]) -> Result<Event, DecodeError> {
                 match type_name {
                     $( $tag => Ok(Event::$variant(decode_payload(type_name, data)?)), )*
-                    other => Err(DecodeError::UnknownType(other.to_string())),
+                    other => Err(DecodeError::UnknownType(clip(other, QUOTE_MAX))),
                 }
             }
         }
@@ -346,9 +371,10 @@ impl Recorded {
         };
         let v = get("v")?;
         if v != ENVELOPE_VERSION.as_bytes() {
-            return Err(DecodeError::UnknownVersion(
-                String::from_utf8_lossy(v).into_owned(),
-            ));
+            return Err(DecodeError::UnknownVersion(clip(
+                &String::from_utf8_lossy(v),
+                QUOTE_MAX,
+            )));
         }
         let t = String::from_utf8_lossy(get("t")?).into_owned();
         let key = String::from_utf8_lossy(get("k")?).into_owned();

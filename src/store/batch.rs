@@ -70,21 +70,37 @@ pub enum Appended {
 #[derive(Clone)]
 pub struct BatchLog {
     conn: RedisConn,
+    witnesses: std::sync::Arc<super::witness::Witnesses>,
     /// The batch id.
     pub batch: String,
     /// Its keys.
     pub keys: BatchKeys,
 }
 
-/// A script's reply, without its trailing `ev=<types>` element, whose event
-/// types are counted in `groupcast_events_appended_total`.
-pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<Vec<String>> {
+/// A script's reply, without its trailing elements: `ev=<types>`, whose
+/// event types are counted in `groupcast_events_appended_total`, and, when an
+/// event was appended, `w=<key>|<entry id>` of the last one (returned).
+/// The key and entry id of the last event a script appended, if any.
+type LastEvent = Option<(String, String)>;
+
+pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
     let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {
         StoreError::UnexpectedReply {
             script,
             reply: format!("{v:?}"),
         }
     })?;
+    let mut witness = None;
+    if r.len() >= 2 && r[r.len() - 2].starts_with("ev=") {
+        if let Some((key, id)) = r
+            .last()
+            .and_then(|l| l.strip_prefix("w="))
+            .and_then(|w| w.rsplit_once('|'))
+        {
+            witness = Some((key.to_string(), id.to_string()));
+            r.pop();
+        }
+    }
     if let Some(types) = r.last().and_then(|l| l.strip_prefix("ev=")) {
         for t in types.split(',').filter(|t| !t.is_empty()) {
             metrics::counter!("groupcast_events_appended_total", "type" => t.to_string())
@@ -92,7 +108,7 @@ pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<Vec<String>
         }
         r.pop();
     }
-    Ok(r)
+    Ok((r, witness))
 }
 
 fn unexpected(script: &'static str, reply: &[String]) -> StoreError {
@@ -111,6 +127,7 @@ impl Store {
     pub fn batch(&self, batch: &str) -> BatchLog {
         BatchLog {
             conn: self.conn.clone(),
+            witnesses: self.witnesses.clone(),
             batch: batch.to_string(),
             keys: self.keys.batch(batch),
         }
@@ -118,6 +135,17 @@ impl Store {
 }
 
 impl BatchLog {
+    /// A script's own reply fields; the event it appended last, if any, is
+    /// remembered to be read back later (see [`super::witness`]).
+    fn reply(&self, script: &'static str, v: Value) -> StoreResult<Vec<String>> {
+        let (r, witness) = strings(script, v)?;
+        if let Some((key, id)) = witness {
+            self.witnesses
+                .record(&self.batch, &self.keys.state, &key, &id);
+        }
+        Ok(r)
+    }
+
     /// Accepts chunk `seq` and assigns it to a generation (see `accept.lua`).
     pub async fn accept(
         &self,
@@ -126,6 +154,22 @@ impl BatchLog {
         count: u32,
         digest: &str,
         cap: u64,
+    ) -> StoreResult<Accepted> {
+        self.accept_with_hint(seq, last, count, digest, cap, 0)
+            .await
+    }
+
+    /// [`accept`](Self::accept), reading generation `hint`'s counters in the
+    /// same round of reads: one command less when the hint is right (the
+    /// caller passes the generation it last saw for the batch).
+    pub async fn accept_with_hint(
+        &self,
+        seq: u32,
+        last: bool,
+        count: u32,
+        digest: &str,
+        cap: u64,
+        hint: u32,
     ) -> StoreResult<Accepted> {
         let k = &self.keys;
         let v: Value = SCRIPTS
@@ -140,9 +184,10 @@ impl BatchLog {
             .arg(count)
             .arg(digest)
             .arg(cap)
+            .arg(hint)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let r = strings("accept", v)?;
+        let r = self.reply("accept", v)?;
         let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
         match r.as_slice() {
             [t, g, group, _] if t == "assigned" => Ok(Accepted::Assigned {
@@ -175,7 +220,7 @@ impl BatchLog {
             .arg(payload)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let r = strings("park", v)?;
+        let r = self.reply("park", v)?;
         match r.as_slice() {
             [t] if t == "parked" => Ok(Parked::Parked),
             [t] if t == "loaded" => Ok(Parked::AlreadyLoaded),
@@ -199,7 +244,7 @@ impl BatchLog {
             .arg(group_id)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let r = strings("record_group", v)?;
+        let r = self.reply("record_group", v)?;
         match r.as_slice() {
             [t, _] if t == "won" => Ok(GroupRecord::Won),
             [t, kept] if t == "lost" => Ok(GroupRecord::Lost { kept: kept.clone() }),
@@ -225,7 +270,7 @@ impl BatchLog {
             .arg(data)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let r = strings("loaded", v)?;
+        let r = self.reply("loaded", v)?;
         match r.as_slice() {
             [t, ready] if t == "loaded" => Ok(Some(ready == "1")),
             [t] if t == "duplicate" => Ok(None),
@@ -257,7 +302,7 @@ impl BatchLog {
             .arg(poll_entry)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let r = strings("sent", v)?;
+        let r = self.reply("sent", v)?;
         match r.as_slice() {
             [t] if t == "recorded" => Ok(true),
             [t] if t == "duplicate" => Ok(false),
@@ -296,7 +341,7 @@ impl BatchLog {
             .arg(if deliver { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
-        let r = strings("completed", v)?;
+        let r = self.reply("completed", v)?;
         match r.as_slice() {
             [t] if matches!(t.as_str(), "completed" | "reported" | "duplicate") => Ok(t.clone()),
             _ => Err(unexpected("completed", &r)),
@@ -329,7 +374,7 @@ impl BatchLog {
             };
         }
         let v: Value = inv.invoke_async(&mut self.conn.clone()).await?;
-        let r = strings("append", v)?;
+        let r = self.reply("append", v)?;
         match r.as_slice() {
             [t, id] if t == "appended" => Ok(Appended::New(id.clone())),
             [t, id] if t == "duplicate" => Ok(Appended::Duplicate(id.clone())),

@@ -6,10 +6,12 @@
 //! - [`queue`]: the work plumbing (consumer groups, dead letters, delayed
 //!   retries, reclaiming).
 //! - [`scripts`]: the Lua sources from `streams/scripts/`, loaded on demand.
+//! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 
 pub mod batch;
 pub mod queue;
 pub mod scripts;
+pub mod witness;
 
 use std::time::Duration;
 
@@ -18,6 +20,9 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
 use thiserror::Error;
 
@@ -85,7 +90,13 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => {
+                if is_script_load(cmd) {
+                    cluster_script_load(c, cmd)
+                } else {
+                    c.req_packed_command(cmd)
+                }
+            }
         }
     }
     fn req_packed_commands<'a>(
@@ -105,6 +116,32 @@ impl ConnectionLike for RedisConn {
             RedisConn::Cluster(c) => c.get_db(),
         }
     }
+}
+
+fn cluster_script_load<'a>(c: &'a mut ClusterConnection, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+    // redis-rs sends SCRIPT LOAD to every node and fails unless all answer, so
+    // one unreachable master would keep a script from loading anywhere.
+    // `Script::invoke_async` loads only after a NOSCRIPT from the node that
+    // owns the script's keys (which therefore answers), so loading wherever
+    // possible is enough: the EVALSHA that follows goes to that node, after
+    // the SCRIPT LOAD on the same connection.
+    let routing = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::OneSucceeded),
+    ));
+    Box::pin(c.route_command(cmd.clone(), routing))
+}
+
+/// Whether `cmd` is `SCRIPT LOAD`.
+fn is_script_load(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(b) => Some(b),
+        _ => None,
+    });
+    matches!(
+        (args.next(), args.next()),
+        (Some(a), Some(b)) if a.eq_ignore_ascii_case(b"SCRIPT") && b.eq_ignore_ascii_case(b"LOAD")
+    )
 }
 
 /// A connection for blocking reads (`XREADGROUP ... BLOCK`): its own socket
@@ -149,27 +186,63 @@ pub struct RedisTarget {
     kind: TargetKind,
 }
 
+// One per process and cloned rarely: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum TargetKind {
     Single(redis::Client),
-    Cluster(Box<ClusterClient>, Vec<String>),
+    Cluster {
+        /// For the shared command connection.
+        commands: Box<ClusterClient>,
+        /// For blocking reads: a reply timeout longer than any `BLOCK`.
+        blocking: Box<ClusterClient>,
+    },
 }
 
-/// The URL with any password replaced by `***`, for messages and logs.
+/// How long a cluster command may take, redirections and retries included.
+const CLUSTER_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a blocking read on a cluster may wait for its reply: longer than
+/// any sensible `XREADGROUP ... BLOCK` (the worker's `--block`, default 2 s).
+pub const CLUSTER_BLOCKING_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Retries of one cluster command (MOVED, ASK, TRYAGAIN, a lost node). Few and
+/// short on purpose: with redis-rs' defaults (16 retries, waits from 1.28 s
+/// growing to minutes) the requests for a dead master pile up inside the
+/// cluster connection and commands for the healthy masters stall behind them
+/// for the whole reply timeout. A command that still fails is retried by
+/// groupcast itself (the entry stays pending and is reclaimed).
+const CLUSTER_RETRIES: u32 = 5;
+/// Shortest and longest wait between those retries, in milliseconds.
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (100, 1000);
+
+fn cluster_client(nodes: &[String], reply_timeout: Duration) -> redis::RedisResult<ClusterClient> {
+    ClusterClient::builder(nodes.to_vec())
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+        .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
+        .response_timeout(reply_timeout)
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+}
+
+/// The URL with any password replaced by `***`, for messages and logs. A
+/// URL written without its scheme (`user:pw@host:6379`) is redacted too.
 pub fn redact_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                let user = userinfo.split(':').next().unwrap_or("");
-                if userinfo.contains(':') {
-                    format!("{scheme}://{user}:***@{host}")
-                } else {
-                    format!("{scheme}://{user}@{host}")
-                }
-            }
-            None => url.to_string(),
-        },
-        None => url.to_string(),
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = userinfo.split(':').next().unwrap_or("");
+    let userinfo = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        user.to_string()
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{userinfo}@{host}"),
+        None => format!("{userinfo}@{host}"),
     }
 }
 
@@ -202,12 +275,14 @@ impl RedisTarget {
             if nodes.is_empty() {
                 return Err(config_err("no cluster seed nodes given".into()));
             }
-            let client = ClusterClient::builder(nodes.clone())
-                .response_timeout(Duration::from_secs(5))
-                .connection_timeout(Duration::from_secs(5))
-                .build()
+            let commands = cluster_client(&nodes, CLUSTER_REPLY_TIMEOUT)
                 .map_err(|e| config_err(e.to_string()))?;
-            TargetKind::Cluster(Box::new(client), nodes)
+            let blocking = cluster_client(&nodes, CLUSTER_BLOCKING_REPLY_TIMEOUT)
+                .map_err(|e| config_err(e.to_string()))?;
+            TargetKind::Cluster {
+                commands: Box::new(commands),
+                blocking: Box::new(blocking),
+            }
         } else {
             TargetKind::Single(redis::Client::open(url).map_err(|e| config_err(e.to_string()))?)
         };
@@ -224,7 +299,7 @@ impl RedisTarget {
 
     /// Whether this is a cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.kind, TargetKind::Cluster(..))
+        matches!(self.kind, TargetKind::Cluster { .. })
     }
 
     /// Opens the shared command connection (5 s reply timeout; reconnects).
@@ -239,13 +314,14 @@ impl RedisTarget {
                     client.get_connection_manager_with_config(config).await?,
                 ))
             }
-            TargetKind::Cluster(client, _) => {
-                Ok(RedisConn::Cluster(client.get_async_connection().await?))
+            TargetKind::Cluster { commands, .. } => {
+                Ok(RedisConn::Cluster(commands.get_async_connection().await?))
             }
         }
     }
 
-    /// Opens a connection for blocking reads: no reply timeout (a blocking
+    /// Opens a connection for blocking reads: no reply timeout on a single
+    /// server, [`CLUSTER_BLOCKING_REPLY_TIMEOUT`] on a cluster (a blocking
     /// `XREADGROUP` would otherwise hit redis-rs' default 500 ms one).
     pub async fn connect_blocking(&self) -> StoreResult<BlockingConn> {
         match &self.kind {
@@ -259,13 +335,50 @@ impl RedisTarget {
                         .await?,
                 ))
             }
-            TargetKind::Cluster(_, nodes) => {
-                let client = ClusterClient::builder(nodes.clone())
-                    .response_timeout(Duration::from_secs(3600))
-                    .build()?;
-                Ok(BlockingConn::Cluster(client.get_async_connection().await?))
-            }
+            // Every call opens a cluster connection of its own (its own
+            // sockets): a blocking read never waits behind, nor holds up,
+            // another command.
+            TargetKind::Cluster { blocking, .. } => Ok(BlockingConn::Cluster(
+                blocking.get_async_connection().await?,
+            )),
         }
+    }
+}
+
+/// TLS material for a `rediss://` server: the CA to verify it with and,
+/// optionally, a client certificate (re-exported from redis-rs).
+pub use redis::{ClientTlsConfig, TlsCertificates};
+
+impl RedisTarget {
+    /// Like [`parse`](Self::parse), verifying a `rediss://` server against
+    /// `tls.root_cert` (instead of the system's trust store) and presenting
+    /// `tls.client_tls` when the server asks for a client certificate.
+    /// With `None` it is `parse`. Single servers only for now: a cluster URL
+    /// with certificates is refused rather than connected unverified.
+    pub fn parse_with_tls(url: &str, tls: Option<TlsCertificates>) -> StoreResult<RedisTarget> {
+        let Some(certs) = tls else {
+            return Self::parse(url);
+        };
+        let config_err = |reason: String| StoreError::Config {
+            url: redact_url(url),
+            reason,
+        };
+        if url.contains("+cluster://") {
+            return Err(config_err(
+                "CA or client certificate files are not supported with a cluster URL yet".into(),
+            ));
+        }
+        if !url.starts_with("rediss://") {
+            return Err(config_err(
+                "a CA or client certificate file needs a rediss:// (TLS) URL".into(),
+            ));
+        }
+        let client =
+            redis::Client::build_with_tls(url, certs).map_err(|e| config_err(e.to_string()))?;
+        Ok(RedisTarget {
+            url: url.to_string(),
+            kind: TargetKind::Single(client),
+        })
     }
 }
 
@@ -278,6 +391,8 @@ pub struct Store {
     pub keys: Keyspace,
     /// Where it connects.
     pub target: RedisTarget,
+    /// The events this process appended, until they are read back.
+    pub witnesses: std::sync::Arc<witness::Witnesses>,
 }
 
 impl Store {
@@ -285,18 +400,221 @@ impl Store {
     pub async fn connect(url: &str, keys: Keyspace) -> StoreResult<Store> {
         let target = RedisTarget::parse(url)?;
         let conn = target.connect().await?;
-        Ok(Store { conn, keys, target })
+        Ok(Store {
+            conn,
+            keys,
+            target,
+            witnesses: Default::default(),
+        })
+    }
+
+    /// Connects with TLS material (see [`RedisTarget::parse_with_tls`]).
+    pub async fn connect_with_tls(
+        url: &str,
+        keys: Keyspace,
+        tls: Option<TlsCertificates>,
+    ) -> StoreResult<Store> {
+        let target = RedisTarget::parse_with_tls(url, tls)?;
+        let conn = target.connect().await?;
+        Ok(Store {
+            conn,
+            keys,
+            target,
+            witnesses: Default::default(),
+        })
     }
 
     /// A fresh connection for blocking reads.
     pub async fn blocking(&self) -> StoreResult<BlockingConn> {
         self.target.connect_blocking().await
     }
+
+    /// The clock (ms since the epoch) of the server that holds `key`: on a
+    /// cluster, the master owning its slot, whose clock stamped that key's
+    /// stream entries (a bare `TIME` would go to any master).
+    pub async fn time_ms_at(&self, key: &str) -> StoreResult<u64> {
+        static TIME_AT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new("local t = redis.call('TIME') return {t[1], t[2]}")
+        });
+        let (secs, micros): (u64, u64) = TIME_AT
+            .key(key)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// The masters of a cluster as `host:port`, from `CLUSTER SLOTS`
+    /// (empty for a single server).
+    pub async fn cluster_masters(&self) -> StoreResult<Vec<(String, u16)>> {
+        let RedisConn::Cluster(c) = &self.conn else {
+            return Ok(Vec::new());
+        };
+        let reply = c
+            .clone()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        Ok(parse_cluster_slots(&reply))
+    }
+
+    /// Runs `cmd` on every master (on the one server when not a cluster) and
+    /// returns each node's reply, labelled `host:port` (`server` when not a
+    /// cluster). For the commands whose answer is per node: `SCAN`,
+    /// `CONFIG GET`, `INFO`.
+    pub async fn on_every_master(
+        &self,
+        cmd: &Cmd,
+    ) -> StoreResult<Vec<(String, redis::RedisResult<Value>)>> {
+        match &self.conn {
+            RedisConn::Single(c) => {
+                let r = cmd.query_async::<Value>(&mut c.clone()).await;
+                Ok(vec![("server".to_string(), r)])
+            }
+            RedisConn::Cluster(c) => {
+                let mut out = Vec::new();
+                for (host, port) in self.cluster_masters().await? {
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port,
+                    });
+                    let r = c.clone().route_command(cmd.clone(), routing).await;
+                    out.push((format!("{host}:{port}"), r));
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Every key matching `pattern`, on every master: `SCAN` cursors belong
+    /// to one node, so a cluster is scanned node by node. Sorted, without
+    /// duplicates.
+    pub async fn scan_match(&self, pattern: &str) -> StoreResult<Vec<String>> {
+        let scan = |cursor: u64| {
+            redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .clone()
+        };
+        let mut keys = Vec::new();
+        match &self.conn {
+            RedisConn::Single(c) => {
+                let mut cursor = 0u64;
+                loop {
+                    let (next, batch): (u64, Vec<String>) =
+                        scan(cursor).query_async(&mut c.clone()).await?;
+                    keys.extend(batch);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            RedisConn::Cluster(c) => {
+                for (host, port) in self.cluster_masters().await? {
+                    let mut cursor = 0u64;
+                    loop {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let v = c.clone().route_command(scan(cursor), routing).await?;
+                        let (next, batch): (u64, Vec<String>) =
+                            redis::from_redis_value(v).map_err(redis::RedisError::from)?;
+                        keys.extend(batch);
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+/// The distinct masters in a `CLUSTER SLOTS` reply:
+/// `[[first, last, [host, port, id, ...], replicas...], ...]`.
+fn parse_cluster_slots(reply: &Value) -> Vec<(String, u16)> {
+    let Value::Array(ranges) = reply else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else { continue };
+        let Some(Value::Array(master)) = parts.get(2) else {
+            continue;
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let port = match master.get(1) {
+            Some(Value::Int(p)) => u16::try_from(*p).ok(),
+            _ => None,
+        };
+        if let Some(port) = port {
+            if !out.iter().any(|(h, p)| *h == host && *p == port) {
+                out.push((host, port));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn script_load_is_recognised() {
+        assert!(is_script_load(
+            redis::cmd("SCRIPT").arg("LOAD").arg("return 1")
+        ));
+        assert!(is_script_load(redis::cmd("script").arg("load").arg("x")));
+        assert!(!is_script_load(redis::cmd("SCRIPT").arg("FLUSH")));
+        assert!(!is_script_load(redis::cmd("EVALSHA").arg("LOAD")));
+    }
+
+    #[test]
+    fn cluster_slots_give_each_master_once() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(99), node("10.0.0.1", 7000)]),
+            Value::Array(vec![
+                Value::Int(100),
+                Value::Int(199),
+                node("10.0.0.2", 7001),
+                node("10.0.0.9", 7009),
+            ]),
+            Value::Array(vec![
+                Value::Int(200),
+                Value::Int(16383),
+                node("10.0.0.1", 7000),
+            ]),
+        ]);
+        assert_eq!(
+            parse_cluster_slots(&reply),
+            vec![
+                ("10.0.0.1".to_string(), 7000),
+                ("10.0.0.2".to_string(), 7001)
+            ]
+        );
+    }
 
     #[test]
     fn passwords_never_leave_the_url_parser() {
@@ -306,5 +624,10 @@ mod tests {
             "rediss://app:***@h:1"
         );
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("app:s3cret@h:1"), "app:***@h:1");
+        assert_eq!(
+            redact_url("redis://app:p@ss:w@h:1/#insecure"),
+            "redis://app:***@h:1/#insecure"
+        );
     }
 }

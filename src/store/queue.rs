@@ -192,6 +192,44 @@ impl Store {
             .await?)
     }
 
+    /// Every entry of a stream, read in pages of 1,000.
+    pub async fn entries(&self, stream: &str) -> StoreResult<Vec<Entry>> {
+        let mut out = Vec::new();
+        let mut start = "-".to_string();
+        loop {
+            let v: Value = redis::cmd("XRANGE")
+                .arg(stream)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let page = parse_entries(&v);
+            let n = page.len();
+            if let Some(last) = page.last() {
+                start = format!("({}", last.id);
+            }
+            out.extend(page);
+            if n < 1000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// When the earliest delayed entry of a shard is due (ms since the epoch,
+    /// by Redis' clock), if any.
+    pub async fn next_due(&self, shard: u32) -> StoreResult<Option<u64>> {
+        let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys.delayed(shard))
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(first.first().map(|(_, score)| *score as u64))
+    }
+
     /// Takes over entries idle longer than `min_idle_ms` (a crashed or stuck
     /// consumer's), with their delivery counts. Entries trimmed away meanwhile
     /// come back from `XAUTOCLAIM` as deleted ids: Redis has already dropped

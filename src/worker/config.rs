@@ -76,6 +76,16 @@ pub struct WorkerConfig {
     pub gauge_interval: Duration,
     /// How long a blocking read waits for new entries. Default 2 s.
     pub block: Duration,
+    /// How long the event that made a generation ready must have been in
+    /// Redis before the generation's send goes out. When Redis may lose the
+    /// last second of acknowledged writes in a crash (`appendfsync
+    /// everysec`), a send that relied on facts Redis then lost would see the
+    /// generation redone in a new group and sent a second time; waiting until
+    /// those facts are on disk rules that out. 0 when Redis writes every
+    /// acknowledged write to disk first (`appendfsync always`). Default 0;
+    /// `groupcast worker` sets it from the server's settings (see
+    /// `docs/durability.md`).
+    pub durable_after: Duration,
     /// How long shutdown waits for in-flight entries. Default 10 s.
     pub drain_timeout: Duration,
 }
@@ -100,6 +110,7 @@ impl Default for WorkerConfig {
             watchdog_interval: Duration::from_secs(10),
             gauge_interval: Duration::from_secs(5),
             block: Duration::from_secs(2),
+            durable_after: Duration::ZERO,
             drain_timeout: Duration::from_secs(10),
         }
     }

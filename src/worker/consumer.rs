@@ -1,6 +1,7 @@
 //! A consumer-group reader for one stream, and the one place where an entry's
 //! outcome is settled: acknowledged, retried later, or dead-lettered.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, DelayedEntry, Entry};
-use crate::worker::ops::Outcome;
+use crate::worker::ops::{Op, Outcome};
 use crate::worker::{loader, operator, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -52,30 +53,29 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
     let stream = source.stream(&ctx, shard);
     let group = source.group();
     let permits = Arc::new(Semaphore::new(ctx.config.concurrency.max(1)));
+    let (acker, flusher) = Acker::spawn(ctx.store.clone(), stream.clone(), group);
     let total = ctx.config.concurrency.max(1) as u32;
     let mut conn = None;
     let mut last_reclaim = Instant::now();
     let reclaim_every = (ctx.config.visibility_timeout / 2).max(Duration::from_millis(100));
     let mut failures = 0u32;
+    // Entries read but not yet started. Reads ask for a whole
+    // `concurrency` worth at once and refill only when this runs dry, so a
+    // busy consumer reads many entries per command; at most `concurrency`
+    // entries wait here, well within the visibility timeout.
+    let mut buffer: VecDeque<(Entry, u64)> = VecDeque::new();
+    let read_count = ctx.config.concurrency.max(1);
     while !*shutdown.borrow() {
-        // Wait for a free slot before reading, so entries are never read
-        // ahead of the capacity to handle them (they would idle as pending).
-        let first = tokio::select! {
+        let slot = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = shutdown.changed() => break,
         };
-        let mut slots = vec![first];
-        while let Ok(p) = permits.clone().try_acquire_owned() {
-            slots.push(p);
-        }
-
-        let mut batch: Vec<(Entry, u64)> = Vec::new();
-        if last_reclaim.elapsed() >= reclaim_every {
+        if buffer.is_empty() && last_reclaim.elapsed() >= reclaim_every {
             last_reclaim = Instant::now();
             let min_idle = ctx.config.visibility_timeout.as_millis() as u64;
             match ctx
                 .store
-                .reclaim(&stream, group, &ctx.consumer, min_idle, slots.len())
+                .reclaim(&stream, group, &ctx.consumer, min_idle, read_count)
                 .await
             {
                 Ok((got, deleted)) => {
@@ -89,12 +89,12 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
                         metrics::counter!("groupcast_reclaimed_total", "stream" => source.label())
                             .increment(got.len() as u64);
                     }
-                    batch.extend(got.into_iter().map(|r| (r.entry, r.deliveries)));
+                    buffer.extend(got.into_iter().map(|r| (r.entry, r.deliveries)));
                 }
                 Err(e) => tracing::warn!(%stream, error = %e, "reclaim failed"),
             }
         }
-        if batch.is_empty() {
+        if buffer.is_empty() {
             if conn.is_none() {
                 match ctx.store.blocking().await {
                     Ok(c) => conn = Some(c),
@@ -110,17 +110,19 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
             let block = ctx.config.block.as_millis() as u64;
             let streams = [stream.clone()];
             let read = tokio::select! {
-                r = read_group(c, group, &ctx.consumer, &streams, slots.len(), block) => r,
+                r = read_group(c, group, &ctx.consumer, &streams, read_count, block) => r,
                 _ = shutdown.changed() => break,
             };
             match read {
                 Ok(entries) => {
                     failures = 0;
-                    batch.extend(entries.into_iter().map(|(_, e)| (e, 1)));
+                    buffer.extend(entries.into_iter().map(|(_, e)| (e, 1)));
                 }
                 Err(e) => {
                     failures += 1;
-                    if e.to_string().contains("NOGROUP") {
+                    if matches!(&e, crate::store::StoreError::Redis(r) if r.code() == Some("NOGROUP"))
+                    {
+                        // The stream or its group was deleted under us.
                         let _ = ctx.store.ensure_group(&stream, group).await;
                     }
                     tracing::warn!(%stream, error = %e, "read failed");
@@ -130,24 +132,78 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
                 }
             }
         }
-        for (entry, deliveries) in batch {
-            let Some(slot) = slots.pop() else { break };
-            let ctx = ctx.clone();
-            let stream = stream.clone();
-            // Every log line of this entry (handling and settling) names it.
-            let span = tracing::info_span!("entry", stream = source.label(), shard, id = %entry.id, deliveries);
-            tokio::spawn(
-                async move {
-                    let _slot = slot;
-                    process(&ctx, source, shard, &stream, entry, deliveries).await;
-                }
-                .instrument(span),
-            );
-        }
+        let Some((entry, deliveries)) = buffer.pop_front() else {
+            continue;
+        };
+        let ctx = ctx.clone();
+        let stream = stream.clone();
+        let acker = acker.clone();
+        // Every log line of this entry (handling and settling) names it.
+        let span = tracing::info_span!("entry", stream = source.label(), shard, id = %entry.id, deliveries);
+        tokio::spawn(
+            async move {
+                let _slot = slot;
+                process(&ctx, &acker, source, shard, &stream, entry, deliveries).await;
+            }
+            .instrument(span),
+        );
     }
     // Drain: wait for in-flight entries; what does not finish stays pending
     // and is reclaimed by another consumer after the visibility timeout.
     let _ = tokio::time::timeout(ctx.config.drain_timeout, permits.acquire_many(total)).await;
+    // The last acknowledgements go out before we return.
+    drop(acker);
+    let _ = flusher.await;
+}
+
+/// How long settled entries wait to be acknowledged together.
+const ACK_WINDOW: Duration = Duration::from_millis(2);
+
+/// Acknowledges settled entries in batches: one `XACK` carries every entry
+/// settled within [`ACK_WINDOW`]. A crash in between only means a redelivery,
+/// which every handler absorbs (idempotent keys).
+#[derive(Clone)]
+pub struct Acker {
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl Acker {
+    /// Starts the flusher for `stream`; it ends when every `Acker` is dropped.
+    pub fn spawn(
+        store: crate::store::Store,
+        stream: String,
+        group: &'static str,
+    ) -> (Acker, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let flusher = tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                tokio::time::sleep(ACK_WINDOW).await;
+                let mut ids = vec![first];
+                while let Ok(id) = rx.try_recv() {
+                    ids.push(id);
+                }
+                for part in ids.chunks(500) {
+                    let r = redis::cmd("XACK")
+                        .arg(&stream)
+                        .arg(group)
+                        .arg(part)
+                        .query_async::<i64>(&mut store.conn.clone())
+                        .await;
+                    if let Err(e) = r {
+                        // They stay pending and come back after the
+                        // visibility timeout: handled again, harmlessly.
+                        tracing::warn!(%stream, n = part.len(), error = %e, "acknowledgement failed");
+                    }
+                }
+            }
+        });
+        (Acker { tx }, flusher)
+    }
+
+    /// Queues an acknowledgement.
+    pub fn ack(&self, id: &str) -> bool {
+        self.tx.send(id.to_string()).is_ok()
+    }
 }
 
 async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
@@ -161,6 +217,7 @@ async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
 /// Handles and settles one entry.
 pub async fn process(
     ctx: &Ctx,
+    acker: &Acker,
     source: Source,
     shard: u32,
     stream: &str,
@@ -173,6 +230,7 @@ pub async fn process(
             format!("delivered {deliveries} times without being settled (a poison entry?)");
         settle(
             ctx,
+            acker,
             source,
             shard,
             stream,
@@ -190,7 +248,7 @@ pub async fn process(
     };
     ctx.in_flight(source.label(), -1);
     match handled {
-        Ok(h) => settle(ctx, source, shard, stream, &entry, h, deliveries).await,
+        Ok(h) => settle(ctx, acker, source, shard, stream, &entry, h, deliveries).await,
         Err(e) => {
             // Redis trouble: leave the entry pending; it is reclaimed after
             // the visibility timeout (by us or by another consumer).
@@ -201,8 +259,10 @@ pub async fn process(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn settle(
     ctx: &Ctx,
+    acker: &Acker,
     source: Source,
     shard: u32,
     stream: &str,
@@ -213,7 +273,13 @@ async fn settle(
     let group = source.group();
     let keys = &ctx.store.keys;
     let result = match handled.outcome {
-        Outcome::Done => ctx.store.ack(stream, group, &entry.id).await,
+        Outcome::Done => {
+            if acker.ack(&entry.id) {
+                Ok(())
+            } else {
+                ctx.store.ack(stream, group, &entry.id).await
+            }
+        }
         Outcome::Retry {
             delay,
             spend,
@@ -224,7 +290,14 @@ async fn settle(
                 if spend {
                     item.attempt += 1;
                 }
-                if spend && item.attempt >= ctx.config.max_attempts {
+                // A decided report is delivered until the webhook accepts it
+                // (the backoff caps the pace at one try per `backoff_max`).
+                let limit = if op == Op::Report {
+                    u32::MAX
+                } else {
+                    ctx.config.max_attempts
+                };
+                if spend && item.attempt >= limit {
                     let reason = format!("gave up after {} attempts: {reason}", item.attempt);
                     dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
                 } else {
@@ -269,6 +342,8 @@ async fn dead_letter(
     reason: &str,
     deliveries: u64,
 ) -> crate::store::StoreResult<()> {
+    // Reasons quote input; whatever quoted it, a reason stays short.
+    let reason = &crate::events::clip(reason, 32 * crate::events::QUOTE_MAX);
     tracing::warn!(%stream, id = %entry.id, %reason, "dead-lettered");
     metrics::counter!("groupcast_dead_letters_total", "stream" => source.label()).increment(1);
     let mut fields = vec![

@@ -3,7 +3,7 @@
 
 use tracing::Instrument;
 
-use crate::events::{Chunk, Event, InputRejected, ENVELOPE_VERSION};
+use crate::events::{clip, Chunk, Event, InputRejected, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::batch::{Accepted, Parked};
 use crate::store::queue::Entry;
@@ -18,7 +18,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
         Some(v) => {
             return dead(format!(
                 "unknown envelope version {:?} (this worker reads version {ENVELOPE_VERSION})",
-                String::from_utf8_lossy(v)
+                clip(&String::from_utf8_lossy(v), QUOTE_MAX)
             ))
         }
         None => return dead("entry has no `v` (envelope version) field".into()),
@@ -28,7 +28,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
         other => {
             return dead(format!(
                 "ingest entry type {:?} is not `chunk`",
-                other.map(String::from_utf8_lossy)
+                other.map(|t| clip(&String::from_utf8_lossy(t), QUOTE_MAX))
             ))
         }
     }
@@ -91,7 +91,14 @@ async fn handle_chunk(
     }
     let count = chunk.recipients.len() as u32;
     let accepted = log
-        .accept(chunk.seq, chunk.last, count, &digest, ctx.config.group_cap)
+        .accept_with_hint(
+            chunk.seq,
+            chunk.last,
+            count,
+            &digest,
+            ctx.config.group_cap,
+            ctx.gen_hint(&chunk.batch),
+        )
         .await?;
     let (gen, group) = match accepted {
         Accepted::Conflict(reason) | Accepted::Rejected(reason) => return reject(reason).await,
@@ -109,6 +116,7 @@ async fn handle_chunk(
         }
     };
     tracing::Span::current().record("gen", gen);
+    ctx.remember_gen(&chunk.batch, gen);
     let group = match group {
         Some(g) => g,
         None => match log.park(chunk.seq, gen, data).await? {

@@ -24,7 +24,22 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
     // Sample once at start, so that a fresh worker's gauges exist at once.
     let mut last_sample: Option<Instant> = None;
     while !*shutdown.borrow() {
+        let mut next_due: Option<u64> = None;
         for shard in 0..ctx.store.keys.shards() {
+            // One cheap read tells whether anything is due: the promote
+            // script (three commands and more) runs only when something is.
+            match ctx.store.next_due(shard).await {
+                Ok(Some(due)) if due > now_ms() => {
+                    next_due = Some(next_due.map_or(due, |n| n.min(due)));
+                    continue;
+                }
+                Ok(None) => continue,
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "reading delayed retries failed");
+                    continue;
+                }
+            }
             loop {
                 match ctx.store.promote(shard, 500).await {
                     Ok(500) => continue,
@@ -46,11 +61,24 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
             last_sample = Some(Instant::now());
             sample_gauges(&ctx.store).await;
         }
+        // Sleep until the next entry is due (at most PROMOTE_EVERY: new
+        // entries may arrive with earlier due times).
+        let pause = next_due
+            .map(|d| Duration::from_millis(d.saturating_sub(now_ms())))
+            .unwrap_or(PROMOTE_EVERY)
+            .clamp(Duration::from_millis(5), PROMOTE_EVERY);
         tokio::select! {
-            _ = tokio::time::sleep(PROMOTE_EVERY) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = shutdown.changed() => {}
         }
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Trims every shard's ingest and work streams.

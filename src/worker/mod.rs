@@ -6,9 +6,11 @@
 //! - [`maintenance`]: delayed retries back to their streams; stream trimming.
 //! - [`watchdog`]: batches that went quiet before their report.
 //! - [`limiter`]: the provider rate limiter shared by every process.
+//! - [`durability`]: acknowledged events read back, to detect lost writes.
 
 pub mod config;
 pub mod consumer;
+pub mod durability;
 pub mod limiter;
 pub mod loader;
 pub mod maintenance;
@@ -62,6 +64,7 @@ pub struct Ctx {
     /// This process's consumer name: unique per process start, so that a
     /// restarted worker never inherits (and hides) a dead one's entries.
     pub consumer: String,
+    gen_hints: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl Ctx {
@@ -78,6 +81,7 @@ impl Ctx {
                 .build()
                 .unwrap_or_default(),
             consumer: format!("{host}-{}-{}", std::process::id(), ulid::Ulid::new()),
+            gen_hints: Default::default(),
             config,
         }
     }
@@ -108,6 +112,28 @@ impl Ctx {
     /// Counts an entry of `stream` (`ingest`, `work`) in or out of
     /// handling. The gauge is per process: several contexts in one process
     /// (the demo, tests) add up instead of overwriting each other.
+    /// The generation this process last saw a chunk of `batch` join (0 if
+    /// none): a hint that saves the accept script a read.
+    pub fn gen_hint(&self, batch: &str) -> u32 {
+        self.gen_hints
+            .lock()
+            .ok()
+            .and_then(|m| m.get(batch).copied())
+            .unwrap_or(0)
+    }
+
+    /// Remembers the generation a chunk of `batch` joined.
+    pub fn remember_gen(&self, batch: &str, gen: u32) {
+        if let Ok(mut m) = self.gen_hints.lock() {
+            // Bounded: a long-running worker sees many batches; an empty map
+            // only costs one extra read per batch.
+            if m.len() >= 10_000 {
+                m.clear();
+            }
+            m.insert(batch.to_string(), gen);
+        }
+    }
+
     fn in_flight(&self, stream: &'static str, delta: i64) {
         metrics::gauge!("groupcast_worker_in_flight", "stream" => stream).increment(delta as f64);
     }
@@ -136,6 +162,7 @@ impl Worker {
         }
         let (tx, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        tasks.spawn(durability::run(ctx.clone(), rx.clone()));
         for role in &ctx.config.roles {
             match role {
                 Role::Load | Role::Operate => {

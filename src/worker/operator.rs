@@ -2,7 +2,7 @@
 
 use tracing::Instrument;
 
-use crate::events::{decode_payload, Chunk};
+use crate::events::{clip, decode_payload, Chunk, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::queue::Entry;
 use crate::worker::ops::{self, Op, OpError, Outcome, WorkItem};
@@ -12,7 +12,10 @@ use crate::worker::{Ctx, Handled};
 pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let Some(op) = entry.text("op").as_deref().and_then(Op::parse) else {
-        return dead(format!("unknown work op {:?}", entry.text("op")));
+        return dead(format!(
+            "unknown work op {:?}",
+            entry.text("op").map(|op| clip(&op, QUOTE_MAX))
+        ));
     };
     let item: WorkItem = match entry.get("d").map(|d| decode_payload("work item", d)) {
         Some(Ok(i)) => i,
@@ -62,10 +65,15 @@ async fn run(
                 Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
             };
             let log = ctx.store.batch(&item.batch);
-            if log
-                .fields(&[format!("k:loaded/{}/{seq}", item.gen)])
-                .await?[0]
-                .is_some()
+            // A retried load may find its chunk loaded meanwhile: look before
+            // calling the provider. A first attempt (a released parked chunk)
+            // almost never is, and if it is, the add answers 1026 and
+            // `loaded.lua` records nothing twice: skip the read.
+            if item.attempt > 0
+                && log
+                    .fields(&[format!("k:loaded/{}/{seq}", item.gen)])
+                    .await?[0]
+                    .is_some()
             {
                 Outcome::Done
             } else {

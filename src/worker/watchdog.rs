@@ -17,8 +17,8 @@
 //!   batch that wakes up and stalls again is a second one.
 //!
 //! "Quiet" is measured against the Redis server's clock (`TIME`), the same
-//! clock that stamped the heartbeat, so a skewed worker clock cannot invent
-//! or hide a stall.
+//! clock that stamped the heartbeat (on a cluster, the clock of the master
+//! holding the shard), so a skewed worker clock cannot invent or hide a stall.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -167,12 +167,9 @@ pub async fn release(ctx: &Ctx) -> StoreResult<()> {
     Ok(())
 }
 
-/// The Redis server's clock, in ms since the epoch.
-async fn server_now_ms(store: &Store) -> StoreResult<u64> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    Ok(secs * 1000 + micros / 1000)
+/// The clock of the Redis server holding `key`, in ms since the epoch.
+async fn server_now_ms(store: &Store, key: &str) -> StoreResult<u64> {
+    store.time_ms_at(key).await
 }
 
 /// What checking one active batch found.
@@ -194,10 +191,12 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
     let store = &ctx.store;
     let mut conn = store.conn.clone();
     let threshold = ctx.config.stall_after.as_millis() as u64;
-    let now = server_now_ms(store).await?;
     let mut report = ScanReport::default();
     for shard in 0..store.keys.shards() {
         let active_key = store.keys.active(shard);
+        // The clock of the master holding the shard: it stamped the
+        // heartbeats (on a cluster, masters' clocks may differ).
+        let now = server_now_ms(store, &active_key).await?;
         let batches: Vec<String> = conn.smembers(&active_key).await?;
         for batch in batches {
             let log = store.batch(&batch);
@@ -255,7 +254,7 @@ async fn check(store: &Store, log: &BatchLog, now: u64, threshold: u64) -> Store
         };
     }
     let reply: redis::Value = inv.invoke_async(&mut store.conn.clone()).await?;
-    let r = crate::store::batch::strings("stalled", reply)?;
+    let (r, _) = crate::store::batch::strings("stalled", reply)?;
     match r.first().map(String::as_str) {
         Some("appended") => {
             metrics::counter!("groupcast_batch_stalls_total").increment(1);

@@ -8,8 +8,12 @@
 local STATE, EVENTS, BATCH = KEYS[1], KEYS[2], ARGV[1]
 local updates = {}
 -- Types of the events appended, returned to the caller (for its metrics) as
--- the reply's last element, `ev=<type>,<type>...`.
+-- the reply's element `ev=<type>,<type>...`; then, when something was
+-- appended, `w=<key>|<entry id>` of the last event: the caller reads it back
+-- once it is older than the fsync window, to detect writes Redis lost
+-- (src/store/witness.rs).
 local emitted = {}
+local last_key, last_id
 
 local function put(field, value)
   updates[#updates + 1] = field
@@ -27,6 +31,7 @@ local function emit(key, etype, data, touch)
   local id = redis.call('XADD', EVENTS, '*', 'v', '1', 't', etype, 'k', key, 'd', data)
   put('k:' .. key, id)
   emitted[#emitted + 1] = etype
+  last_key, last_id = key, id
   if touch ~= false then
     put('hb', string.match(id, '^(%d+)'))
   end
@@ -42,6 +47,9 @@ end
 -- A script's reply: its own fields, then what it appended.
 local function reply(t)
   t[#t + 1] = 'ev=' .. table.concat(emitted, ',')
+  if last_key then
+    t[#t + 1] = 'w=' .. last_key .. '|' .. last_id
+  end
   return t
 end
 

@@ -1,6 +1,8 @@
 //! Shared test helpers: a private redis-server per test, and a store on it.
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use groupcast::keys::Keyspace;
 use groupcast::redis_server::RedisServer;
 use groupcast::store::Store;
@@ -61,8 +63,10 @@ pub fn mock_config() -> MockConfig {
 }
 
 /// A whole pipeline on loopback: redis, the mock provider, workers.
-pub struct Rig {
-    pub server: RedisServer,
+/// `R` is what runs Redis and lives as long as the rig: a private
+/// [`RedisServer`] (the default), or a private cluster (tests/cluster.rs).
+pub struct Rig<R = RedisServer> {
+    pub server: R,
     pub store: Store,
     pub mock: MockHandle,
     pub provider: ProviderClient,
@@ -71,9 +75,24 @@ pub struct Rig {
 }
 
 impl Rig {
+    /// A rig on a private redis-server, one shard.
     pub async fn start(workers: usize, config: WorkerConfig, mock: MockConfig) -> Rig {
-        init_tracing();
         let (server, store) = store(1).await;
+        Rig::start_on(server, store, workers, config, mock).await
+    }
+}
+
+impl<R> Rig<R> {
+    /// A rig on a store the caller connected (any URL, any keyspace), keeping
+    /// `server` alive as long as the rig.
+    pub async fn start_on(
+        server: R,
+        store: Store,
+        workers: usize,
+        config: WorkerConfig,
+        mock: MockConfig,
+    ) -> Rig<R> {
+        init_tracing();
         let mock = mock::start(mock, "127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("mock provider");
@@ -109,7 +128,9 @@ impl Rig {
         loop {
             let mut pending = Vec::new();
             for b in batches {
-                let st = self.store.batch(b).state().await.expect("state");
+                // A Redis error (a cluster node restarting) counts as not
+                // reported yet: the deadline bounds the wait.
+                let st = self.store.batch(b).state().await.unwrap_or_default();
                 if st.get("report").is_none() {
                     pending.push((b.clone(), st));
                 }
@@ -197,23 +218,29 @@ pub fn check_ledger(mock: &MockHandle, expected: &BTreeMap<String, usize>, cap: 
     check.orphans
 }
 
+/// Every shard's dead letters as (source stream, reason).
 pub async fn dead_letters(store: &Store) -> Vec<(String, String)> {
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(store.keys.dead_letters(0))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.conn.clone())
-        .await
-        .expect("xrange");
-    groupcast::store::queue::parse_entries(&v)
-        .into_iter()
-        .map(|e| {
-            (
-                e.text("source").unwrap_or_default(),
-                e.text("reason").unwrap_or_default(),
-            )
-        })
-        .collect()
+    let mut out = Vec::new();
+    for dlq in store.keys.all(|k, s| k.dead_letters(s)) {
+        let v: redis::Value = redis::cmd("XRANGE")
+            .arg(dlq)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut store.conn.clone())
+            .await
+            .expect("xrange");
+        out.extend(
+            groupcast::store::queue::parse_entries(&v)
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.text("source").unwrap_or_default(),
+                        e.text("reason").unwrap_or_default(),
+                    )
+                }),
+        );
+    }
+    out
 }
 
 pub fn template() -> Template {

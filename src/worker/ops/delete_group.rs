@@ -1,7 +1,7 @@
 //! `delete`: delete a group that lost the creation race, and record it.
 
 use crate::events::{Event, GroupDiscarded};
-use crate::provider::ProviderErrorKind;
+use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::worker::ops::{OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
@@ -21,9 +21,19 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         // Already gone: a retried delete whose first answer was lost.
         Err(e) if e.status() == Some(404) => {}
         Err(e) if e.kind() == ProviderErrorKind::Permanent => {
-            return Ok(Outcome::Dead(format!(
-                "cannot delete losing group {group_id}: {e}"
-            )))
+            // A retried delete whose first answer was lost finds the group
+            // DELETED, which the provider refuses to delete again (400
+            // NotOperationalStatus): look before giving up.
+            ctx.limiter.acquire(1).await?;
+            match ctx.provider.get_group(group_id).await {
+                Ok(g) if g.status == GroupStatus::Deleted => {}
+                Ok(_) => {
+                    return Ok(Outcome::Dead(format!(
+                        "cannot delete losing group {group_id}: {e}"
+                    )))
+                }
+                Err(ge) => return Ok(Outcome::from_provider(&ge)),
+            }
         }
         Err(e) => return Ok(Outcome::from_provider(&e)),
     }

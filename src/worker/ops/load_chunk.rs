@@ -9,7 +9,7 @@ use crate::provider::{
     KakaoOptions, Message, MessageType, ProviderError, MAX_MESSAGES_PER_REQUEST,
 };
 use crate::store::batch::BatchLog;
-use crate::worker::ops::{OpError, Outcome};
+use crate::worker::ops::{durability_wait, wait_for_disk, OpError, Outcome};
 use crate::worker::Ctx;
 
 fn message_type(kind: &str) -> MessageType {
@@ -290,6 +290,41 @@ async fn load<R: RecipientFields + Sync>(
     gen: u32,
     group_id: &str,
 ) -> Result<Outcome, OpError> {
+    if !ctx.config.durable_after.is_zero() {
+        // The add relies on the chunk's assignment to `gen` and on `group_id`
+        // being that generation's group: both must still hold (an item from
+        // writes Redis lost is dropped; its chunk is loaded through what
+        // survived: it is parked again, or its ingest entry redelivered) and
+        // be on disk before the provider registers anyone.
+        let f = log
+            .fields(&[
+                format!("s:{seq}"),
+                format!("g:{gen}:group"),
+                format!("k:assign/{seq}"),
+                format!("k:group/{gen}"),
+            ])
+            .await?;
+        let assigned_gen = f[0]
+            .as_deref()
+            .and_then(|s| s.split('|').next())
+            .and_then(|g| g.parse::<u32>().ok());
+        if assigned_gen != Some(gen) || f[1].as_deref() != Some(group_id) {
+            tracing::warn!(
+                batch = %log.batch, seq, gen, group = group_id,
+                assigned = ?assigned_gen, recorded = ?f[1],
+                "load of a chunk into a group our events no longer show for it (lost Redis writes?): dropped"
+            );
+            metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
+            return Ok(Outcome::Done);
+        }
+        let ids: Vec<&str> = f[2..].iter().flatten().map(String::as_str).collect();
+        if let Some(delay) = durability_wait(ctx, &ids).await? {
+            return Ok(wait_for_disk(
+                delay,
+                format!("chunk {seq} was just assigned to generation {gen} or its group"),
+            ));
+        }
+    }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
     ctx.limiter.acquire(requests).await?;
     let summary = match add_all(ctx, group_id, template, recipients).await {

@@ -113,6 +113,8 @@ pub enum RetryCause {
     NotFinished,
     /// The report webhook did not accept the report.
     Webhook,
+    /// Waiting until Redis has made the facts a send relies on durable.
+    Durability,
 }
 
 impl RetryCause {
@@ -123,6 +125,7 @@ impl RetryCause {
             RetryCause::RateLimited => "rate_limited",
             RetryCause::NotFinished => "not_finished",
             RetryCause::Webhook => "webhook",
+            RetryCause::Durability => "durability",
         }
     }
 }
@@ -136,6 +139,44 @@ pub enum OpError {
     /// Redis failed: the entry stays pending and is reclaimed later.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// When Redis may lose its last acknowledged writes in a crash
+/// (`config.durable_after` > 0): how much longer until every event whose
+/// entry id is in `ids` has been in Redis that long, i.e. is on disk. None:
+/// go now. A provider call that cannot be taken back (an add, a send) must
+/// not rest on facts Redis can still lose: the chunk would be reassigned or
+/// the generation redone, and recipients registered or sent twice.
+pub async fn durability_wait(
+    ctx: &crate::worker::Ctx,
+    ids: &[&str],
+) -> Result<Option<Duration>, StoreError> {
+    if ctx.config.durable_after.is_zero() {
+        return Ok(None);
+    }
+    let youngest = ids
+        .iter()
+        .map(|id| crate::events::entry_millis(id))
+        .max()
+        .unwrap_or(0);
+    // Entry ids carry the server's clock: compare with the server's clock.
+    let (secs, micros): (String, String) = redis::cmd("TIME")
+        .query_async(&mut ctx.store.conn.clone())
+        .await?;
+    let now = secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+    let age = Duration::from_millis(now.saturating_sub(youngest));
+    Ok((age < ctx.config.durable_after)
+        .then(|| ctx.config.durable_after - age + Duration::from_millis(50)))
+}
+
+/// The retry for [`durability_wait`].
+pub fn wait_for_disk(delay: Duration, what: String) -> Outcome {
+    Outcome::Retry {
+        delay: Some(delay),
+        spend: false,
+        cause: RetryCause::Durability,
+        reason: format!("{what}: waiting until Redis has it on disk"),
+    }
 }
 
 impl Outcome {

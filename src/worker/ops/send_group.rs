@@ -6,11 +6,16 @@
 //! was loaded, else the send is refused and dead-lettered (fail closed): a
 //! silent rejection at the provider must never go out as a partial send. A
 //! `409` means another worker's send already happened.
+//!
+//! When Redis may lose its last acknowledged writes in a crash, the send also
+//! waits until the generation's `ready` event is older than
+//! `config.durable_after`: a send must never rest on facts Redis can still
+//! take back (the generation would be redone in a new group and sent twice).
 
 use crate::events::{Event, SendRefused};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::{durability_wait, wait_for_disk, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -22,10 +27,24 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             format!("k:send/{gen}"),
             format!("g:{gen}:group"),
             format!("g:{gen}:reg"),
+            format!("k:ready/{gen}"),
         ])
         .await?;
     if f[0].is_some() {
         return Ok(Outcome::Done);
+    }
+    let Some(ready_id) = f[3].as_deref() else {
+        // make_ready appends the event and this item together: an item
+        // without the event comes from writes Redis lost.
+        return Ok(Outcome::Dead(format!(
+            "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
+        )));
+    };
+    if let Some(delay) = durability_wait(ctx, &[ready_id]).await? {
+        return Ok(wait_for_disk(
+            delay,
+            format!("generation {gen} just became ready"),
+        ));
     }
     let Some(group_id) = f[1].clone() else {
         return Ok(Outcome::Dead(format!(

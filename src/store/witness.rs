@@ -1,0 +1,248 @@
+//! Detecting acknowledged writes that Redis lost.
+//!
+//! Every guarantee groupcast gives rests on one assumption: what Redis
+//! acknowledged stays written. With `appendfsync always` it does (a crash
+//! loses nothing acknowledged). With `appendfsync everysec` an OS crash or a
+//! power loss can take the last second or so of acknowledged writes with it,
+//! and without an AOF a restart takes everything since the last snapshot.
+//! Redis comes back with an older, consistent state (a prefix of its history)
+//! and nothing in it says that anything is missing, while the provider already
+//! acted on the lost part: a group was created and filled but its record is
+//! gone (so the generation gets a second one), a group was sent but its
+//! `send` event is gone, and so on.
+//!
+//! The only ones who know are the processes that got the acknowledgements.
+//! So each process remembers, for a while, every event it appended (the event
+//! key and the entry id the batch script answered, see `reply()` in
+//! `streams/scripts/prelude.lua`), and once an event is older than
+//! [`WINDOW`] (when Redis must have made it durable) it reads it back once. An
+//! event that is gone, or that is there under another entry id (appended
+//! again after the loss), proves that Redis lost acknowledged writes. The
+//! worker then records it on the shard's lost-writes stream
+//! ([`crate::keys::Keyspace::lost_writes`]), logs an error and counts
+//! `groupcast_redis_writes_lost_total`; [`crate::verify::verify_batch`] fails
+//! every batch named there. Detection needs the process that appended the lost
+//! event to outlive the crash by a few seconds; any process that appended an
+//! event of the batch in the lost second will do.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::{Store, StoreResult};
+
+/// How old an acknowledged event must be before it is read back: longer than
+/// `appendfsync everysec` may take to make it durable (one second, two more
+/// when an fsync is slow).
+pub const WINDOW: Duration = Duration::from_secs(4);
+
+/// Most events remembered at once; the oldest are forgotten beyond it (a
+/// process that appends faster than it checks, which the worker never does).
+const MAX_REMEMBERED: usize = 200_000;
+
+/// One acknowledged event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Witness {
+    /// Its batch.
+    pub batch: String,
+    /// The batch's state hash.
+    pub state: String,
+    /// The event's idempotency key.
+    pub key: String,
+    /// The entry id Redis answered.
+    pub id: String,
+    /// When the answer came.
+    pub at: Instant,
+    /// The same, as epoch milliseconds (for the record).
+    pub at_ms: u64,
+}
+
+/// The events this process appended and has not read back yet.
+#[derive(Debug, Default)]
+pub struct Witnesses {
+    queue: Mutex<VecDeque<Witness>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Witnesses {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Witness>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers that `key` of `batch` was appended as entry `id`.
+    pub fn record(&self, batch: &str, state: &str, key: &str, id: &str) {
+        let mut q = self.queue();
+        if q.len() >= MAX_REMEMBERED {
+            q.pop_front();
+        }
+        q.push_back(Witness {
+            batch: batch.to_string(),
+            state: state.to_string(),
+            key: key.to_string(),
+            id: id.to_string(),
+            at: Instant::now(),
+            at_ms: now_ms(),
+        });
+    }
+
+    /// Takes the events acknowledged at least `age` ago.
+    pub fn due(&self, age: Duration) -> Vec<Witness> {
+        let mut q = self.queue();
+        let mut out = Vec::new();
+        while q.front().is_some_and(|w| w.at.elapsed() >= age) {
+            if let Some(w) = q.pop_front() {
+                out.push(w);
+            }
+        }
+        out
+    }
+
+    /// Puts events back (Redis could not be asked); they are checked next time.
+    pub fn put_back(&self, mut ws: Vec<Witness>) {
+        let mut q = self.queue();
+        while let Some(w) = ws.pop() {
+            q.push_front(w);
+        }
+    }
+
+    /// How many are waiting.
+    pub fn len(&self) -> usize {
+        self.queue().len()
+    }
+
+    /// Whether none is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What reading an event back found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// The event that was acknowledged.
+    pub witness: Witness,
+    /// The entry id its key holds now (None: the key is gone).
+    pub now: Option<String>,
+}
+
+/// Reads `witnesses` back (one `HMGET` per batch) and returns those that are
+/// gone or hold another entry id. A batch whose whole state is gone is only
+/// counted when `expiry_possible` is false (a short retention can expire a
+/// reported batch's state legitimately).
+pub async fn check(
+    store: &Store,
+    witnesses: &[Witness],
+    expiry_possible: bool,
+) -> StoreResult<Vec<Lost>> {
+    let mut by_state: BTreeMap<&str, Vec<&Witness>> = BTreeMap::new();
+    for w in witnesses {
+        by_state.entry(w.state.as_str()).or_default().push(w);
+    }
+    let mut lost = Vec::new();
+    for (state, ws) in by_state {
+        let fields: Vec<String> = ws.iter().map(|w| format!("k:{}", w.key)).collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg(state).arg(&fields);
+        pipe.cmd("EXISTS").arg(state);
+        let (found, exists): (Vec<Option<String>>, bool) =
+            pipe.query_async(&mut store.conn.clone()).await?;
+        if !exists && expiry_possible {
+            continue;
+        }
+        for (w, now) in ws.into_iter().zip(found) {
+            if now.as_deref() != Some(w.id.as_str()) {
+                lost.push(Lost {
+                    witness: w.clone(),
+                    now,
+                });
+            }
+        }
+    }
+    Ok(lost)
+}
+
+/// Records lost events on their shards' lost-writes streams: one entry per
+/// batch, with how many of its events were lost and the first of them.
+pub async fn record_lost(store: &Store, lost: &[Lost], consumer: &str) -> StoreResult<()> {
+    let mut by_batch: BTreeMap<&str, Vec<&Lost>> = BTreeMap::new();
+    for l in lost {
+        by_batch
+            .entry(l.witness.batch.as_str())
+            .or_default()
+            .push(l);
+    }
+    for (batch, ls) in by_batch {
+        let first = ls[0];
+        let stream = store.keys.lost_writes(store.keys.shard_of(batch));
+        redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("batch")
+            .arg(batch)
+            .arg("events")
+            .arg(ls.len())
+            .arg("key")
+            .arg(&first.witness.key)
+            .arg("id")
+            .arg(&first.witness.id)
+            .arg("now")
+            .arg(first.now.as_deref().unwrap_or("-"))
+            .arg("acked_ms")
+            .arg(first.witness.at_ms)
+            .arg("consumer")
+            .arg(consumer)
+            .query_async::<String>(&mut store.conn.clone())
+            .await?;
+    }
+    Ok(())
+}
+
+/// The lost-write records of `batch`: (entry id, field/value pairs).
+pub async fn lost_records(store: &Store, batch: &str) -> StoreResult<Vec<(String, String)>> {
+    let stream = store.keys.lost_writes(store.keys.shard_of(batch));
+    Ok(store
+        .entries(&stream)
+        .await?
+        .into_iter()
+        .filter(|e| e.get("batch") == Some(batch.as_bytes()))
+        .map(|e| {
+            let detail = format!(
+                "{} event(s) acknowledged to {} and then lost, e.g. `{}` (entry {}, now {})",
+                e.text("events").unwrap_or_default(),
+                e.text("consumer").unwrap_or_default(),
+                e.text("key").unwrap_or_default(),
+                e.text("id").unwrap_or_default(),
+                e.text("now").unwrap_or_default(),
+            );
+            (e.id, detail)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_takes_only_old_enough_and_put_back_keeps_order() {
+        let w = Witnesses::default();
+        w.record("b", "s", "k1", "1-0");
+        w.record("b", "s", "k2", "2-0");
+        assert!(w.due(Duration::from_secs(60)).is_empty());
+        let due = w.due(Duration::ZERO);
+        assert_eq!(due.len(), 2);
+        assert!(w.is_empty());
+        w.put_back(due);
+        let again = w.due(Duration::ZERO);
+        assert_eq!(
+            again.iter().map(|x| x.key.as_str()).collect::<Vec<_>>(),
+            ["k1", "k2"]
+        );
+    }
+}

@@ -1,0 +1,774 @@
+//! groupcast on a Redis Cluster: a private 3-master cluster
+//! (`groupcast::redis_cluster`), batches spread over several shards, the same
+//! end-to-end scenarios as tests/pipeline.rs, a master killed mid-run and
+//! restarted, and proof that no script call can cross slots.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+use groupcast::events::{BatchStalled, ChunkLoaded, Event};
+use groupcast::keys::{Keyspace, LOADERS_GROUP, OPERATORS_GROUP};
+use groupcast::producer::append_chunks;
+use groupcast::redis_cluster::{hash_slot, RedisCluster};
+use groupcast::store::batch::{Accepted, Appended, GroupRecord, Parked};
+use groupcast::store::queue::DelayedEntry;
+use groupcast::store::scripts::SCRIPTS;
+use groupcast::store::Store;
+use groupcast::worker::limiter::Limiter;
+use groupcast::worker::WorkerConfig;
+
+/// Starts a private cluster, or fails the test saying what is missing.
+fn cluster() -> RedisCluster {
+    match RedisCluster::start() {
+        Ok(c) => c,
+        Err(e) => panic!("cluster tests need redis-server and redis-cli: {e}"),
+    }
+}
+
+async fn store_on(cluster: &RedisCluster, shards: u32) -> Store {
+    Store::connect(&cluster.url(), Keyspace::new("gcc", shards))
+        .await
+        .expect("connect to the private cluster")
+}
+
+/// Batch names `<prefix>-<i>`, `per_master` of them on each master.
+fn batches_on_every_master(
+    cluster: &RedisCluster,
+    keys: &Keyspace,
+    prefix: &str,
+    per_master: usize,
+) -> Vec<String> {
+    let mut count = vec![0usize; cluster.len()];
+    let mut out = Vec::new();
+    for i in 0..10_000 {
+        let b = format!("{prefix}-{i}");
+        let owner = cluster
+            .owner_of_key(&keys.batch(&b).state)
+            .expect("slot owner");
+        if count[owner] < per_master {
+            count[owner] += 1;
+            out.push(b);
+        }
+        if count.iter().all(|&n| n == per_master) {
+            return out;
+        }
+    }
+    panic!(
+        "no batch names cover every master with {} shards",
+        keys.shards()
+    );
+}
+
+/// One plain connection to a node, bypassing the cluster routing.
+fn node_conn(cluster: &RedisCluster, i: usize) -> redis::Connection {
+    redis::Client::open(cluster.node_url(i).expect("node"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .expect("connect to node")
+}
+
+/// Asserts that each batch's state lives on the master our slot arithmetic
+/// says (the node answers EXISTS for it directly), that every master holds
+/// some, and that `CLUSTER KEYSLOT` agrees with `hash_slot`.
+fn assert_batches_on_every_master(cluster: &RedisCluster, store: &Store, batches: &[String]) {
+    let mut masters = BTreeSet::new();
+    let mut probe = node_conn(cluster, 0);
+    for b in batches {
+        let key = store.keys.batch(b).state;
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut probe)
+            .expect("CLUSTER KEYSLOT");
+        assert_eq!(slot, hash_slot(key.as_bytes()), "slot of {key}");
+        let owner = cluster.owner_of_slot(slot).expect("owner");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query(&mut node_conn(cluster, owner))
+            .expect("EXISTS on the owner");
+        assert!(exists, "{key} is not on node {owner}, its slot's owner");
+        masters.insert(owner);
+    }
+    assert_eq!(
+        masters.len(),
+        cluster.len(),
+        "batches landed on masters {masters:?} only"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shuffled_duplicated_batches_on_six_shards_of_three_masters() {
+    let started = Instant::now();
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    let names = batches_on_every_master(&cluster, &store.keys, "ccamp", 3);
+    let shards: BTreeSet<u32> = names.iter().map(|b| store.keys.shard_of(b)).collect();
+    let batches: Vec<(String, usize)> = names
+        .iter()
+        .enumerate()
+        .map(|(k, b)| (b.clone(), 1_000 + 250 * k))
+        .collect();
+    let rig = Rig::start_on(cluster, store, 8, test_config(), mock_config()).await;
+    scenarios::shuffled_duplicated_batches(&rig, &batches, 150, Duration::from_secs(120)).await;
+    assert_batches_on_every_master(&rig.server, &rig.store, &names);
+    assert!(shards.len() >= 3, "batches on shards {shards:?}");
+    // replay --all finds every batch, whichever master holds it.
+    let found = groupcast::cli::replay::all_batches(&rig.store)
+        .await
+        .expect("scan every master");
+    assert_eq!(
+        found.into_iter().collect::<BTreeSet<_>>(),
+        names.iter().cloned().collect::<BTreeSet<_>>()
+    );
+    rig.stop().await;
+    eprintln!(
+        "{} batches on the cluster in {:?}",
+        names.len(),
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cap_rollover_on_a_cluster() {
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    let config = WorkerConfig {
+        group_cap: 1_000,
+        ..test_config()
+    };
+    let rig = Rig::start_on(cluster, store, 4, config, mock_config()).await;
+    scenarios::cap_rollover(&rig, "rollover", Duration::from_secs(120)).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_mid_run_and_restarted_loses_nothing() {
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    let names = batches_on_every_master(&cluster, &store.keys, "crash", 3);
+    // The victim also holds the shared rate limiter's key: while it is down,
+    // no provider call on any master can go. The limit (150 requests/s for
+    // some 400 requests) keeps the run going for a few seconds.
+    let victim = cluster
+        .owner_of_key(&store.keys.limiter())
+        .expect("limiter owner");
+    let on_victim: Vec<String> = names
+        .iter()
+        .filter(|b| cluster.owner_of_key(&store.keys.batch(b).state).ok() == Some(victim))
+        .cloned()
+        .collect();
+    let config = WorkerConfig {
+        rate_limit: 150,
+        rate_burst: 10,
+        ..test_config()
+    };
+    // Workers start once everything is appended, so that the kill below
+    // lands while every batch is still in flight.
+    let mut rig = Rig::start_on(cluster, store, 0, config, mock_config()).await;
+    let mut all = Vec::new();
+    let mut expected = BTreeMap::new();
+    for (k, b) in names.iter().enumerate() {
+        all.extend(shuffled_chunks(b, 30 + k as u32, 3_000, 150, 7 + k as u64));
+        expected.insert(b.clone(), 3_000);
+    }
+    shuffle(&mut all, 3);
+    append_chunks(&rig.store, &all).await.expect("append");
+    for _ in 0..4 {
+        rig.add_worker().await;
+    }
+
+    // Kill the victim while one of its batches is loading (some recipients
+    // registered, no report yet).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (mut loading, mut reported) = (0, 0);
+        for b in &on_victim {
+            let st = rig.store.batch(b).state().await.expect("state");
+            if st.get("report").is_some() {
+                reported += 1;
+            } else if st.int("registered") > 0 {
+                loading += 1;
+            }
+        }
+        if loading > 0 {
+            break;
+        }
+        assert!(
+            reported < on_victim.len(),
+            "the victim's batches all reported before the kill"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no progress on the victim's batches"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    rig.server.kill(victim).expect("kill");
+    // Down long enough for every worker to hit it (reads, scripts, the
+    // limiter), shorter than the cluster's node timeout (5 s).
+    let down = Instant::now();
+    let probe = redis::Client::open(rig.server.node_url(victim).expect("url")).expect("client");
+    assert!(
+        probe
+            .get_connection_with_timeout(Duration::from_millis(200))
+            .is_err(),
+        "the victim still answers"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rig.server.restart(victim).expect("restart");
+    eprintln!("node {victim} was down for {:?}", down.elapsed());
+
+    rig.wait_reported(&names, Duration::from_secs(180)).await;
+    rig.verify(&names).await;
+    rig.check_ledger(&expected);
+    assert!(
+        dead_letters(&rig.store).await.is_empty(),
+        "{:?}",
+        dead_letters(&rig.store).await
+    );
+    assert_batches_on_every_master(&rig.server, &rig.store, &names);
+    rig.stop_workers().await;
+}
+
+/// Every script, and the keys each call site passes it (mirroring
+/// src/store/batch.rs, src/store/queue.rs and src/worker/limiter.rs), for a
+/// batch on `shard`: the key lists whose slots must agree.
+fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)> {
+    let k = keys.batch(batch);
+    let s = k.shard;
+    vec![
+        (
+            "accept",
+            vec![
+                k.state.clone(),
+                k.events.clone(),
+                k.work.clone(),
+                k.active.clone(),
+            ],
+        ),
+        (
+            "park",
+            vec![
+                k.state.clone(),
+                k.events.clone(),
+                k.parked(0),
+                k.work.clone(),
+            ],
+        ),
+        (
+            "record_group",
+            vec![
+                k.state.clone(),
+                k.events.clone(),
+                k.parked(7),
+                k.work.clone(),
+            ],
+        ),
+        (
+            "loaded",
+            vec![k.state.clone(), k.events.clone(), k.work.clone()],
+        ),
+        (
+            "sent",
+            vec![k.state.clone(), k.events.clone(), k.delayed.clone()],
+        ),
+        (
+            "completed",
+            vec![
+                k.state.clone(),
+                k.events.clone(),
+                k.active.clone(),
+                k.reports.clone(),
+                k.work.clone(),
+            ],
+        ),
+        ("append", vec![k.state.clone(), k.events.clone()]),
+        // consumer.rs: a dead letter of either source stream of the shard.
+        ("dead_letter", vec![keys.dead_letters(s), keys.ingest(s)]),
+        ("dead_letter", vec![keys.dead_letters(s), keys.work(s)]),
+        ("retry_later", vec![keys.delayed(s), keys.ingest(s)]),
+        ("retry_later", vec![keys.delayed(s), keys.work(s)]),
+        ("promote", vec![keys.delayed(s), keys.work(s)]),
+        ("rate_limit", vec![keys.limiter()]),
+        // Inline scripts in src (see INLINE_SCRIPTS).
+        ("watchdog lease", vec![keys.watchdog_lock()]),
+        ("watchdog release", vec![keys.watchdog_lock()]),
+        ("watchdog stalled", vec![k.state.clone(), k.events.clone()]),
+        ("time at a key", vec![keys.active(s)]),
+    ]
+}
+
+/// Scripts written inline in src (outside streams/scripts), by file: the
+/// slot check above lists their keys by hand, so a new one must be added
+/// there too.
+const INLINE_SCRIPTS: &[(&str, usize)] = &[("src/store/mod.rs", 1), ("src/worker/watchdog.rs", 3)];
+
+#[test]
+fn every_script_call_keeps_its_keys_on_one_slot() {
+    // Every script in streams/scripts is covered (a new one must be added).
+    let listed: BTreeSet<&str> = script_calls(&Keyspace::new("gc", 1), "b")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/streams/scripts");
+    for e in std::fs::read_dir(dir).expect("scripts dir") {
+        let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+        if let Some(script) = name.strip_suffix(".lua") {
+            if script != "prelude" {
+                assert!(listed.contains(script), "{script}.lua has no slot check");
+            }
+        }
+    }
+    // Every inline `Script::new` in src is one of those listed.
+    let mut found = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).expect("src dir") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let rel = path
+                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                .expect("relative")
+                .to_string_lossy()
+                .into_owned();
+            let n = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .matches("Script::new(")
+                .count();
+            // store/scripts.rs builds the streams/scripts files, checked above.
+            if n > 0 && rel != "src/store/scripts.rs" {
+                found.push((rel, n));
+            }
+        }
+    }
+    found.sort();
+    let expected: Vec<(String, usize)> = INLINE_SCRIPTS
+        .iter()
+        .map(|(f, n)| (f.to_string(), *n))
+        .collect();
+    assert_eq!(
+        found, expected,
+        "inline scripts changed: check their keys' slots in script_calls"
+    );
+    // Many shard counts, batches on every shard, several prefixes.
+    for prefix in ["gc", "tenant-a", "x"] {
+        for shards in [1, 3, 6, 16, 64] {
+            let keys = Keyspace::new(prefix, shards);
+            let mut seen = BTreeSet::new();
+            for i in 0..2_000 {
+                let b = format!("batch-{i}");
+                if !seen.insert(keys.shard_of(&b)) {
+                    continue;
+                }
+                for (script, call) in script_calls(&keys, &b) {
+                    let slots: BTreeSet<u16> =
+                        call.iter().map(|k| hash_slot(k.as_bytes())).collect();
+                    assert_eq!(slots.len(), 1, "{script} with {call:?}: slots {slots:?}");
+                }
+            }
+            assert_eq!(seen.len() as u32, shards);
+        }
+    }
+}
+
+/// Runs every script through its real call site, for a batch on every shard
+/// of the cluster.
+async fn run_every_script(store: &Store, round: u32) {
+    let mut conn = store.conn.clone();
+    let limiter = Limiter::new(store.clone(), 100_000, 1_000);
+    for shard in 0..store.keys.shards() {
+        let b = (0..)
+            .map(|i| format!("scripted-{round}-{i}"))
+            .find(|b| store.keys.shard_of(b) == shard)
+            .expect("a batch on the shard");
+        let log = store.batch(&b);
+        let k = &log.keys;
+        let accepted = log.accept(0, true, 2, "d0", 1_000).await.expect("accept");
+        assert_eq!(
+            accepted,
+            Accepted::Assigned {
+                gen: 0,
+                group: None
+            }
+        );
+        assert_eq!(
+            log.park(0, 0, b"chunk").await.expect("park"),
+            Parked::Parked
+        );
+        assert_eq!(
+            log.record_group(0, "G1").await.expect("record_group"),
+            GroupRecord::Won
+        );
+        let loaded = ChunkLoaded {
+            gen: 0,
+            seq: 0,
+            group_id: "G1".into(),
+            registered: 2,
+            duplicates: 0,
+            failed: Vec::new(),
+        };
+        assert_eq!(log.loaded(&loaded).await.expect("loaded"), Some(true));
+        assert!(log
+            .sent(0, "G1", "sent", 60_000, b"poll")
+            .await
+            .expect("sent"));
+        assert_eq!(
+            log.completed(0, "G1", "COMPLETE", 2, 0, 60, false)
+                .await
+                .expect("completed"),
+            "reported"
+        );
+        let stall = Event::BatchStalled(BatchStalled {
+            quiet_since_ms: 1,
+            quiet_for_ms: 2,
+        });
+        assert!(matches!(
+            log.append("stalled/1", &stall).await.expect("append"),
+            Appended::New(_)
+        ));
+        // The work plumbing of the shard.
+        let (ingest, work) = (store.keys.ingest(shard), store.keys.work(shard));
+        store
+            .ensure_group(&ingest, LOADERS_GROUP)
+            .await
+            .expect("group");
+        store
+            .ensure_group(&work, OPERATORS_GROUP)
+            .await
+            .expect("group");
+        let id: String = redis::cmd("XADD")
+            .arg(&ingest)
+            .arg("*")
+            .arg("v")
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .expect("xadd");
+        store
+            .dead_letter(
+                &store.keys.dead_letters(shard),
+                &ingest,
+                LOADERS_GROUP,
+                &id,
+                &[("reason".into(), b"test".to_vec())],
+            )
+            .await
+            .expect("dead_letter");
+        let entry = DelayedEntry {
+            op: "send".into(),
+            d: b"item".to_vec(),
+            c: None,
+        };
+        store
+            .retry_later(&k.delayed, &work, OPERATORS_GROUP, "0-1", 0, &entry)
+            .await
+            .expect("retry_later");
+        // This retry is due at once (by the node's clock, as promote reads
+        // it); the poll sent() scheduled is a minute away.
+        assert_eq!(store.promote(shard, 10).await.expect("promote"), 1);
+    }
+    limiter.acquire(1).await.expect("rate_limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    // Fresh nodes: every first EVALSHA answers NOSCRIPT and is loaded.
+    run_every_script(&store, 0).await;
+    let shas = [
+        SCRIPTS.accept.get_hash(),
+        SCRIPTS.park.get_hash(),
+        SCRIPTS.record_group.get_hash(),
+        SCRIPTS.loaded.get_hash(),
+        SCRIPTS.sent.get_hash(),
+        SCRIPTS.completed.get_hash(),
+        SCRIPTS.append.get_hash(),
+        SCRIPTS.dead_letter.get_hash(),
+        SCRIPTS.retry_later.get_hash(),
+        SCRIPTS.promote.get_hash(),
+    ];
+    // Every master that owns a shard has every batch script.
+    let owners: BTreeSet<usize> = (0..6)
+        .map(|s| cluster.owner_of_key(&store.keys.work(s)).expect("owner"))
+        .collect();
+    for &node in &owners {
+        let exists: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&shas[..])
+            .query(&mut node_conn(&cluster, node))
+            .expect("SCRIPT EXISTS");
+        assert!(exists.iter().all(|e| *e), "node {node}: {exists:?}");
+    }
+    // Forget every script everywhere: the next calls load them again.
+    for node in 0..cluster.len() {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut node_conn(&cluster, node))
+            .expect("SCRIPT FLUSH");
+    }
+    run_every_script(&store, 1).await;
+
+    // The watchdog's scripts (lease, stall, release) and the per-shard clock:
+    // one long-quiet batch on every shard.
+    let mut quiet = BTreeSet::new();
+    for shard in 0..6 {
+        let b = (0..)
+            .map(|i| format!("quiet-{i}"))
+            .find(|b| store.keys.shard_of(b) == shard)
+            .expect("a batch on the shard");
+        let log = store.batch(&b);
+        log.accept(0, false, 1, "d", 1_000).await.expect("accept");
+        let _: () = redis::cmd("HSET")
+            .arg(&log.keys.state)
+            .arg("hb")
+            .arg(1)
+            .query_async(&mut store.conn.clone())
+            .await
+            .expect("age the heartbeat");
+        quiet.insert(b);
+    }
+    let provider = groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
+        base_url: "http://127.0.0.1:9".into(),
+        api_key: KEY.into(),
+        api_secret: SECRET.into(),
+        ..groupcast::provider::ProviderConfig::default()
+    })
+    .expect("provider client");
+    let ctx = groupcast::worker::Ctx::new(store.clone(), provider, test_config());
+    let report = groupcast::worker::watchdog::scan(&ctx)
+        .await
+        .expect("scan")
+        .expect("the lease");
+    assert_eq!(
+        report.newly_stalled.into_iter().collect::<BTreeSet<_>>(),
+        quiet
+    );
+    groupcast::worker::watchdog::release(&ctx)
+        .await
+        .expect("release");
+
+    // A call whose keys do cross slots is refused by the cluster: the slot
+    // check above is what keeps this from ever happening.
+    let a = store.keys.batch("scripted-0-0");
+    let other = (0..6)
+        .map(|s| store.keys.work(s))
+        .find(|w| hash_slot(w.as_bytes()) != hash_slot(a.state.as_bytes()))
+        .expect("another slot");
+    let err = SCRIPTS
+        .append
+        .key(&a.state)
+        .key(&other)
+        .arg("scripted-0-0")
+        .invoke_async::<redis::Value>(&mut store.conn.clone())
+        .await
+        .expect_err("cross-slot keys");
+    assert_eq!(err.code(), Some("CROSSSLOT"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_read_neither_times_out_nor_stalls_other_commands() {
+    let cluster = cluster();
+    let store = store_on(&cluster, 3).await;
+    let work = store.keys.work(0);
+    store
+        .ensure_group(&work, OPERATORS_GROUP)
+        .await
+        .expect("group");
+    let mut blocking = store.blocking().await.expect("blocking connection");
+    let streams = [work.clone()];
+    let read = tokio::spawn(async move {
+        let t = Instant::now();
+        let r = groupcast::store::queue::read_group(
+            &mut blocking,
+            OPERATORS_GROUP,
+            "c1",
+            &streams,
+            10,
+            1_500,
+        )
+        .await;
+        (r.map(|v| v.len()), t.elapsed())
+    });
+    // Meanwhile, commands on the shared connection (the same node included)
+    // answer at once.
+    let t = Instant::now();
+    for i in 0..50 {
+        let _: String = redis::cmd("SET")
+            .arg(format!("{{s0}}:probe:{i}"))
+            .arg(i)
+            .query_async(&mut store.conn.clone())
+            .await
+            .expect("set");
+    }
+    assert!(
+        t.elapsed() < Duration::from_millis(1_000),
+        "{:?}",
+        t.elapsed()
+    );
+    let (got, took) = read.await.expect("join");
+    assert_eq!(got.expect("blocking read"), 0);
+    // It waited its whole BLOCK, past redis-rs' 500 ms default timeout.
+    assert!(took >= Duration::from_millis(1_400), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_check_reads_every_master() {
+    use groupcast::cli::worker::{check_server, Durability};
+    let cluster = cluster();
+    let store = store_on(&cluster, 3).await;
+    // The harness runs noeviction and appendfsync always on every node.
+    assert!(check_server(&store, Durability::Always).await.is_empty());
+    // One master weaker than the others is named.
+    let port = cluster.ports()[2];
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query(&mut node_conn(&cluster, 2))
+        .expect("config set");
+    let warnings = check_server(&store, Durability::Always).await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains(&format!(":{port}")) && warnings[0].contains("allkeys-lru"),
+        "{warnings:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_redriven_on_every_shard() {
+    use groupcast::cli::dlq::{run, DlqAction, DlqArgs};
+    use groupcast::cli::RedisArgs;
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    // One dead letter per shard, from its ingest stream (the redrive puts it
+    // back and deletes the letter in one MULTI/EXEC: two keys, one slot).
+    for shard in 0..6 {
+        let ingest = store.keys.ingest(shard);
+        store
+            .ensure_group(&ingest, LOADERS_GROUP)
+            .await
+            .expect("group");
+        let fields = vec![
+            ("reason".to_string(), b"test".to_vec()),
+            ("source".to_string(), ingest.as_bytes().to_vec()),
+            ("f:v".to_string(), b"1".to_vec()),
+            ("f:t".to_string(), b"chunk".to_vec()),
+        ];
+        store
+            .dead_letter(
+                &store.keys.dead_letters(shard),
+                &ingest,
+                LOADERS_GROUP,
+                "0-1",
+                &fields,
+            )
+            .await
+            .expect("dead letter");
+    }
+    assert_eq!(dead_letters(&store).await.len(), 6);
+    run(DlqArgs {
+        redis: RedisArgs {
+            url: cluster.url(),
+            prefix: "gcc".into(),
+            shards: 6,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+        },
+        action: DlqAction::Redrive {
+            ids: Vec::new(),
+            all: true,
+        },
+    })
+    .await
+    .expect("redrive");
+    assert!(dead_letters(&store).await.is_empty());
+    for shard in 0..6 {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(store.keys.ingest(shard))
+            .query_async(&mut store.conn.clone())
+            .await
+            .expect("xlen");
+        assert_eq!(len, 1, "shard {shard}'s ingest stream");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_follow_ask_and_moved_while_a_shard_moves_to_another_master() {
+    let cluster = cluster();
+    // Connected before the move: its slot map goes stale.
+    let store = store_on(&cluster, 3).await;
+    let mut conn = store.conn.clone();
+    let work = store.keys.work(1);
+    let slot = hash_slot(work.as_bytes());
+    let to = (cluster.owner_of_slot(slot).expect("owner") + 1) % cluster.len();
+    let from = cluster
+        .begin_slot_move(slot, to)
+        .expect("begin")
+        .expect("a move");
+    // Mid-move: the old owner answers -ASK for this (absent) key.
+    let mut direct = node_conn(&cluster, from);
+    let asked: redis::RedisResult<String> = redis::cmd("XADD")
+        .arg(&work)
+        .arg("*")
+        .arg("f")
+        .arg("direct")
+        .query(&mut direct);
+    let err = asked.expect_err("the old owner redirects");
+    assert_eq!(err.code(), Some("ASK"), "{err}");
+    // The cluster connection follows it (ASKING, then the command).
+    let _: String = redis::cmd("XADD")
+        .arg(&work)
+        .arg("*")
+        .arg("f")
+        .arg("asked")
+        .query_async(&mut conn)
+        .await
+        .expect("XADD follows ASK");
+    // Only the keyless half of a move: the key stays where ASK put it.
+    cluster.finish_slot_move(slot, from, to).expect("finish");
+    // Now the old owner answers -MOVED, which the connection follows too.
+    let _: String = redis::cmd("XADD")
+        .arg(&work)
+        .arg("*")
+        .arg("f")
+        .arg("moved")
+        .query_async(&mut conn)
+        .await
+        .expect("XADD follows MOVED");
+    let len: u64 = redis::cmd("XLEN")
+        .arg(&work)
+        .query(&mut node_conn(&cluster, to))
+        .expect("XLEN on the new owner");
+    assert_eq!(len, 2);
+    assert_eq!(cluster.owner_of_key(&work).expect("owner"), to);
+    // Scripts follow as well (EVALSHA routed by its first key).
+    store.promote(1, 10).await.expect("promote after the move");
+}
+
+#[test]
+fn shards_can_be_placed_one_per_master() {
+    let cluster = cluster();
+    let keys = Keyspace::new("gcc", 6);
+    for shard in 0..6 {
+        let slot = hash_slot(keys.work(shard).as_bytes());
+        cluster
+            .move_empty_slot(slot, shard as usize % cluster.len())
+            .expect("move");
+    }
+    for shard in 0..6 {
+        assert_eq!(
+            cluster.owner_of_key(&keys.work(shard)).expect("owner"),
+            shard as usize % cluster.len()
+        );
+    }
+}
