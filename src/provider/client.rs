@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 use super::auth;
 use super::error::{kind_for_status, ProviderError, ProviderErrorKind, DEFAULT_RETRY_AFTER};
 use super::model::{
-    AddMessagesRequest, AddMessagesResponse, CreateGroupRequest, ErrorBody, Group, Message,
-    Registration,
+    AddMessagesRequest, AddMessagesResponse, AddSummary, CreateGroupRequest, ErrorBody, Group,
+    Message, Registration,
 };
 
 /// The provider refuses requests with more messages than this
@@ -225,6 +225,47 @@ impl ProviderClient {
             "provider messages added"
         );
         Ok(resp)
+    }
+
+    /// One add request with a body the caller encoded (`{"messages":[...]}`
+    /// with `messages` messages, at most [`MAX_MESSAGES_PER_REQUEST`]),
+    /// answered as an [`AddSummary`]: the lean twin of
+    /// [`add_messages_once`](Self::add_messages_once) for callers that only
+    /// need each message's status, not its id. Fails with `InvalidResponse`
+    /// unless there is exactly one result per message.
+    pub async fn add_messages_json(
+        &self,
+        group_id: &str,
+        body: Vec<u8>,
+        messages: usize,
+    ) -> Result<AddSummary, ProviderError> {
+        const EP: &str = "add";
+        let url = self.url(&[group_id, "messages"]);
+        let bytes = self.execute(EP, Method::PUT, url, Some(body)).await?;
+        let summary = AddSummary::from_json(&bytes).map_err(|e| {
+            ProviderError::new(
+                ProviderErrorKind::InvalidResponse,
+                EP,
+                "answer does not match the contract",
+            )
+            .with_source(e)
+        })?;
+        if summary.results != messages {
+            return Err(ProviderError::new(
+                ProviderErrorKind::InvalidResponse,
+                EP,
+                format!("{} results for {} messages", summary.results, messages),
+            )
+            .with_status(200));
+        }
+        tracing::debug!(
+            endpoint = EP,
+            group_id,
+            messages,
+            error_count = summary.error_count,
+            "provider messages added"
+        );
+        Ok(summary)
     }
 
     /// `POST /messages/v4/groups/{groupId}/send`: triggers the send. A group

@@ -3,8 +3,11 @@
 //! Unknown fields are ignored on input (the real service returns many more
 //! than this subset), so that pointing the client at it keeps working.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 
+use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Kind of message. Serialised as `SMS`, `LMS`, `ATA` (AlimTalk) or `CTA`.
@@ -203,6 +206,369 @@ impl Registration {
     }
 }
 
+/// An add request's answer as the worker needs it, counted while it is read:
+/// of each result only `statusCode` is looked at (the other fields are
+/// skipped without being kept), and only the failures keep their code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddSummary {
+    /// `errorCount` as the provider sent it.
+    pub error_count: u64,
+    /// How many results the answer had.
+    pub results: usize,
+    /// Results `"2000"` ([`Registration::Registered`]).
+    pub registered: u32,
+    /// Results `"1026"` ([`Registration::Duplicate`]).
+    pub duplicates: u32,
+    /// Any other code ([`Registration::Failed`]): the message's position in
+    /// the request, and the code.
+    pub failed: Vec<(usize, String)>,
+}
+
+impl AddSummary {
+    /// Reads an add request's answer (`errorCount` is checked as
+    /// [`AddMessagesResponse`] checks it; each result needs a `statusCode`).
+    pub fn from_json(bytes: &[u8]) -> Result<AddSummary, serde_json::Error> {
+        // The usual shape is scanned directly; anything else (nested values,
+        // escapes, floats, errors...) is left to serde_json, whose answer it
+        // then is.
+        if let Some(s) = scan::add_summary(bytes) {
+            return Ok(s);
+        }
+        Self::from_json_serde(bytes)
+    }
+
+    fn from_json_serde(bytes: &[u8]) -> Result<AddSummary, serde_json::Error> {
+        let r: LeanAddResponse = serde_json::from_slice(bytes)?;
+        let mut s = r.result_list;
+        s.error_count = r.error_count;
+        Ok(s)
+    }
+
+    /// Counts one result.
+    fn count(&mut self, code: &str) {
+        match code {
+            CODE_REGISTERED => self.registered += 1,
+            CODE_DUPLICATE => self.duplicates += 1,
+            other => self.failed.push((self.results, other.to_owned())),
+        }
+        self.results += 1;
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanAddResponse {
+    #[serde(deserialize_with = "number_or_digit_string", default)]
+    error_count: u64,
+    #[serde(default)]
+    result_list: AddSummary,
+}
+
+#[derive(Deserialize)]
+struct LeanResult<'a> {
+    #[serde(rename = "statusCode", borrow)]
+    status_code: Cow<'a, str>,
+}
+
+impl<'de> Deserialize<'de> for AddSummary {
+    /// A `resultList` array, counted (no `errorCount`: see [`AddSummary::from_json`]).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Tally;
+        impl<'de> Visitor<'de> for Tally {
+            type Value = AddSummary;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AddSummary, A::Error> {
+                let mut s = AddSummary::default();
+                while let Some(r) = seq.next_element::<LeanResult<'de>>()? {
+                    s.count(&r.status_code);
+                }
+                Ok(s)
+            }
+        }
+        d.deserialize_seq(Tally)
+    }
+}
+
+/// A scanner for the usual shape of an add answer: a strict subset of JSON
+/// (flat objects of unescaped strings, integers, `true`, `false`, `null`).
+/// Whatever it accepts, serde_json reads to the same [`AddSummary`]; on
+/// anything else it gives up (`None`) and serde_json decides.
+mod scan {
+    use super::AddSummary;
+
+    struct Scan<'a> {
+        b: &'a [u8],
+        i: usize,
+    }
+
+    impl<'a> Scan<'a> {
+        #[inline]
+        fn peek(&mut self) -> Option<u8> {
+            while let Some(&c) = self.b.get(self.i) {
+                if !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+                    return Some(c);
+                }
+                self.i += 1;
+            }
+            None
+        }
+
+        #[inline]
+        fn eat(&mut self, c: u8) -> Option<()> {
+            (self.peek()? == c).then(|| self.i += 1)
+        }
+
+        /// A string without escapes or control characters, valid UTF-8 (as
+        /// serde_json wants keys and the strings it keeps).
+        #[inline]
+        fn str(&mut self) -> Option<&'a [u8]> {
+            let s = self.skip_str()?;
+            if !s.is_ascii() {
+                std::str::from_utf8(s).ok()?;
+            }
+            Some(s)
+        }
+
+        /// A string without escapes or control characters, whatever its
+        /// bytes (serde_json does not check the UTF-8 of a value it skips).
+        #[inline]
+        fn skip_str(&mut self) -> Option<&'a [u8]> {
+            self.eat(b'"')?;
+            let rest = &self.b[self.i..];
+            let len = string_end(rest)?;
+            if rest[len] != b'"' {
+                return None;
+            }
+            self.i += len + 1;
+            Some(&rest[..len])
+        }
+
+        fn literal(&mut self, word: &[u8]) -> Option<()> {
+            let end = self.i + word.len();
+            (self.b.get(self.i..end)? == word).then(|| self.i = end)
+        }
+
+        /// An integer: `-?(0|[1-9][0-9]*)`, not followed by a fraction or
+        /// an exponent. Its digits.
+        fn integer(&mut self) -> Option<&'a [u8]> {
+            if self.peek()? == b'-' {
+                self.i += 1;
+            }
+            let start = self.i;
+            let digits = self.b[start..]
+                .iter()
+                .position(|c| !c.is_ascii_digit())
+                .unwrap_or(self.b.len() - start);
+            let d = &self.b[start..start + digits];
+            if d.is_empty() || (d[0] == b'0' && d.len() > 1) {
+                return None;
+            }
+            self.i += digits;
+            if matches!(self.b.get(self.i), Some(b'.' | b'e' | b'E')) {
+                return None;
+            }
+            Some(d)
+        }
+
+        fn skip_value(&mut self) -> Option<()> {
+            match self.peek()? {
+                b'"' => self.skip_str().map(drop),
+                b'-' | b'0'..=b'9' => self.integer().map(drop),
+                b't' => self.literal(b"true"),
+                b'f' => self.literal(b"false"),
+                b'n' => self.literal(b"null"),
+                _ => None,
+            }
+        }
+
+        /// After a member: `true` at the closing `close`, `false` at a comma.
+        #[inline]
+        fn next(&mut self, close: u8) -> Option<bool> {
+            let c = self.peek()?;
+            self.i += 1;
+            match c {
+                b',' => Some(false),
+                c if c == close => Some(true),
+                _ => None,
+            }
+        }
+
+        /// `{`, and whether `}` follows at once.
+        fn open_object(&mut self) -> Option<bool> {
+            self.eat(b'{')?;
+            Some(self.eat(b'}').is_some())
+        }
+    }
+
+    /// The position of the first `"`, `\\` or control character, eight
+    /// bytes at a time (like serde_json's own string scan).
+    #[inline]
+    pub(super) fn string_end(b: &[u8]) -> Option<usize> {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let mut i = 0;
+        while let Some(word) = b.get(i..i + 8) {
+            let x = u64::from_le_bytes(word.try_into().ok()?);
+            // Per byte, the high bit is set at (and only false positives
+            // above) the first byte that is a quote, a backslash or < 0x20.
+            let quote = x ^ (ONES * u64::from(b'"'));
+            let backslash = x ^ (ONES * u64::from(b'\\'));
+            let found = (quote.wrapping_sub(ONES) & !quote
+                | backslash.wrapping_sub(ONES) & !backslash
+                | x.wrapping_sub(ONES * 0x20) & !x)
+                & HIGH;
+            if found != 0 {
+                return Some(i + (found.trailing_zeros() / 8) as usize);
+            }
+            i += 8;
+        }
+        b[i..]
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+            .map(|p| i + p)
+    }
+
+    fn digits_u64(d: &[u8]) -> Option<u64> {
+        if d.is_empty() || !d.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(d).ok()?.parse().ok()
+    }
+
+    /// `errorCount`: a count as a number, a string of digits, or `null`.
+    fn error_count(s: &mut Scan<'_>) -> Option<u64> {
+        match s.peek()? {
+            b'"' => digits_u64(s.str()?),
+            b'n' => s.literal(b"null").map(|()| 0),
+            b'0'..=b'9' => digits_u64(s.integer()?),
+            _ => None,
+        }
+    }
+
+    fn result_list(s: &mut Scan<'_>, out: &mut AddSummary) -> Option<()> {
+        s.eat(b'[')?;
+        if s.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            if s.open_object()? {
+                return None;
+            }
+            let mut code = None;
+            loop {
+                let key = s.str()?;
+                s.eat(b':')?;
+                if key == b"statusCode" {
+                    if code.is_some() {
+                        return None;
+                    }
+                    code = Some(s.str()?);
+                } else {
+                    s.skip_value()?;
+                }
+                if s.next(b'}')? {
+                    break;
+                }
+            }
+            out.count(std::str::from_utf8(code?).ok()?);
+            if s.next(b']')? {
+                return Some(());
+            }
+        }
+    }
+
+    pub(super) fn add_summary(bytes: &[u8]) -> Option<AddSummary> {
+        let s = &mut Scan { b: bytes, i: 0 };
+        let mut out = AddSummary::default();
+        let (mut count_seen, mut list_seen) = (false, false);
+        if !s.open_object()? {
+            loop {
+                let key = s.str()?;
+                s.eat(b':')?;
+                match key {
+                    b"errorCount" if !count_seen => {
+                        count_seen = true;
+                        out.error_count = error_count(s)?;
+                    }
+                    b"resultList" if !list_seen => {
+                        list_seen = true;
+                        result_list(s, &mut out)?;
+                    }
+                    b"errorCount" | b"resultList" => return None,
+                    _ => s.skip_value()?,
+                }
+                if s.next(b'}')? {
+                    break;
+                }
+            }
+        }
+        // Only whitespace may follow.
+        (s.peek().is_none()).then_some(out)
+    }
+}
+
+/// Appends `s` as a JSON string, byte for byte as `serde_json` writes it.
+#[inline]
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    write_json_str_content(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped as inside a JSON string (without the quotes), byte
+/// for byte as `serde_json` escapes it: `"`, `\` and control characters only.
+#[inline]
+pub fn write_json_str_content(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    if !bytes.iter().any(|&b| needs_escape(b)) {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if !needs_escape(b) {
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\x08' => out.extend_from_slice(b"\\b"),
+            b'\x0c' => out.extend_from_slice(b"\\f"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+#[inline]
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+impl MessageType {
+    /// The JSON name: `SMS`, `LMS`, `ATA` or `CTA`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageType::Sms => "SMS",
+            MessageType::Lms => "LMS",
+            MessageType::Ata => "ATA",
+            MessageType::Cta => "CTA",
+        }
+    }
+}
+
 /// Every non-2xx answer's body.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -245,6 +611,160 @@ mod tests {
         assert_eq!(a.error_count, 2);
         assert_eq!(b.error_count, 2);
         assert!(serde_json::from_str::<AddMessagesResponse>(r#"{"errorCount": "x"}"#).is_err());
+    }
+
+    #[test]
+    fn json_strings_are_serde_jsons() {
+        let mut all: String = (0u8..0x80).map(char::from).collect();
+        all.push_str("é한\u{2028}\u{7f}\"\\");
+        for s in [all.as_str(), "", "plain", "a\"b", "\\", "\u{1}x\u{1f}"] {
+            let mut out = Vec::new();
+            write_json_str(&mut out, s);
+            assert_eq!(out, serde_json::to_vec(s).unwrap(), "{s:?}");
+        }
+        for t in [
+            MessageType::Sms,
+            MessageType::Lms,
+            MessageType::Ata,
+            MessageType::Cta,
+        ] {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+        }
+    }
+
+    #[test]
+    fn add_summary_counts_what_the_full_answer_says() {
+        let body = br#"{"groupId":"G","errorCount":"2","resultList":[
+            {"to":"010","messageId":"M1","statusCode":"2000","statusMessage":"ok"},
+            {"statusMessage":"dup \"x\"","statusCode":"1026","to":"011"},
+            {"to":"012","statusCode":"1062","messageId":null,"extra":[1,{"a":2}]},
+            {"to":"013","statusCode":"10\u0030\u0030"}]}"#;
+        let s = AddSummary::from_json(body).unwrap();
+        let full: AddMessagesResponse = serde_json::from_slice(body).unwrap();
+        assert_eq!(s.error_count, full.error_count);
+        assert_eq!(s.results, full.result_list.len());
+        assert_eq!((s.registered, s.duplicates), (1, 1));
+        assert_eq!(s.failed, vec![(2, "1062".into()), (3, "1000".into())]);
+        for r in &full.result_list {
+            let reg = Registration::from_result(r);
+            assert!(matches!(
+                (r.status_code.as_str(), reg),
+                ("2000", Registration::Registered { .. })
+                    | ("1026", Registration::Duplicate)
+                    | ("1062" | "1000", Registration::Failed { .. })
+            ));
+        }
+        assert_eq!(
+            AddSummary::from_json(br#"{"resultList":[]}"#).unwrap(),
+            AddSummary::default()
+        );
+        for bad in [
+            &br#"{"errorCount":"x","resultList":[]}"#[..],
+            br#"{"resultList":[{"to":"010"}]}"#,
+            br#"{"resultList":null}"#,
+            br#"{"resultList":[{"statusCode":2000}]}"#,
+            br#"{"resultList":[{"statusCode":"2000"}"#,
+            br#"{"resultList":[{"statusCode":"2000","statusCode":"2000"}]}"#,
+        ] {
+            assert!(
+                AddSummary::from_json(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+            assert!(serde_json::from_slice::<AddMessagesResponse>(bad).is_err());
+        }
+        // Like the full answer, a positional one is read too.
+        let positional = br#"[1, [{"statusCode":"1062"}]]"#;
+        assert_eq!(
+            AddSummary::from_json(positional).unwrap().failed,
+            vec![(0, "1062".into())]
+        );
+        assert!(serde_json::from_slice::<AddMessagesResponse>(positional).is_ok());
+    }
+
+    #[test]
+    fn the_scanner_agrees_with_serde_json() {
+        let base: Vec<&[u8]> = vec![
+            r#"{"k":"한","errorCount":"2","resultList":[{"statusCode":"1000"}]}"#.as_bytes(),
+            br#"{"groupId":"G4V","errorCount":1,"resultList":[{"to":"01000000001","messageId":"M4V1","statusCode":"2000","statusMessage":"Registered"},{"to":"010","statusCode":"1062","statusMessage":"Invalid recipient number"}]}"#,
+            br#" { "errorCount" : "0" , "resultList" : [ { "statusCode" : "1026" , "n" : -12 , "t" : true , "f" : false , "z" : null , "k" : "x" } ] , "x" : 0 } "#,
+            br#"{"resultList":[],"errorCount":null}"#,
+        ];
+        let alphabet = b"\"{}[],:\\ \n0123456789-.eE+tfnul\x01\xc3\xa9\xffa2000";
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        let (mut scanned, mut total) = (0, 0);
+        for doc in &base {
+            assert!(
+                scan::add_summary(doc).is_some(),
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+            for _ in 0..40_000 {
+                let mut m = doc.to_vec();
+                for _ in 0..1 + next(3) {
+                    let at = next(m.len());
+                    match next(4) {
+                        0 => m[at] = alphabet[next(alphabet.len())],
+                        1 => {
+                            m.remove(at);
+                        }
+                        2 => m.insert(at, alphabet[next(alphabet.len())]),
+                        _ => {
+                            let end = (at + 1 + next(12)).min(m.len());
+                            let piece = m[at..end].to_vec();
+                            let to = next(m.len());
+                            m.splice(to..to, piece);
+                        }
+                    }
+                }
+                total += 1;
+                if let Some(fast) = scan::add_summary(&m) {
+                    scanned += 1;
+                    assert_eq!(
+                        AddSummary::from_json_serde(&m).ok(),
+                        Some(fast),
+                        "{}",
+                        String::from_utf8_lossy(&m)
+                    );
+                }
+            }
+        }
+        // The mutations exercise both sides.
+        assert!(
+            scanned > total / 20 && scanned < total,
+            "{scanned} of {total}"
+        );
+    }
+
+    #[test]
+    fn string_ends_are_found_eight_bytes_at_a_time() {
+        let naive = |b: &[u8]| b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for len in 0..40 {
+            for _ in 0..2_000 {
+                let b: Vec<u8> = (0..len)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        match rng % 16 {
+                            0 => b'"',
+                            1 => b'\\',
+                            2 => (rng >> 8) as u8 % 0x20,
+                            3 => 0x80 | (rng >> 8) as u8,
+                            _ => 0x20 + (rng >> 8) as u8 % 0x60,
+                        }
+                    })
+                    .collect();
+                assert_eq!(scan::string_end(&b), naive(&b), "{b:?}");
+            }
+        }
     }
 
     #[test]
