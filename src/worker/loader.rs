@@ -3,6 +3,7 @@
 
 use tracing::Instrument;
 
+use crate::events::chunk::ChunkRef;
 use crate::events::{clip, Chunk, Event, InputRejected, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::batch::{Accepted, Parked};
@@ -35,11 +36,20 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
     let Some(data) = entry.get("d") else {
         return dead("entry has no `d` (payload) field".into());
     };
-    let chunk = match Chunk::decode(data) {
-        Ok(c) => c,
-        Err(e) => return dead(format!("undecodable chunk: {e}")),
+    // Read in place (no allocation per recipient) when the chunk has the
+    // usual shape; otherwise decoded, or refused with the decoder's reason.
+    let owned: Chunk;
+    let chunk = match ChunkRef::decode(data) {
+        Some(c) => c,
+        None => match Chunk::decode(data) {
+            Ok(c) => {
+                owned = c;
+                owned.view()
+            }
+            Err(e) => return dead(format!("undecodable chunk: {e}")),
+        },
     };
-    if let Err(e) = validate_batch_id(&chunk.batch) {
+    if let Err(e) = validate_batch_id(chunk.batch) {
         return dead(format!("invalid batch id: {e}"));
     }
     // A span, not a guard: a guard held across `.await` would mark whatever
@@ -59,18 +69,18 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
 async fn handle_chunk(
     ctx: &Ctx,
     shard: u32,
-    chunk: &Chunk,
+    chunk: &ChunkRef<'_>,
     data: &[u8],
 ) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
-    let owner = ctx.store.keys.shard_of(&chunk.batch);
+    let owner = ctx.store.keys.shard_of(chunk.batch);
     if owner != shard {
         return dead(format!(
             "batch {} belongs to shard {owner} but was written to shard {shard}'s ingest stream",
             chunk.batch
         ));
     }
-    let log = ctx.store.batch(&chunk.batch);
+    let log = ctx.store.batch(chunk.batch);
     let digest = chunk.digest();
     let reject = |reason: String| {
         let log = log.clone();
@@ -97,7 +107,7 @@ async fn handle_chunk(
             count,
             &digest,
             ctx.config.group_cap,
-            ctx.gen_hint(&chunk.batch),
+            ctx.gen_hint(chunk.batch),
         )
         .await?;
     let (gen, group) = match accepted {
@@ -116,7 +126,7 @@ async fn handle_chunk(
         }
     };
     tracing::Span::current().record("gen", gen);
-    ctx.remember_gen(&chunk.batch, gen);
+    ctx.remember_gen(chunk.batch, gen);
     let group = match group {
         Some(g) => g,
         None => match log.park(chunk.seq, gen, data).await? {
@@ -128,10 +138,10 @@ async fn handle_chunk(
             Parked::Group(g) => g,
         },
     };
-    let outcome = load_chunk::run(ctx, &log, chunk, gen, &group).await?;
+    let outcome = load_chunk::run_ref(ctx, &log, chunk, gen, &group).await?;
     // Should the add fail, the retry is a `load` work item carrying the chunk.
     let retry = WorkItem {
-        batch: chunk.batch.clone(),
+        batch: chunk.batch.to_string(),
         gen,
         seq: Some(chunk.seq),
         group_id: Some(group),

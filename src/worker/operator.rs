@@ -2,6 +2,7 @@
 
 use tracing::Instrument;
 
+use crate::events::chunk::ChunkRef;
 use crate::events::{clip, decode_payload, Chunk, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::queue::Entry;
@@ -60,9 +61,16 @@ async fn run(
             else {
                 return dead("load item without seq, group or chunk".into());
             };
-            let chunk = match Chunk::decode(bytes) {
-                Ok(c) => c,
-                Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
+            let owned: Chunk;
+            let chunk = match ChunkRef::decode(bytes) {
+                Some(c) => c,
+                None => match Chunk::decode(bytes) {
+                    Ok(c) => {
+                        owned = c;
+                        owned.view()
+                    }
+                    Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
+                },
             };
             let log = ctx.store.batch(&item.batch);
             // A retried load may find its chunk loaded meanwhile: look before
@@ -77,7 +85,7 @@ async fn run(
             {
                 Outcome::Done
             } else {
-                ops::load_chunk::run(ctx, &log, &chunk, item.gen, group).await?
+                ops::load_chunk::run_ref(ctx, &log, &chunk, item.gen, group).await?
             }
         }
     };
