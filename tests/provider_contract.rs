@@ -510,6 +510,41 @@ async fn second_send_is_409_already_sent() {
     );
 }
 
+/// `t` written as Korean local time with its `+09:00` offset (the form the
+/// real service's SDKs send), rolling the date over past 15:00 UTC.
+fn with_kst_offset(t: SystemTime) -> String {
+    let local = humantime::format_rfc3339_seconds(t + Duration::from_secs(9 * 3600)).to_string();
+    format!("{}+09:00", local.trim_end_matches('Z'))
+}
+
+/// The date check on a clock the test controls: every hour of a day, across a
+/// month and a year boundary, in UTC and in an offset form.
+#[test]
+fn date_check_holds_at_every_hour() {
+    let days = [
+        humantime::parse_rfc3339("2026-11-30T00:00:00Z").unwrap(),
+        humantime::parse_rfc3339("2026-12-31T00:00:00Z").unwrap(),
+        humantime::parse_rfc3339("2028-02-28T00:00:00Z").unwrap(),
+    ];
+    for day in days {
+        for quarter in 0..96u64 {
+            let now = day + Duration::from_secs(quarter * 900);
+            let ten_ago = now - Duration::from_secs(600);
+            let kst = with_kst_offset(ten_ago);
+            assert_eq!(auth::parse_date(&kst), Some(ten_ago), "{kst}");
+            auth::check_date(&kst, now).unwrap_or_else(|e| panic!("{kst}: {e}"));
+            let utc = humantime::format_rfc3339_millis(ten_ago).to_string();
+            auth::check_date(&utc, now).unwrap_or_else(|e| panic!("{utc}: {e}"));
+            let far = with_kst_offset(now - Duration::from_secs(1200));
+            assert_eq!(
+                auth::check_date(&far, now),
+                Err(auth::AuthError::RequestTimeTooSkewed),
+                "{far}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn auth_failures_are_403_with_the_right_code() {
     let mock = start(config()).await;
@@ -554,19 +589,12 @@ async fn auth_failures_are_403_with_the_right_code() {
             (403, Some("RequestTimeTooSkewed"))
         );
     }
-    // Within the window (10 minutes off, with an offset form) is fine.
-    let t = SystemTime::now() - Duration::from_secs(600);
-    let utc = humantime::format_rfc3339_seconds(t).to_string();
-    let kst = utc.trim_end_matches('Z').to_owned();
-    let (h_part, rest) = kst.split_at(11);
-    let hour: u32 = rest[..2].parse().unwrap();
-    // Express as +09:00 only when it does not roll the date over.
-    if hour < 15 {
-        let date = format!("{h_part}{:02}{}+09:00", hour + 9, &rest[2..]);
-        let h = auth::authorization(KEY, SECRET, &date, &auth::new_salt());
-        let (status, _) = raw(&mock, post.clone(), path, Some(h), None).await;
-        assert_eq!(status, 200, "{date}");
-    }
+    // Within the window (10 minutes off, with an offset form) is fine, at
+    // whatever hour this runs (the +09:00 form rolls the date over at 15:00 UTC).
+    let date = with_kst_offset(SystemTime::now() - Duration::from_secs(600));
+    let h = auth::authorization(KEY, SECRET, &date, &auth::new_salt());
+    let (status, _) = raw(&mock, post.clone(), path, Some(h), None).await;
+    assert_eq!(status, 200, "{date}");
 
     // Replay: the same header twice.
     let h = signed();
