@@ -65,7 +65,28 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// Where Redis is and how keys are named.
+impl Command {
+    /// The connection flags of a command that uses the deployment's Redis;
+    /// `None` for the commands that start their own (`demo`, `bench`) or use
+    /// none (`mock-provider`).
+    pub fn redis_args(&self) -> Option<&RedisArgs> {
+        match self {
+            Command::Worker(a) => Some(&a.redis),
+            Command::Submit(a) => Some(&a.redis),
+            Command::Audit(a) => Some(&a.redis),
+            Command::Replay(a) => Some(&a.redis),
+            Command::Status(a) => Some(&a.redis),
+            Command::Dlq(a) => Some(&a.redis),
+            Command::Verify(a) => Some(&a.redis),
+            Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
+        }
+    }
+}
+
+/// Where Redis is and how keys are named: the connection flags, the same
+/// for every command that uses Redis. Each is `global`, so that a command
+/// with subcommands (`dlq list`) takes them after its subcommand too, in the
+/// same position as every other command (`status --redis URL`).
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {
     /// Redis URL: redis://, rediss:// (TLS), or redis+cluster://host:port,host:port.
@@ -74,24 +95,26 @@ pub struct RedisArgs {
     /// GROUPCAST_REDIS_USERNAME for an ACL user).
     #[arg(
         long = "redis",
+        global = true,
         env = "GROUPCAST_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
     pub url: String,
     /// Key prefix, so that deployments can share a server.
-    #[arg(long, env = "GROUPCAST_PREFIX", default_value = "gc")]
+    #[arg(long, global = true, env = "GROUPCAST_PREFIX", default_value = "gc")]
     pub prefix: String,
     /// Number of shards (hash tags) batches are spread over. Changing it
     /// moves batches to other shards: drain first (see docs/cluster.md).
-    #[arg(long, env = "GROUPCAST_SHARDS", default_value_t = 1)]
+    #[arg(long, global = true, env = "GROUPCAST_SHARDS", default_value_t = 1)]
     pub shards: u32,
     /// PEM file of the CA that signed the Redis server's certificate
     /// (rediss:// only). Without it the system's trust store is used.
-    #[arg(long = "redis-ca-file", env = "GROUPCAST_REDIS_CA_FILE")]
+    #[arg(long = "redis-ca-file", global = true, env = "GROUPCAST_REDIS_CA_FILE")]
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate, for a server with `tls-auth-clients yes`.
     #[arg(
         long = "redis-client-cert-file",
+        global = true,
         env = "GROUPCAST_REDIS_CLIENT_CERT_FILE",
         requires = "client_key_file"
     )]
@@ -99,6 +122,7 @@ pub struct RedisArgs {
     /// The client certificate's private key (PKCS#8 PEM).
     #[arg(
         long = "redis-client-key-file",
+        global = true,
         env = "GROUPCAST_REDIS_CLIENT_KEY_FILE",
         requires = "client_cert_file"
     )]
@@ -482,5 +506,123 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     out(line(headers.iter().map(|h| h.to_string()).collect()));
     for r in rows {
         out(line(r.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every leaf command line (`["dlq", "list"]`, `["status"]`, ...).
+    fn leaves(cmd: &clap::Command, path: Vec<String>, out: &mut Vec<(Vec<String>, clap::Command)>) {
+        let subs: Vec<_> = cmd
+            .get_subcommands()
+            .filter(|c| c.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            out.push((path.clone(), cmd.clone()));
+        }
+        for s in subs {
+            let mut p = path.clone();
+            p.push(s.get_name().to_string());
+            leaves(s, p, out);
+        }
+    }
+
+    #[test]
+    fn every_command_using_redis_takes_the_connection_flags_after_its_name() {
+        let dir = std::env::temp_dir();
+        let ca = dir.join("ca.pem").display().to_string();
+        let cert = dir.join("client.pem").display().to_string();
+        let key = dir.join("client.key").display().to_string();
+        let mut all = Vec::new();
+        leaves(&Cli::command(), Vec::new(), &mut all);
+        assert!(all.len() >= 10, "{} commands", all.len());
+        let mut without = Vec::new();
+        for (path, cmd) in &all {
+            let mut argv = vec!["groupcast".to_string()];
+            argv.extend(path.iter().cloned());
+            // Required positionals and options get a placeholder.
+            for a in cmd.get_arguments().filter(|a| a.is_required_set()) {
+                match a.get_long() {
+                    Some(l) => argv.extend([format!("--{l}"), "x".into()]),
+                    None => argv.push("b1".into()),
+                }
+            }
+            argv.extend(
+                [
+                    "--redis",
+                    "redis://10.0.0.9:7000",
+                    "--prefix",
+                    "px",
+                    "--shards",
+                    "3",
+                    "--redis-ca-file",
+                    &ca,
+                    "--redis-client-cert-file",
+                    &cert,
+                    "--redis-client-key-file",
+                    &key,
+                ]
+                .map(String::from),
+            );
+            let parsed = Cli::try_parse_from(&argv);
+            let line = argv.join(" ");
+            match parsed.as_ref().map(|c| c.command.redis_args()) {
+                Ok(Some(r)) => {
+                    assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
+                    assert_eq!(r.prefix, "px", "{line}");
+                    assert_eq!(r.shards, 3, "{line}");
+                    assert_eq!(
+                        r.ca_file.as_ref().map(|p| p.display().to_string()),
+                        Some(ca.clone()),
+                        "{line}"
+                    );
+                    assert_eq!(
+                        r.client_cert_file.as_ref().map(|p| p.display().to_string()),
+                        Some(cert.clone()),
+                        "{line}"
+                    );
+                    assert_eq!(
+                        r.client_key_file.as_ref().map(|p| p.display().to_string()),
+                        Some(key.clone()),
+                        "{line}"
+                    );
+                }
+                Ok(None) => without.push(path.join(" ")),
+                Err(e) => {
+                    // Commands without our Redis refuse the flags; the rest must take them.
+                    let first = path.first().map(String::as_str).unwrap_or("");
+                    assert!(
+                        matches!(first, "mock-provider" | "bench" | "demo"),
+                        "`{line}` refused the connection flags: {e}"
+                    );
+                    without.push(path.join(" "));
+                }
+            }
+        }
+        without.sort();
+        assert_eq!(
+            without,
+            ["bench", "demo", "mock-provider"],
+            "commands without the deployment's Redis"
+        );
+    }
+
+    #[test]
+    fn the_connection_flags_also_go_before_a_subcommand() {
+        let cli = Cli::try_parse_from([
+            "groupcast",
+            "dlq",
+            "--redis",
+            "redis://h:1",
+            "list",
+            "--prefix",
+            "p2",
+        ])
+        .expect("parse");
+        let r = cli.command.redis_args().expect("dlq uses redis");
+        assert_eq!((r.url.as_str(), r.prefix.as_str()), ("redis://h:1", "p2"));
     }
 }
