@@ -7,6 +7,7 @@
 //! the report. Every step is an event ([`events`]); the batch's state is
 //! their fold ([`projection`]).
 
+pub mod board;
 pub mod cli;
 pub mod events;
 pub mod keys;

@@ -63,6 +63,8 @@ pub enum Command {
     MockProvider(mock_provider::MockProviderArgs),
     /// Run a whole campaign on this machine and print its costs as JSON.
     Bench(bench::BenchArgs),
+    /// Serve the operator board: every batch, stream health, dead letters.
+    Board(crate::board::BoardArgs),
 }
 
 impl Command {
@@ -78,6 +80,7 @@ impl Command {
             Command::Status(a) => Some(&a.redis),
             Command::Dlq(a) => Some(&a.redis),
             Command::Verify(a) => Some(&a.redis),
+            Command::Board(a) => Some(&a.redis),
             Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
         }
     }
@@ -367,12 +370,25 @@ impl CliError {
     }
 }
 
+/// Whether human logs get ANSI colors: only when stderr is a terminal (a
+/// file or a pipe gets plain text) and `NO_COLOR` is not set to anything
+/// non-empty (<https://no-color.org>).
+pub fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Sets up logging.
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROUPCAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colors = log_colors(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colors)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -400,6 +416,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Demo(a) => demo::run(a).await,
         Command::MockProvider(a) => mock_provider::run(a).await,
         Command::Bench(a) => bench::run(a).await,
+        Command::Board(a) => crate::board::run(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -608,6 +625,16 @@ mod tests {
             ["bench", "demo", "mock-provider"],
             "commands without the deployment's Redis"
         );
+    }
+
+    #[test]
+    fn colors_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colors(true, None));
+        assert!(log_colors(true, Some(OsStr::new(""))));
+        assert!(!log_colors(true, Some(OsStr::new("1"))));
+        assert!(!log_colors(false, None));
+        assert!(!log_colors(false, Some(OsStr::new("1"))));
     }
 
     #[test]

@@ -1,13 +1,12 @@
 //! `groupcast status [BATCH]`: a batch's state, or an overview of the streams.
 
 use clap::Args;
-use redis::AsyncCommands;
 
 use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
-use crate::keys::{validate_batch_id, LOADERS_GROUP, OPERATORS_GROUP};
+use crate::keys::validate_batch_id;
 use crate::projection::Projection;
-use crate::store::{Store, StoreError};
-use crate::worker::maintenance::group_field;
+use crate::store::overview::{Queued, QueuedBatch};
+use crate::store::Store;
 
 /// Status flags.
 #[derive(Debug, Args)]
@@ -61,13 +60,25 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     if let Some(batch) = &args.batch {
         validate_batch_id(batch).map_err(|e| CliError::Usage(format!("{batch:?}: {e}")))?;
         let p = store.batch(batch).state().await?;
+        let queued = store.queued(store.keys.shard_of(batch)).await?;
+        let waiting = queued.of(batch);
         if p.fields.is_empty() {
-            return Err(CliError::Failed(format!(
-                "no state for batch {batch} (unknown, or past its retention)"
-            )));
+            let Some(w) = waiting else {
+                return Err(CliError::Failed(format!(
+                    "no state for batch {batch} (unknown, or past its retention), and no chunk of it waits in the ingest stream"
+                )));
+            };
+            if args.json {
+                outln!("{}", queued_json(batch, w, &queued));
+            } else {
+                outln!("{}", queued.describe(w));
+            }
+            return Ok(());
         }
         if args.json {
-            outln!("{}", batch_json(batch, &p));
+            let mut v = batch_json(batch, &p);
+            v["queuedChunks"] = waiting.map_or(0, |w| w.chunks).into();
+            outln!("{v}");
             return Ok(());
         }
         let outcome = p.get("report").unwrap_or("in flight");
@@ -84,6 +95,17 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             p.int("rejected"),
             p.int("stalls"),
         );
+        if let Some(w) = waiting {
+            outln!(
+                "{} more chunk(s) wait unread in the ingest stream{}",
+                w.chunks,
+                if queued.read_by_a_worker() {
+                    ""
+                } else {
+                    " (no worker reads it)"
+                }
+            );
+        }
         let hb = p.int("hb") as u64;
         if hb > 0 {
             let now = now_ms().max(hb);
@@ -130,75 +152,47 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     overview(&store, args.json).await
 }
 
+/// A queued batch (chunks waiting, no state yet) as JSON.
+pub fn queued_json(batch: &str, w: &QueuedBatch, q: &Queued) -> serde_json::Value {
+    serde_json::json!({
+        "batch": batch,
+        "state": "queued",
+        "queuedChunks": w.chunks,
+        "queuedRecipients": w.recipients,
+        "lastSeq": w.last_seq,
+        "queuedSinceMs": w.since_ms,
+        "shard": w.shard,
+        "ingestGroupExists": q.group_exists,
+        "ingestConsumers": q.consumers,
+    })
+}
+
 /// The streams overview: every stream with its consumer group's pending
-/// count and lag, the delayed retries, and the batches in flight with how
-/// long each has been quiet.
+/// count and lag, the delayed retries, the batches queued in the ingest
+/// streams, and the batches in flight with how long each has been quiet.
 async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
-    let keys = &store.keys;
-    let mut conn = store.conn.clone();
     let now = now_ms();
-    let mut rows = Vec::new();
-    let mut streams = Vec::new();
+    let health = store.stream_health().await?;
+    let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let rows: Vec<Vec<String>> = health
+        .iter()
+        .map(|h| {
+            vec![
+                h.key.clone(),
+                h.what.to_string(),
+                h.length.to_string(),
+                h.group.unwrap_or("-").to_string(),
+                show(h.info.as_ref().map(|i| i.consumers)),
+                show(h.info.as_ref().map(|i| i.pending)),
+                show(h.info.as_ref().and_then(|i| i.lag)),
+            ]
+        })
+        .collect();
+    let queued = store.queued_all().await?;
     let mut batch_rows = Vec::new();
     let mut batches = Vec::new();
-    for shard in 0..keys.shards() {
-        for (stream, what, group) in [
-            (keys.ingest(shard), "ingest", Some(LOADERS_GROUP)),
-            (keys.work(shard), "work", Some(OPERATORS_GROUP)),
-            (keys.dead_letters(shard), "dead letters", None),
-            (keys.reports(shard), "reports", None),
-        ] {
-            let len: u64 = conn.xlen(&stream).await.map_err(StoreError::from)?;
-            let (mut pending, mut lag) = (None, None);
-            if let Some(g) = group {
-                // No group yet (no worker ever started): nothing pending.
-                if let Ok(v) = redis::cmd("XINFO")
-                    .arg("GROUPS")
-                    .arg(&stream)
-                    .query_async::<redis::Value>(&mut conn)
-                    .await
-                {
-                    let num = |f: &str| group_field(&v, g, f).and_then(|x| x.parse::<u64>().ok());
-                    pending = num("pending");
-                    lag = num("lag");
-                }
-            }
-            let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-            rows.push(vec![
-                stream.clone(),
-                what.to_string(),
-                len.to_string(),
-                group.unwrap_or("-").to_string(),
-                show(pending),
-                show(lag),
-            ]);
-            streams.push(serde_json::json!({
-                "key": stream, "shard": shard, "what": what, "length": len,
-                "group": group, "pending": pending, "lag": lag,
-            }));
-        }
-        let delayed: u64 = conn
-            .zcard(keys.delayed(shard))
-            .await
-            .map_err(StoreError::from)?;
-        rows.push(vec![
-            keys.delayed(shard),
-            "delayed retries".into(),
-            delayed.to_string(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ]);
-        streams.push(serde_json::json!({
-            "key": keys.delayed(shard), "shard": shard, "what": "delayed retries",
-            "length": delayed, "group": null, "pending": null, "lag": null,
-        }));
-        let mut active: Vec<String> = conn
-            .smembers(keys.active(shard))
-            .await
-            .map_err(StoreError::from)?;
-        active.sort();
-        for b in active {
+    for shard in 0..store.keys.shards() {
+        for b in store.active_batches(shard).await? {
             let p = store.batch(&b).state().await?;
             let hb = p.int("hb") as u64;
             let quiet = (hb > 0).then(|| now.saturating_sub(hb));
@@ -224,16 +218,36 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
         }
     }
     if json {
+        let queued_json: Vec<_> = queued
+            .iter()
+            .flat_map(|q| q.batches.iter().map(|w| queued_json(&w.batch, w, q)))
+            .collect();
         outln!(
             "{}",
-            serde_json::json!({"streams": streams, "batchesInFlight": batches})
+            serde_json::json!({"streams": health, "batchesQueued": queued_json, "batchesInFlight": batches})
         );
         return Ok(());
     }
     print_table(
-        &["key", "what", "entries", "consumer group", "pending", "lag"],
+        &[
+            "key",
+            "what",
+            "entries",
+            "consumer group",
+            "consumers",
+            "pending",
+            "lag",
+        ],
         &rows,
     );
+    for q in &queued {
+        if !q.batches.is_empty() {
+            outln!();
+            for w in &q.batches {
+                outln!("{}", q.describe(w));
+            }
+        }
+    }
     outln!();
     if batch_rows.is_empty() {
         outln!("no batches in flight");
@@ -263,7 +277,8 @@ fn sent_count(p: &Projection) -> u32 {
         .count() as u32
 }
 
-fn now_ms() -> u64 {
+/// Now, in ms since the epoch.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

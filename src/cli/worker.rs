@@ -335,6 +335,7 @@ async fn start(
             ))
         })?;
         let handle = crate::metrics::install().map_err(|e| CliError::Usage(e.to_string()))?;
+        crate::metrics::zero(store.keys.shards());
         let local = crate::metrics::serve(addr, handle)
             .await
             .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;

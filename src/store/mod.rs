@@ -6,9 +6,12 @@
 //! - [`queue`]: the work plumbing (consumer groups, dead letters, delayed
 //!   retries, reclaiming).
 //! - [`scripts`]: the Lua sources from `streams/scripts/`, loaded on demand.
+//! - [`overview`]: read-only queries for operators (stream health, queued
+//!   batches, dead letters and their redrive).
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 
 pub mod batch;
+pub mod overview;
 pub mod queue;
 pub mod scripts;
 pub mod witness;
