@@ -19,6 +19,7 @@ use crate::events::{Chunk, Recipient, Template};
 use crate::keys::Keyspace;
 use crate::mock::invariants::LedgerCheck;
 use crate::mock::{self, Faults, MockConfig, MockHandle};
+use crate::projection::field;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::redis_server::{RedisServer, ServerError};
 use crate::store::Store;
@@ -108,17 +109,7 @@ fn say(msg: impl AsRef<str>) {
 }
 
 async fn local_redis_answers() -> bool {
-    let Ok(client) = redis::Client::open("redis://127.0.0.1:6379/") else {
-        return false;
-    };
-    let attempt = async {
-        let mut c = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("PING").query_async::<String>(&mut c).await.ok()
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_millis(500), attempt).await,
-        Ok(Some(_))
-    )
+    crate::store::server::answers("redis://127.0.0.1:6379/", Duration::from_millis(500)).await
 }
 
 fn demo_recipients(k: usize, n: usize) -> Vec<Recipient> {
@@ -343,16 +334,16 @@ async fn wait_for_reports(
         let mut loaded = 0u64;
         let mut reported = 0;
         for b in batches {
-            let f = store
+            let p = store
                 .batch(b)
-                .fields(&["registered".into(), "failed".into(), "report".into()])
+                .read(&[
+                    field::REGISTERED.into(),
+                    field::FAILED.into(),
+                    field::REPORT.into(),
+                ])
                 .await?;
-            loaded += f
-                .iter()
-                .take(2)
-                .filter_map(|v| v.as_deref()?.parse::<u64>().ok())
-                .sum::<u64>();
-            reported += usize::from(f[2].is_some());
+            loaded += (p.int(field::REGISTERED) + p.int(field::FAILED)).max(0) as u64;
+            reported += usize::from(p.report().is_some());
         }
         let msg = format!("{reported}/{} reported", batches.len());
         match &bar {

@@ -180,22 +180,7 @@ impl WorkerFlags {
 /// has settings of its own: each is checked, and named in its warnings.
 pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> {
     let mut warnings = Vec::new();
-    let get = |name: &'static str| async move {
-        let cmd = redis::cmd("CONFIG").arg("GET").arg(name).clone();
-        match store.on_every_master(&cmd).await {
-            Ok(replies) => replies
-                .into_iter()
-                .map(|(node, r)| {
-                    let v = r
-                        .ok()
-                        .and_then(|v| redis::from_redis_value::<Vec<String>>(v).ok())
-                        .and_then(|v| v.get(1).cloned());
-                    (node, v)
-                })
-                .collect(),
-            Err(_) => vec![("server".to_string(), None)],
-        }
-    };
+    let get = |name: &'static str| store.config_everywhere(name);
     let cluster = store.target.is_cluster();
     let redis_at = |node: &str| {
         if cluster {
