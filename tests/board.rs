@@ -79,7 +79,11 @@ fn screenshot(url: &str, path: &Path) {
         ],
     );
     let png = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(png.starts_with(b"\x89PNG"), "{} is not a PNG", path.display());
+    assert!(
+        png.starts_with(b"\x89PNG"),
+        "{} is not a PNG",
+        path.display()
+    );
 }
 
 /// The `<tr>` of the overview whose `data-batch` is `batch`.
@@ -134,7 +138,13 @@ async fn start_board(redis_url: &str, token: Option<&str>) -> BoardProcess {
         base: format!("http://127.0.0.1:{port}"),
     };
     let http = reqwest::Client::new();
-    wait_json(&http, &format!("{}/api/overview", board.base), "the board", |_| true).await;
+    wait_json(
+        &http,
+        &format!("{}/api/overview", board.base),
+        "the board",
+        |_| true,
+    )
+    .await;
     board
 }
 
@@ -156,7 +166,10 @@ async fn wait_json(
                 last = v.to_string();
             }
         }
-        assert!(Instant::now() < deadline, "{what}: not within 30s; last {last}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within 30s; last {last}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -201,12 +214,19 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
     let api = |p: &str| format!("{}{p}", board.base);
     // Wait until the API agrees with what we set up, so that the browser
     // renders a settled state.
-    wait_json(&http, &api("/api/overview"), "the stuck batch stalled", |v| {
-        v["batches"].as_array().is_some_and(|b| {
-            b.iter().any(|b| b["batch"] == stuck.as_str() && b["state"] == "stalled")
-                && b.iter().any(|b| b["batch"] == done.as_str() && b["state"] == "reported")
-        })
-    })
+    wait_json(
+        &http,
+        &api("/api/overview"),
+        "the stuck batch stalled",
+        |v| {
+            v["batches"].as_array().is_some_and(|b| {
+                b.iter()
+                    .any(|b| b["batch"] == stuck.as_str() && b["state"] == "stalled")
+                    && b.iter()
+                        .any(|b| b["batch"] == done.as_str() && b["state"] == "reported")
+            })
+        },
+    )
     .await;
     let dlq = wait_json(&http, &api("/api/dlq"), "the dead letter", |v| {
         v["deadLetters"].as_array().is_some_and(|d| d.len() == 1)
@@ -221,7 +241,10 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
     // stalled with 2 of 3 chunks.
     let dom = dump_dom(&api("/"));
     let row = row_of(&dom, &done);
-    assert!(row.contains("reported") && row.contains("completed"), "{row}");
+    assert!(
+        row.contains("reported") && row.contains("completed"),
+        "{row}"
+    );
     let row = row_of(&dom, &stuck);
     assert!(row.contains("stalled") && row.contains("2/3"), "{row}");
     assert!(dom.contains("id=\"streams\""), "no stream health:\n{dom}");
@@ -234,7 +257,10 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
         dom.contains("Missing seqs (not accepted yet): 1<"),
         "the stuck batch's page does not name seq 1:\n{dom}"
     );
-    assert!(dom.contains("id=\"timeline\"") && dom.contains("chunk_assigned"), "{dom}");
+    assert!(
+        dom.contains("id=\"timeline\"") && dom.contains("chunk_assigned"),
+        "{dom}"
+    );
     screenshot(&page, &shots().join("batch.png"));
 
     // The dead letters list the undecodable entry with its reason.
@@ -262,7 +288,11 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
             .is_some_and(|d| d.iter().any(|l| l["id"] == letter_id.as_str()))
     };
     for (what, req, status) in [
-        ("no token", http.post(&redrive).header("X-Groupcast-Board", "1"), 401),
+        (
+            "no token",
+            http.post(&redrive).header("X-Groupcast-Board", "1"),
+            401,
+        ),
         (
             "a wrong token",
             http.post(&redrive)
@@ -278,11 +308,18 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
                 .bearer_auth(TOKEN),
             403,
         ),
-        ("no board header", http.post(&redrive).bearer_auth(TOKEN), 403),
+        (
+            "no board header",
+            http.post(&redrive).bearer_auth(TOKEN),
+            403,
+        ),
     ] {
         let r = req.send().await.expect("post");
         assert_eq!(r.status().as_u16(), status, "{what}");
-        assert!(still_there().await, "a refused redrive ({what}) changed something");
+        assert!(
+            still_there().await,
+            "a refused redrive ({what}) changed something"
+        );
     }
     // A read-only board (no token configured) refuses even the right token.
     let read_only = start_board(&url, None).await;
@@ -305,6 +342,9 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
         .await
         .expect("post");
     assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
-    assert!(!still_there().await, "the redriven dead letter is still there");
+    assert!(
+        !still_there().await,
+        "the redriven dead letter is still there"
+    );
     rig.stop().await;
 }

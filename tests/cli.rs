@@ -134,12 +134,7 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     );
     assert_eq!(out.status.code(), Some(2), "a CSV is not a template");
 
-    let n: usize = store
-        .conn
-        .clone()
-        .xlen(store.keys.ingest(0))
-        .await
-        .expect("xlen");
+    let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
     assert_eq!(n, 0, "nothing appended by refused submits");
 
     let out = groupcast(
@@ -164,12 +159,7 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["chunks"], 2);
-    let n: usize = store
-        .conn
-        .clone()
-        .xlen(store.keys.ingest(0))
-        .await
-        .expect("xlen");
+    let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
     assert_eq!(n, 2);
 }
 
@@ -319,8 +309,7 @@ async fn replay_verify_reports_a_tampered_state_and_replay_repairs_it() {
     let state = rig.store.keys.batch(batch).state;
     let _: () = rig
         .store
-        .conn
-        .clone()
+        .raw_conn()
         .hset(&state, "registered", "299")
         .await
         .expect("hset");
@@ -407,7 +396,7 @@ async fn dead_letters_can_be_listed_and_redriven() {
         cmd.arg(format!("f:{k}")).arg(v.as_slice());
     }
     let good_id: String = cmd
-        .query_async(&mut rig.store.conn.clone())
+        .query_async(&mut rig.store.raw_conn())
         .await
         .expect("xadd");
     let out = groupcast(&url, &["dlq", "redrive", &good_id]);
@@ -493,9 +482,14 @@ async fn status_and_audit_tell_a_queued_batch_and_whether_a_worker_reads_it() {
     // No worker ever started: no consumer group.
     let out = groupcast(&url, &["status", "queued-one"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        text.contains("queued, 3 chunk(s) with 250 recipients") && text.contains("no worker has ever read"),
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("queued, 3 chunk(s) with 250 recipients")
+            && text.contains("no worker has ever read"),
         "{text}"
     );
     let out = groupcast(&url, &["status", "queued-one", "--json"]);
@@ -505,7 +499,10 @@ async fn status_and_audit_tell_a_queued_batch_and_whether_a_worker_reads_it() {
     assert_eq!(v["ingestGroupExists"], false);
     let out = groupcast(&url, &["audit", "queued-one"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("queued, 3 chunk(s)"), "{text}");
+    assert!(
+        out.status.success() && text.contains("queued, 3 chunk(s)"),
+        "{text}"
+    );
     // The group exists, with no consumer: still queued, and said so.
     store
         .ensure_group(&store.keys.ingest(0), groupcast::keys::LOADERS_GROUP)

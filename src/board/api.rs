@@ -310,7 +310,7 @@ pub async fn redrive(
             format!("no dead letter {id}"),
         ));
     };
-    match board.store.redrive(*shard, letter).await? {
+    match board.store.redrive_letter(*shard, letter).await? {
         Some(source) => {
             tracing::info!(dead_letter = %id, %source, "redriven from the board");
             Ok(Json(json!({ "redriven": id, "to": source })))

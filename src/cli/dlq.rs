@@ -124,7 +124,7 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
             let mut n = 0;
             for (shard, e) in letters.iter().filter(|(_, e)| every || ids.contains(&e.id)) {
                 let Some(source) = store
-                    .redrive(*shard, e)
+                    .redrive_letter(*shard, e)
                     .await
                     .map_err(|err| CliError::Redis(format!("redriving {}: {err}", e.id)))?
                 else {

@@ -182,9 +182,9 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
                 h.what.to_string(),
                 h.length.to_string(),
                 h.group.unwrap_or("-").to_string(),
-                show(h.info.as_ref().map(|i| i.consumers)),
-                show(h.info.as_ref().map(|i| i.pending)),
-                show(h.info.as_ref().and_then(|i| i.lag)),
+                show(h.consumers),
+                show(h.pending),
+                show(h.lag),
             ]
         })
         .collect();
@@ -192,7 +192,9 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
     let mut batch_rows = Vec::new();
     let mut batches = Vec::new();
     for shard in 0..store.keys.shards() {
-        for b in store.active_batches(shard).await? {
+        let mut active = store.active_batches(shard).await?;
+        active.sort();
+        for b in active {
             let p = store.batch(&b).state().await?;
             let hb = p.int("hb") as u64;
             let quiet = (hb > 0).then(|| now.saturating_sub(hb));

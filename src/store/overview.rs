@@ -5,28 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use redis::{AsyncCommands, Value};
+use redis::Value;
 
+use super::info::GroupInfo;
 use super::queue::{parse_entries, Entry};
-use super::{Store, StoreResult};
+use super::{Store, StoreError, StoreResult};
 use crate::events::chunk::ChunkRef;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
-use crate::worker::maintenance::group_field;
-
-/// A consumer group as `XINFO GROUPS` describes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupInfo {
-    /// Consumers registered in the group (0: no worker reads it now, or
-    /// none ever did since the group was made).
-    pub consumers: u64,
-    /// Entries delivered and not acknowledged.
-    pub pending: u64,
-    /// Entries not delivered yet (`None` when Redis cannot tell).
-    pub lag: Option<u64>,
-    /// The id of the last entry delivered to the group.
-    pub last_delivered: String,
-}
 
 /// One stream (or the delayed-retries set) of one shard.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -42,9 +27,14 @@ pub struct StreamHealth {
     pub length: u64,
     /// The consumer group that reads it, if any.
     pub group: Option<&'static str>,
-    /// That group's state; `None` when it does not exist yet (no worker
-    /// ever started on this shard).
-    pub info: Option<GroupInfo>,
+    /// Whether that group exists (a worker started once on this shard).
+    pub group_exists: bool,
+    /// Consumers in the group (0: no worker reads the stream).
+    pub consumers: Option<u64>,
+    /// Entries delivered to the group and not acknowledged.
+    pub pending: Option<u64>,
+    /// Entries not delivered to the group yet.
+    pub lag: Option<u64>,
 }
 
 /// A batch whose chunks wait in the ingest stream, unread by any worker.
@@ -126,39 +116,20 @@ pub struct ReportedBatch {
     pub entry: String,
 }
 
-/// Parses an `XINFO GROUPS` reply for one group.
-fn group_info(v: &Value, group: &str) -> Option<GroupInfo> {
-    let num = |f: &str| group_field(v, group, f).and_then(|x| x.parse::<u64>().ok());
-    let last_delivered = group_field(v, group, "last-delivered-id")?;
-    Some(GroupInfo {
-        consumers: num("consumers").unwrap_or(0),
-        pending: num("pending").unwrap_or(0),
-        lag: num("lag"),
-        last_delivered,
-    })
-}
-
 impl Store {
     /// A consumer group of a stream; `None` when the stream or the group
-    /// does not exist.
-    pub async fn group_info(&self, stream: &str, group: &str) -> StoreResult<Option<GroupInfo>> {
-        let reply = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(stream)
-            .query_async::<Value>(&mut self.conn.clone())
-            .await;
-        match reply {
-            Ok(v) => Ok(group_info(&v, group)),
-            // No such key: no stream, so no group.
-            Err(e) if e.code() == Some("ERR") && e.to_string().contains("no such key") => Ok(None),
-            Err(e) => Err(e.into()),
+    /// does not exist (no worker ever started on it).
+    pub async fn group_if_any(&self, stream: &str, group: &str) -> StoreResult<Option<GroupInfo>> {
+        match self.group_info(stream, group).await {
+            Ok(info) => Ok(info),
+            Err(StoreError::Redis(e)) if e.to_string().contains("no such key") => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
     /// Every stream of every shard with its length and its consumer group.
     pub async fn stream_health(&self) -> StoreResult<Vec<StreamHealth>> {
         let keys = &self.keys;
-        let mut conn = self.conn.clone();
         let mut out = Vec::new();
         for shard in 0..keys.shards() {
             for (key, what, group) in [
@@ -167,9 +138,9 @@ impl Store {
                 (keys.dead_letters(shard), "dead letters", None),
                 (keys.reports(shard), "reports", None),
             ] {
-                let length: u64 = conn.xlen(&key).await?;
+                let length = self.stream_len(&key).await?;
                 let info = match group {
-                    Some(g) => self.group_info(&key, g).await?,
+                    Some(g) => self.group_if_any(&key, g).await?,
                     None => None,
                 };
                 out.push(StreamHealth {
@@ -178,18 +149,22 @@ impl Store {
                     what,
                     length,
                     group,
-                    info,
+                    group_exists: info.is_some(),
+                    consumers: info.as_ref().and_then(|i| i.consumers),
+                    pending: info.as_ref().and_then(|i| i.pending),
+                    lag: info.as_ref().and_then(|i| i.lag),
                 });
             }
-            let key = keys.delayed(shard);
-            let length: u64 = conn.zcard(&key).await?;
             out.push(StreamHealth {
-                key,
+                key: keys.delayed(shard),
                 shard,
                 what: "delayed retries",
-                length,
+                length: self.delayed_len(shard).await?,
                 group: None,
-                info: None,
+                group_exists: false,
+                consumers: None,
+                pending: None,
+                lag: None,
             });
         }
         Ok(out)
@@ -201,9 +176,9 @@ impl Store {
     /// place, without copying its recipients.
     pub async fn queued(&self, shard: u32) -> StoreResult<Queued> {
         let stream = self.keys.ingest(shard);
-        let info = self.group_info(&stream, LOADERS_GROUP).await?;
-        let mut start = match &info {
-            Some(i) => format!("({}", i.last_delivered),
+        let info = self.group_if_any(&stream, LOADERS_GROUP).await?;
+        let mut start = match info.as_ref().and_then(|i| i.last_delivered.as_deref()) {
+            Some(id) => format!("({id}"),
             None => "-".to_string(),
         };
         let mut batches: BTreeMap<String, QueuedBatch> = BTreeMap::new();
@@ -246,7 +221,7 @@ impl Store {
         Ok(Queued {
             shard,
             group_exists: info.is_some(),
-            consumers: info.map_or(0, |i| i.consumers),
+            consumers: info.and_then(|i| i.consumers).unwrap_or(0),
             batches: batches.into_values().collect(),
             unreadable,
         })
@@ -259,13 +234,6 @@ impl Store {
             out.push(self.queued(shard).await?);
         }
         Ok(out)
-    }
-
-    /// The batches of a shard not reported yet, sorted.
-    pub async fn active_batches(&self, shard: u32) -> StoreResult<Vec<String>> {
-        let mut v: Vec<String> = self.conn.clone().smembers(self.keys.active(shard)).await?;
-        v.sort();
-        Ok(v)
     }
 
     /// The newest `limit` report entries of a shard, newest first.
@@ -307,21 +275,17 @@ impl Store {
     /// Puts a dead letter back on the stream it came from and removes it
     /// from the dead letters, in one transaction (never both, never
     /// neither). Returns the stream, or `None` when the letter names none.
-    pub async fn redrive(&self, shard: u32, letter: &Entry) -> StoreResult<Option<String>> {
+    pub async fn redrive_letter(&self, shard: u32, letter: &Entry) -> StoreResult<Option<String>> {
         let Some(source) = letter.text("source") else {
             return Ok(None);
         };
-        let mut pipe = redis::pipe();
-        pipe.atomic().cmd("XADD").arg(&source).arg("*");
-        for (k, v) in &letter.fields {
-            if let Some(k) = k.strip_prefix("f:") {
-                pipe.arg(k).arg(v.as_slice());
-            }
-        }
-        pipe.cmd("XDEL")
-            .arg(self.keys.dead_letters(shard))
-            .arg(&letter.id);
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        let fields: Vec<(String, Vec<u8>)> = letter
+            .fields
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix("f:").map(|k| (k.to_string(), v.clone())))
+            .collect();
+        self.redrive(&self.keys.dead_letters(shard), &letter.id, &source, &fields)
+            .await?;
         Ok(Some(source))
     }
 }

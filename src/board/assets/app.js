@@ -118,9 +118,9 @@ function overview(data) {
     h("tbody", {}, data.streams.map((s) => h("tr", { class: s.what === "dead letters" && s.length > 0 ? "warn" : "" },
       h("td", { class: "num" }, s.shard), h("td", { title: s.key }, s.what), h("td", { class: "num" }, s.length),
       h("td", {}, s.group || "-"),
-      h("td", { class: "num" }, s.info ? s.info.consumers : "-"),
-      h("td", { class: "num" }, s.info ? s.info.pending : "-"),
-      h("td", { class: "num" }, s.info && s.info.lag !== null ? s.info.lag : "-")))));
+      h("td", { class: "num" }, s.consumers ?? "-"),
+      h("td", { class: "num" }, s.pending ?? "-"),
+      h("td", { class: "num" }, s.lag ?? "-")))));
   return [
     h("section", {}, h("div", { class: "toolbar" }, h("h1", {}, "Batches"), stateFilter, search,
       h("span", { class: "muted" }, data.batches.length + " batch(es); stalled after " + ago(data.stallAfterMs) + " quiet")), table),
