@@ -412,7 +412,7 @@ pub fn zero(shards: u32) {
                 Kind::Counter => metrics::counter!(m.name, labels).increment(0),
                 Kind::Gauge => metrics::gauge!(m.name, labels).increment(0.0),
                 Kind::Histogram => {
-                    metrics::histogram!(m.name, labels);
+                    let _ = metrics::histogram!(m.name, labels);
                 }
             }
         }

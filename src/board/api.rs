@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::auth::authorize;
 use super::Board;
-use crate::cli::status::{now_ms, queued_json};
+use crate::cli::status::{generations_json, now_ms, queued_json};
 use crate::events::{entry_millis, Event};
 use crate::keys::validate_batch_id;
 use crate::projection::Projection;
@@ -58,26 +58,6 @@ pub fn batch_state(p: &Projection, quiet_ms: Option<u64>, stall_after_ms: u64) -
     }
 }
 
-fn generations(p: &Projection) -> Vec<Value> {
-    (0..p.generations())
-        .map(|g| {
-            json!({
-                "generation": g,
-                "group": p.gen_field(g, "group"),
-                "recipients": p.gen_int(g, "n"),
-                "chunks": p.gen_int(g, "c"),
-                "loaded": p.gen_int(g, "l"),
-                "registered": p.gen_int(g, "reg"),
-                "failed": p.gen_int(g, "fail"),
-                "closed": p.gen_field(g, "closed"),
-                "sent": p.gen_field(g, "sent"),
-                "refused": p.gen_field(g, "refused"),
-                "providerStatus": p.gen_field(g, "done"),
-            })
-        })
-        .collect()
-}
-
 /// One batch's row of the overview.
 fn row(board: &Board, batch: &str, shard: u32, p: &Projection, now: u64, queued: u64) -> Value {
     let hb = p.int("hb") as u64;
@@ -98,7 +78,7 @@ fn row(board: &Board, batch: &str, shard: u32, p: &Projection, now: u64, queued:
         "stalls": p.int("stalls"),
         "ageMs": (t0 > 0).then(|| now.saturating_sub(t0)),
         "quietMs": quiet,
-        "generations": generations(p),
+        "generations": generations_json(p),
     })
 }
 

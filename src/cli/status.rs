@@ -20,9 +20,9 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-/// The state of a batch as JSON.
-pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
-    let gens: Vec<_> = (0..p.generations())
+/// A batch's generations as JSON (`done`: the provider's final status).
+pub fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
+    (0..p.generations())
         .map(|g| {
             serde_json::json!({
                 "generation": g,
@@ -38,7 +38,12 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
                 "done": p.gen_field(g, "done"),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The state of a batch as JSON.
+pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
+    let gens = generations_json(p);
     serde_json::json!({
         "batch": batch,
         "chunks": p.int("seqs"),

@@ -75,7 +75,7 @@ function progress(gens) {
   return h("div", { class: "gens" }, gens.map((g) => {
     const pct = g.chunks > 0 ? Math.round((100 * g.loaded) / g.chunks) : 0;
     const label = "gen " + g.generation + ": " + g.loaded + "/" + g.chunks + " chunks" +
-      (g.sent ? ", sent" : "") + (g.providerStatus ? ", " + g.providerStatus : "");
+      (g.sent ? ", sent" : "") + (g.done ? ", " + g.done : "");
     return h("div", { class: "bar" + (g.sent ? " sent" : ""), title: label },
       fill(pct),
       h("span", {}, "g" + g.generation + " " + g.loaded + "/" + g.chunks + (g.sent ? " ✓" : "")));
@@ -134,7 +134,7 @@ function batchPage(b, events) {
     h("tbody", {}, (b.generations || []).map((g) => h("tr", {},
       h("td", { class: "num" }, g.generation), h("td", {}, g.group || "-"), h("td", { class: "num" }, g.recipients),
       h("td", { class: "num" }, g.loaded + "/" + g.chunks), h("td", { class: "num" }, g.registered), h("td", { class: "num" }, g.failed),
-      h("td", {}, g.closed || "-"), h("td", {}, g.refused ? "REFUSED: " + g.refused : (g.sent || "-")), h("td", {}, g.providerStatus || "-")))));
+      h("td", {}, g.closed || "-"), h("td", {}, g.refused ? "REFUSED: " + g.refused : (g.sent || "-")), h("td", {}, g.done || "-")))));
   const missing = b.missingSeqs && b.missingSeqs.length > 0
     ? h("p", { id: "missing", class: "warn" }, "Missing seqs (not accepted yet): " + b.missingSeqs.join(", ") +
       (b.lastSeqKnown ? "" : " (the last chunk has not arrived either)"))
