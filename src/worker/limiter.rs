@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::scripts::SCRIPTS;
 use crate::store::{Store, StoreResult};
 
 /// The shared limiter.
@@ -36,13 +35,9 @@ impl Limiter {
             return Ok(Duration::ZERO);
         }
         let started = Instant::now();
-        let wait_ms: u64 = SCRIPTS
-            .rate_limit
-            .key(&self.key)
-            .arg(self.rate)
-            .arg(self.burst)
-            .arg(requests)
-            .invoke_async(&mut self.store.conn.clone())
+        let wait_ms = self
+            .store
+            .reserve_rate(&self.key, self.rate, self.burst, requests)
             .await?;
         if wait_ms > 0 {
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
