@@ -38,6 +38,10 @@ pub struct Scripts {
     pub promote: Script,
     /// `rate_limit.lua`.
     pub rate_limit: Script,
+    /// `renew_lease.lua`.
+    pub renew_lease: Script,
+    /// `restore.lua`.
+    pub restore: Script,
 }
 
 /// The scripts.
@@ -53,4 +57,6 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     retry_later: Script::new(include_str!("../../streams/scripts/retry_later.lua")),
     promote: Script::new(include_str!("../../streams/scripts/promote.lua")),
     rate_limit: Script::new(include_str!("../../streams/scripts/rate_limit.lua")),
+    renew_lease: Script::new(include_str!("../../streams/scripts/renew_lease.lua")),
+    restore: Script::new(include_str!("../../streams/scripts/restore.lua")),
 });

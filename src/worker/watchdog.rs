@@ -1,7 +1,11 @@
 //! The watchdog: batches that went quiet before their report.
 //!
 //! Every event refreshes its batch's heartbeat (`hb` in the state hash, the
-//! entry id's milliseconds; `batch_stalled` itself excepted). One scanner at
+//! entry id's milliseconds; `batch_stalled` itself excepted). Waits that
+//! append no event but show the batch progressing (a poll of a group the
+//! provider is still sending, a rate-limiter or durability wait) stamp
+//! `alive` instead, in the same step that schedules the retry; the batch's
+//! last sign of life is the later of the two. One scanner at
 //! a time goes over each shard's set of active batches: the scanner holds a
 //! *lease* (a key with a TTL, renewed by its holder on every scan and released
 //! on shutdown, so a crashed scanner's lease simply expires and another
@@ -77,7 +81,7 @@ return 0
 });
 
 /// Appends `batch_stalled` only if the batch is still quiet since the same
-/// heartbeat and has no report: the check and the append are one step, so a
+/// heartbeat (the later of `hb` and `alive`) and has no report: the check and the append are one step, so a
 /// batch that reports (or wakes up) while the scan runs is never marked.
 /// KEYS: state, events. ARGV: batch, key, type, data, expected hb, then
 /// triples (op, field, value) as in `append.lua`.
@@ -88,14 +92,15 @@ static STALLED: LazyLock<Script> = LazyLock::new(|| {
         include_str!("../../streams/scripts/prelude.lua"),
         r"
 local key = ARGV[2]
-local f = redis.call('HMGET', STATE, 'k:' .. key, 'report', 'hb')
+local f = redis.call('HMGET', STATE, 'k:' .. key, 'report', 'hb', 'alive')
 if f[1] then
   return reply({'duplicate', f[1]})
 end
 if f[2] then
   return reply({'reported'})
 end
-if f[3] ~= ARGV[5] then
+local last = math.max(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
+if last ~= tonumber(ARGV[5]) then
   return reply({'fresh'})
 end
 local id = emit(key, ARGV[3], ARGV[4], false)
@@ -221,15 +226,17 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
 
 async fn check(store: &Store, log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
     let f = log
-        .fields(&["hb".to_string(), "report".to_string()])
+        .fields(&["hb".to_string(), "report".to_string(), "alive".to_string()])
         .await?;
     if f[1].is_some() {
         return Ok(Check::Healed);
     }
-    let Some(hb_text) = f[0].clone() else {
+    let Some(hb_text) = f[0].as_deref() else {
         return heal_without_state(log).await;
     };
-    let hb: u64 = hb_text.parse().unwrap_or(0);
+    let ms = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let hb = ms(Some(hb_text)).max(ms(f[2].as_deref()));
+    let hb_text = hb.to_string();
     let quiet = now.saturating_sub(hb);
     if quiet <= threshold {
         return Ok(Check::Fine);

@@ -9,7 +9,7 @@ use crate::provider::{
     KakaoOptions, Message, MessageType, ProviderError, MAX_MESSAGES_PER_REQUEST,
 };
 use crate::store::batch::BatchLog;
-use crate::worker::ops::{durability_wait, wait_for_disk, OpError, Outcome};
+use crate::worker::ops::{durability_wait, provider_slots, wait_for_disk, OpError, Outcome};
 use crate::worker::Ctx;
 
 fn message_type(kind: &str) -> MessageType {
@@ -326,7 +326,9 @@ async fn load<R: RecipientFields + Sync>(
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
-    ctx.limiter.acquire(requests).await?;
+    if let Some(back) = provider_slots(ctx, requests).await? {
+        return Ok(back);
+    }
     let summary = match add_all(ctx, group_id, template, recipients).await {
         Ok(s) => s,
         Err(e) => {

@@ -15,7 +15,9 @@
 use crate::events::{Event, SendRefused};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{durability_wait, wait_for_disk, Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::{
+    durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
+};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -60,13 +62,16 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             seq: None,
             group_id: Some(group_id.clone()),
             attempt: 0,
+            since: 0,
         }),
         c: None,
     }
     .encode();
     let poll_ms = ctx.config.poll_interval.as_millis() as u64;
 
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let group = match ctx.provider.get_group(&group_id).await {
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),
@@ -91,7 +96,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         log.append(&format!("refused/{gen}"), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let outcome = match ctx.provider.send_group(&group_id).await {
         Ok(_) => "sent",
         Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",
