@@ -1,4 +1,4 @@
-//! The provider contract (`/work/shared/spec/provider-api.md`), exercised
+//! The provider contract (`docs/provider-api.md`), exercised
 //! with the real client against the in-process mock on a free port.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! A mock of the provider (`/work/shared/spec/provider-api.md`) on axum, with
+//! A mock of the provider (`docs/provider-api.md`) on axum, with
 //! a ledger of everything it saw and fault injection, for tests and
 //! benchmarks on loopback.
 //!

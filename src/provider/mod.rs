@@ -1,5 +1,5 @@
 //! The provider client: a typed, signed HTTP client for the provider's group
-//! API (`/work/shared/spec/provider-api.md`, a subset of Solapi Message API v4).
+//! API (`docs/provider-api.md`, a subset of Solapi Message API v4).
 //!
 //! - [`model`]: the JSON objects.
 //! - [`auth`]: request signing (and verification, for the mock).

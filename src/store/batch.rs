@@ -98,11 +98,12 @@ pub struct BatchLog {
     pub keys: BatchKeys,
 }
 
+/// The key and entry id of the last event a script appended, if any.
+type LastEvent = Option<(String, String)>;
+
 /// A script's reply, without its trailing elements: `ev=<types>`, whose
 /// event types are counted in `groupcast_events_appended_total`, and, when an
 /// event was appended, `w=<key>|<entry id>` of the last one (returned).
-/// The key and entry id of the last event a script appended, if any.
-type LastEvent = Option<(String, String)>;
 
 pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
     let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {

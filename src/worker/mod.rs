@@ -111,9 +111,6 @@ impl Ctx {
         Ok(())
     }
 
-    /// Counts an entry of `stream` (`ingest`, `work`) in or out of
-    /// handling. The gauge is per process: several contexts in one process
-    /// (the demo, tests) add up instead of overwriting each other.
     /// The generation this process last saw a chunk of `batch` join (0 if
     /// none): a hint that saves the accept script a read.
     pub fn gen_hint(&self, batch: &str) -> u32 {
@@ -136,6 +133,9 @@ impl Ctx {
         }
     }
 
+    /// Counts an entry of `stream` (`ingest`, `work`) in or out of
+    /// handling. The gauge is per process: several contexts in one process
+    /// (the demo, tests) add up instead of overwriting each other.
     fn in_flight(&self, stream: &'static str, delta: i64) {
         metrics::gauge!("groupcast_worker_in_flight", "stream" => stream).increment(delta as f64);
     }
