@@ -151,11 +151,14 @@ async fn exactly_one_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str, recipient
     rig.verify(&[batch.to_string()]).await;
 }
 
-fn with_hook(url: String, config: WorkerConfig) -> WorkerConfig {
-    WorkerConfig {
-        report_webhook: Some(url),
+/// A rig of `workers` whose reports go to a fresh [`Hook`].
+async fn rig_with_hook(workers: usize, config: WorkerConfig, mock: MockConfig) -> (Rig, Hook) {
+    let hook = Hook::default();
+    let config = WorkerConfig {
+        report_webhook: Some(hook.serve().await),
         ..config
-    }
+    };
+    (Rig::start(workers, config, mock).await, hook)
 }
 
 /// All 5xx for longer than the old retry budget (8 attempts, spent in
@@ -163,15 +166,11 @@ fn with_hook(url: String, config: WorkerConfig) -> WorkerConfig {
 /// provider recovers and the batch reports, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_outage_longer_than_the_old_retry_budget_still_ends_in_one_report() {
-    let hook = Hook::default();
-    let config = with_hook(
-        hook.serve().await,
-        WorkerConfig {
-            group_cap: 1_000,
-            ..test_config()
-        },
-    );
-    let rig = Rig::start(3, config, mock_config()).await;
+    let config = WorkerConfig {
+        group_cap: 1_000,
+        ..test_config()
+    };
+    let (rig, hook) = rig_with_hook(3, config, mock_config()).await;
     let batch = "outage";
     let n = 3_000;
     // Half the chunks first: the outage starts with work in every stage.
@@ -222,10 +221,8 @@ async fn a_provider_outage_longer_than_the_old_retry_budget_still_ends_in_one_re
 /// old budget allowed; when it is back, the report is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_report_webhook_down_for_a_while_gets_its_report_once_it_is_back() {
-    let hook = Hook::default();
+    let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
     hook.down.store(true, Ordering::SeqCst);
-    let config = with_hook(hook.serve().await, test_config());
-    let rig = Rig::start(2, config, mock_config()).await;
     let batch = "hook-down";
     append_chunks(&rig.store, &shuffled_chunks(batch, 62, 600, 100, 4))
         .await
@@ -256,15 +253,11 @@ async fn a_report_webhook_down_for_a_while_gets_its_report_once_it_is_back() {
 /// rebuilt atomically.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replay_while_workers_run_loses_nothing() {
-    let hook = Hook::default();
-    let config = with_hook(
-        hook.serve().await,
-        WorkerConfig {
-            group_cap: 700,
-            ..test_config()
-        },
-    );
-    let rig = Rig::start(3, config, mock_config()).await;
+    let config = WorkerConfig {
+        group_cap: 700,
+        ..test_config()
+    };
+    let (rig, hook) = rig_with_hook(3, config, mock_config()).await;
     let batch = "replayed";
     let n = 4_000;
     let log = rig.store.batch(batch);
@@ -320,24 +313,20 @@ async fn replay_while_workers_run_loses_nothing() {
 /// added exactly once: no `1026` at the provider).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_provider_and_long_limiter_waits_are_neither_stalls_nor_double_runs() {
-    let hook = Hook::default();
-    let config = with_hook(
-        hook.serve().await,
-        WorkerConfig {
-            rate_limit: 8,
-            rate_burst: 1,
-            visibility_timeout: Duration::from_millis(800),
-            stall_after: Duration::from_secs(2),
-            watchdog_interval: Duration::from_millis(100),
-            poll_interval: Duration::from_millis(100),
-            ..test_config()
-        },
-    );
+    let config = WorkerConfig {
+        rate_limit: 8,
+        rate_burst: 1,
+        visibility_timeout: Duration::from_millis(800),
+        stall_after: Duration::from_secs(2),
+        watchdog_interval: Duration::from_millis(100),
+        poll_interval: Duration::from_millis(100),
+        ..test_config()
+    };
     let mock = MockConfig {
         complete_after: Duration::from_secs(5),
         ..mock_config()
     };
-    let rig = Rig::start(2, config, mock).await;
+    let (rig, hook) = rig_with_hook(2, config, mock).await;
     let batch = "slow";
     // No chunk twice in the input: every add at the provider is then one
     // chunk's first and only one, unless an entry ran twice.
