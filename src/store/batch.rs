@@ -104,7 +104,6 @@ type LastEvent = Option<(String, String)>;
 /// A script's reply, without its trailing elements: `ev=<types>`, whose
 /// event types are counted in `groupcast_events_appended_total`, and, when an
 /// event was appended, `w=<key>|<entry id>` of the last one (returned).
-
 pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
     let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {
         StoreError::UnexpectedReply {
