@@ -338,7 +338,7 @@ async fn dead_letters(rig: &Rig) -> Vec<(String, String, Option<String>)> {
         .arg(rig.store.keys.dead_letters(0))
         .arg("-")
         .arg("+")
-        .query_async(&mut rig.store.conn.clone())
+        .query_async(&mut rig.store.raw_conn())
         .await
         .expect("xrange dead letters");
     groupcast::store::queue::parse_entries(&v)

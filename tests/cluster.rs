@@ -13,7 +13,7 @@ use groupcast::events::{BatchStalled, ChunkLoaded, Event};
 use groupcast::keys::{Keyspace, LOADERS_GROUP, OPERATORS_GROUP};
 use groupcast::producer::append_chunks;
 use groupcast::redis_cluster::{hash_slot, RedisCluster};
-use groupcast::store::batch::{Accepted, Appended, GroupRecord, Parked};
+use groupcast::store::batch::{Accepted, Appended, Completion, GroupRecord, Parked};
 use groupcast::store::queue::DelayedEntry;
 use groupcast::store::scripts::SCRIPTS;
 use groupcast::store::Store;
@@ -393,7 +393,7 @@ fn every_script_call_keeps_its_keys_on_one_slot() {
 /// Runs every script through its real call site, for a batch on every shard
 /// of the cluster.
 async fn run_every_script(store: &Store, round: u32) {
-    let mut conn = store.conn.clone();
+    let mut conn = store.raw_conn();
     let limiter = Limiter::new(store.clone(), 100_000, 1_000);
     for shard in 0..store.keys.shards() {
         let b = (0..)
@@ -435,7 +435,7 @@ async fn run_every_script(store: &Store, round: u32) {
             log.completed(0, "G1", "COMPLETE", 2, 0, 60, false)
                 .await
                 .expect("completed"),
-            "reported"
+            Completion::Reported
         );
         let stall = Event::BatchStalled(BatchStalled {
             quiet_since_ms: 1,
@@ -562,7 +562,7 @@ async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
             .arg(&log.keys.state)
             .arg("hb")
             .arg(1)
-            .query_async(&mut store.conn.clone())
+            .query_async(&mut store.raw_conn())
             .await
             .expect("age the heartbeat");
         quiet.insert(b);
@@ -599,7 +599,7 @@ async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
         .key(&a.state)
         .key(&other)
         .arg("scripted-0-0")
-        .invoke_async::<redis::Value>(&mut store.conn.clone())
+        .invoke_async::<redis::Value>(&mut store.raw_conn())
         .await
         .expect_err("cross-slot keys");
     assert_eq!(err.code(), Some("CROSSSLOT"), "{err}");
@@ -636,7 +636,7 @@ async fn a_blocking_read_neither_times_out_nor_stalls_other_commands() {
         let _: String = redis::cmd("SET")
             .arg(format!("{{s0}}:probe:{i}"))
             .arg(i)
-            .query_async(&mut store.conn.clone())
+            .query_async(&mut store.raw_conn())
             .await
             .expect("set");
     }
@@ -726,7 +726,7 @@ async fn dead_letters_are_redriven_on_every_shard() {
     for shard in 0..6 {
         let len: u64 = redis::cmd("XLEN")
             .arg(store.keys.ingest(shard))
-            .query_async(&mut store.conn.clone())
+            .query_async(&mut store.raw_conn())
             .await
             .expect("xlen");
         assert_eq!(len, 1, "shard {shard}'s ingest stream");
@@ -738,7 +738,7 @@ async fn commands_follow_ask_and_moved_while_a_shard_moves_to_another_master() {
     let cluster = cluster();
     // Connected before the move: its slot map goes stale.
     let store = store_on(&cluster, 3).await;
-    let mut conn = store.conn.clone();
+    let mut conn = store.raw_conn();
     let work = store.keys.work(1);
     let slot = hash_slot(work.as_bytes());
     let to = (cluster.owner_of_slot(slot).expect("owner") + 1) % cluster.len();

@@ -142,15 +142,8 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
                         .collect(),
                 );
                 // Put back and remove in one transaction: never both, never neither.
-                let mut pipe = redis::pipe();
-                pipe.atomic().cmd("XADD").arg(&source).arg("*");
-                for (k, v) in &fields {
-                    pipe.arg(k).arg(v.as_slice());
-                }
-                pipe.cmd("XDEL")
-                    .arg(store.keys.dead_letters(*shard))
-                    .arg(&e.id);
-                pipe.query_async::<()>(&mut store.conn.clone())
+                store
+                    .redrive(&store.keys.dead_letters(*shard), &e.id, &source, &fields)
                     .await
                     .map_err(|err| CliError::Redis(format!("redriving {}: {err}", e.id)))?;
                 outln!("redrove {} to {source}", e.id);

@@ -198,9 +198,7 @@ impl RedisArgs {
         let url = self.url_with(creds);
         let keys = Keyspace::new(self.prefix.clone(), self.shards);
         let store = Store::connect_with_tls(&url, keys, tls).await?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut store.conn.clone())
-            .await?;
+        store.ping().await?;
         Ok(store)
     }
 

@@ -102,30 +102,70 @@ pub struct WorkerConfig {
     pub drain_timeout: Duration,
 }
 
+impl WorkerConfig {
+    // The defaults, written once: `Default` and the CLI flags both use them.
+    /// Default of [`WorkerConfig::concurrency`].
+    pub const CONCURRENCY: usize = 8;
+    /// Default of [`WorkerConfig::group_cap`].
+    pub const GROUP_CAP: u64 = 1_000_000;
+    /// Default of [`WorkerConfig::rate_limit`].
+    pub const RATE_LIMIT: u32 = 300;
+    /// Default of [`WorkerConfig::rate_burst`].
+    pub const RATE_BURST: u32 = 50;
+    /// Default of [`WorkerConfig::retry_for`].
+    pub const RETRY_FOR: Duration = Duration::from_secs(3600);
+    /// Default of [`WorkerConfig::report_retry_for`].
+    pub const REPORT_RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
+    /// Default of [`WorkerConfig::max_attempts`] (no cap).
+    pub const MAX_ATTEMPTS: u32 = 0;
+    /// Default of [`WorkerConfig::backoff_base`].
+    pub const BACKOFF_BASE: Duration = Duration::from_millis(200);
+    /// Default of [`WorkerConfig::backoff_max`].
+    pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+    /// Default of [`WorkerConfig::visibility_timeout`].
+    pub const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Default of [`WorkerConfig::max_deliveries`].
+    pub const MAX_DELIVERIES: u64 = 10;
+    /// Default of [`WorkerConfig::poll_interval`].
+    pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+    /// Default of [`WorkerConfig::retention`].
+    pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// Default of [`WorkerConfig::stall_after`].
+    pub const STALL_AFTER: Duration = Duration::from_secs(300);
+    /// Default of [`WorkerConfig::watchdog_interval`].
+    pub const WATCHDOG_INTERVAL: Duration = Duration::from_secs(10);
+    /// Default of [`WorkerConfig::gauge_interval`].
+    pub const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+    /// Default of [`WorkerConfig::block`].
+    pub const BLOCK: Duration = Duration::from_secs(2);
+    /// Default of [`WorkerConfig::drain_timeout`].
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             roles: Role::ALL.to_vec(),
-            concurrency: 8,
-            group_cap: 1_000_000,
-            rate_limit: 300,
-            rate_burst: 50,
-            retry_for: Duration::from_secs(3600),
-            report_retry_for: Duration::from_secs(24 * 3600),
-            max_attempts: 0,
-            backoff_base: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(30),
-            visibility_timeout: Duration::from_secs(30),
-            max_deliveries: 10,
-            poll_interval: Duration::from_millis(500),
+            concurrency: Self::CONCURRENCY,
+            group_cap: Self::GROUP_CAP,
+            rate_limit: Self::RATE_LIMIT,
+            rate_burst: Self::RATE_BURST,
+            retry_for: Self::RETRY_FOR,
+            report_retry_for: Self::REPORT_RETRY_FOR,
+            max_attempts: Self::MAX_ATTEMPTS,
+            backoff_base: Self::BACKOFF_BASE,
+            backoff_max: Self::BACKOFF_MAX,
+            visibility_timeout: Self::VISIBILITY_TIMEOUT,
+            max_deliveries: Self::MAX_DELIVERIES,
+            poll_interval: Self::POLL_INTERVAL,
             report_webhook: None,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            stall_after: Duration::from_secs(300),
-            watchdog_interval: Duration::from_secs(10),
-            gauge_interval: Duration::from_secs(5),
-            block: Duration::from_secs(2),
+            retention: Self::RETENTION,
+            stall_after: Self::STALL_AFTER,
+            watchdog_interval: Self::WATCHDOG_INTERVAL,
+            gauge_interval: Self::GAUGE_INTERVAL,
+            block: Self::BLOCK,
             durable_after: Duration::ZERO,
-            drain_timeout: Duration::from_secs(10),
+            drain_timeout: Self::DRAIN_TIMEOUT,
         }
     }
 }

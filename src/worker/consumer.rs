@@ -183,12 +183,7 @@ impl Acker {
                     ids.push(id);
                 }
                 for part in ids.chunks(500) {
-                    let r = redis::cmd("XACK")
-                        .arg(&stream)
-                        .arg(group)
-                        .arg(part)
-                        .query_async::<i64>(&mut store.conn.clone())
-                        .await;
+                    let r = store.ack_all(&stream, group, part).await;
                     if let Err(e) = r {
                         // They stay pending and come back after the
                         // visibility timeout: handled again, harmlessly.

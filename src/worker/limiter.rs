@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::scripts::SCRIPTS;
 use crate::store::{Store, StoreResult};
 
 /// The shared limiter.
@@ -60,15 +59,16 @@ impl Limiter {
             return Ok(Ok(Duration::ZERO));
         }
         let started = Instant::now();
-        let mut inv = SCRIPTS.rate_limit.prepare_invoke();
-        inv.key(&self.key)
-            .arg(self.rate)
-            .arg(self.burst)
-            .arg(requests);
-        if let Some(max) = max_wait {
-            inv.arg(max.as_millis() as u64);
-        }
-        let wait_ms: i64 = inv.invoke_async(&mut self.store.conn.clone()).await?;
+        let wait_ms = self
+            .store
+            .reserve_rate(
+                &self.key,
+                self.rate,
+                self.burst,
+                requests,
+                max_wait.map(|m| m.as_millis() as u64),
+            )
+            .await?;
         if wait_ms < 0 {
             return Ok(Err(Duration::from_millis(wait_ms.unsigned_abs())));
         }

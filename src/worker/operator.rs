@@ -77,12 +77,7 @@ async fn run(
             // calling the provider. A first attempt (a released parked chunk)
             // almost never is, and if it is, the add answers 1026 and
             // `loaded.lua` records nothing twice: skip the read.
-            if item.attempt > 0
-                && log
-                    .fields(&[format!("k:loaded/{}/{seq}", item.gen)])
-                    .await?[0]
-                    .is_some()
-            {
+            if item.attempt > 0 && log.is_loaded(item.gen, seq).await? {
                 Outcome::Done
             } else {
                 ops::load_chunk::run_ref(ctx, &log, &chunk, item.gen, group).await?

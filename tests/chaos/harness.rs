@@ -291,7 +291,7 @@ impl Rig {
         });
         let canary = self.canary.clone();
         let stop = self.stop.clone();
-        let mut conn = self.store.conn.clone();
+        let mut conn = self.store.raw_conn();
         let key = format!("{PREFIX}:canary");
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
@@ -478,7 +478,7 @@ impl Rig {
         for _ in 0..100 {
             if let Ok(v) = redis::cmd("GET")
                 .arg(format!("{PREFIX}:canary"))
-                .query_async::<Option<u64>>(&mut self.store.conn.clone())
+                .query_async::<Option<u64>>(&mut self.store.raw_conn())
                 .await
             {
                 survived = Some(v.unwrap_or(0));
@@ -553,7 +553,7 @@ impl Rig {
     /// either stream, and no delayed retry.
     pub async fn quiescent(&self) -> Option<bool> {
         let keys = &self.store.keys;
-        let mut conn = self.store.conn.clone();
+        let mut conn = self.store.raw_conn();
         for (stream, group) in [
             (keys.ingest(0), LOADERS_GROUP),
             (keys.work(0), OPERATORS_GROUP),

@@ -226,7 +226,7 @@ pub async fn dead_letters(store: &Store) -> Vec<(String, String)> {
             .arg(dlq)
             .arg("-")
             .arg("+")
-            .query_async(&mut store.conn.clone())
+            .query_async(&mut store.raw_conn())
             .await
             .expect("xrange");
         out.extend(

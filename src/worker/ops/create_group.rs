@@ -12,7 +12,7 @@ use crate::worker::Ctx;
 pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch(&item.batch);
     let gen = item.gen;
-    if log.fields(&[format!("g:{gen}:group")]).await?[0].is_some() {
+    if log.group_of(gen).await?.is_some() {
         return Ok(Outcome::Done);
     }
     if let Some(back) = provider_slots(ctx, 1).await? {

@@ -4,6 +4,7 @@
 
 use crate::events::chunk::{ChunkRef, RecipientFields, TemplateRef};
 use crate::events::{Chunk, ChunkLoaded, RegistrationFailure};
+use crate::projection::{event_key, field};
 use crate::provider::model::{write_json_str, write_json_str_content, AddSummary};
 use crate::provider::{
     KakaoOptions, Message, MessageType, ProviderError, MAX_MESSAGES_PER_REQUEST,
@@ -296,29 +297,30 @@ async fn load<R: RecipientFields + Sync>(
         // writes Redis lost is dropped; its chunk is loaded through what
         // survived: it is parked again, or its ingest entry redelivered) and
         // be on disk before the provider registers anyone.
-        let f = log
-            .fields(&[
-                format!("s:{seq}"),
-                format!("g:{gen}:group"),
-                format!("k:assign/{seq}"),
-                format!("k:group/{gen}"),
+        let (assign_key, group_key) = (event_key::assign(seq), event_key::group(gen));
+        let p = log
+            .read(&[
+                field::assignment(seq),
+                field::group(gen),
+                field::key(&assign_key),
+                field::key(&group_key),
             ])
             .await?;
-        let assigned_gen = f[0]
-            .as_deref()
-            .and_then(|s| s.split('|').next())
-            .and_then(|g| g.parse::<u32>().ok());
-        if assigned_gen != Some(gen) || f[1].as_deref() != Some(group_id) {
+        let assigned_gen = p.assignment(seq).map(|(g, _, _)| g);
+        if assigned_gen != Some(gen) || p.group_of(gen) != Some(group_id) {
             tracing::warn!(
                 batch = %log.batch, seq, gen, group = group_id,
-                assigned = ?assigned_gen, recorded = ?f[1],
+                assigned = ?assigned_gen, recorded = ?p.group_of(gen),
                 "load of a chunk into a group our events no longer show for it (lost Redis writes?): dropped"
             );
             metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
             return Ok(Outcome::Done);
         }
-        let ids: Vec<&str> = f[2..].iter().flatten().map(String::as_str).collect();
-        if let Some(delay) = durability_wait(ctx, &ids).await? {
+        let ids: Vec<&str> = [p.appended(&assign_key), p.appended(&group_key)]
+            .into_iter()
+            .flatten()
+            .collect();
+        if let Some(delay) = durability_wait(ctx, log, &ids).await? {
             return Ok(wait_for_disk(
                 delay,
                 format!("chunk {seq} was just assigned to generation {gen} or its group"),
@@ -337,13 +339,7 @@ async fn load<R: RecipientFields + Sync>(
                 // A repeat delivery racing the original can find the group
                 // already sent (400 InvalidGroupStatus): harmless if the chunk
                 // is recorded as loaded.
-                let key = format!("k:loaded/{gen}/{seq}");
-                if log
-                    .fields(&[key])
-                    .await?
-                    .first()
-                    .is_some_and(Option::is_some)
-                {
+                if log.is_loaded(gen, seq).await? {
                     return Ok(Outcome::Done);
                 }
             }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::provider::{ProviderError, RetryDecision};
+use crate::store::batch::BatchLog;
 use crate::store::StoreError;
 
 /// The operations.
@@ -234,6 +235,7 @@ pub enum OpError {
 /// the generation redone, and recipients registered or sent twice.
 pub async fn durability_wait(
     ctx: &crate::worker::Ctx,
+    log: &BatchLog,
     ids: &[&str],
 ) -> Result<Option<Duration>, StoreError> {
     if ctx.config.durable_after.is_zero() {
@@ -244,11 +246,9 @@ pub async fn durability_wait(
         .map(|id| crate::events::entry_millis(id))
         .max()
         .unwrap_or(0);
-    // Entry ids carry the server's clock: compare with the server's clock.
-    let (secs, micros): (String, String) = redis::cmd("TIME")
-        .query_async(&mut ctx.store.conn.clone())
-        .await?;
-    let now = secs.parse::<u64>().unwrap_or(0) * 1000 + micros.parse::<u64>().unwrap_or(0) / 1000;
+    // Entry ids carry the clock of the server that appended them: compare
+    // with that one (on a cluster, the master holding the batch).
+    let now = log.server_time_ms().await?;
     let age = Duration::from_millis(now.saturating_sub(youngest));
     Ok((age < ctx.config.durable_after)
         .then(|| ctx.config.durable_after - age + Duration::from_millis(50)))

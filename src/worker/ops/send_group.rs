@@ -13,6 +13,7 @@
 //! take back (the generation would be redone in a new group and sent twice).
 
 use crate::events::{Event, SendRefused};
+use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
 use crate::worker::ops::{
@@ -24,36 +25,37 @@ use crate::worker::Ctx;
 pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch(&item.batch);
     let gen = item.gen;
-    let f = log
-        .fields(&[
-            format!("k:send/{gen}"),
-            format!("g:{gen}:group"),
-            format!("g:{gen}:reg"),
-            format!("k:ready/{gen}"),
+    let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
+    let p = log
+        .read(&[
+            field::key(&send_key),
+            field::group(gen),
+            field::registered_in(gen),
+            field::key(&ready_key),
         ])
         .await?;
-    if f[0].is_some() {
+    if p.appended(&send_key).is_some() {
         return Ok(Outcome::Done);
     }
-    let Some(ready_id) = f[3].as_deref() else {
+    let Some(ready_id) = p.appended(&ready_key) else {
         // make_ready appends the event and this item together: an item
         // without the event comes from writes Redis lost.
         return Ok(Outcome::Dead(format!(
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
-    if let Some(delay) = durability_wait(ctx, &[ready_id]).await? {
+    if let Some(delay) = durability_wait(ctx, &log, &[ready_id]).await? {
         return Ok(wait_for_disk(
             delay,
             format!("generation {gen} just became ready"),
         ));
     }
-    let Some(group_id) = f[1].clone() else {
+    let Some(group_id) = p.group_of(gen).map(str::to_string) else {
         return Ok(Outcome::Dead(format!(
             "generation {gen} is ready but has no group"
         )));
     };
-    let registered: u64 = f[2].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let registered = p.registered_in(gen);
     let poll = DelayedEntry {
         op: Op::Poll.name().into(),
         d: crate::events::encode_payload(&WorkItem {
@@ -93,7 +95,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             group_id,
             reason: reason.clone(),
         });
-        log.append(&format!("refused/{gen}"), &e).await?;
+        log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
     if let Some(back) = provider_slots(ctx, 1).await? {
