@@ -35,7 +35,8 @@ pub enum DlqAction {
         json: bool,
     },
     /// Put dead letters back on the stream they came from (after fixing the
-    /// cause), and remove them from the dead letters.
+    /// cause), and remove them from the dead letters. A work item starts a
+    /// fresh retry budget (--retry-for counts again from its next failure).
     Redrive {
         /// Dead letter ids.
         ids: Vec<String>,

@@ -279,11 +279,14 @@ impl Store {
         let Some(source) = letter.text("source") else {
             return Ok(None);
         };
-        let fields: Vec<(String, Vec<u8>)> = letter
-            .fields
-            .iter()
-            .filter_map(|(k, v)| k.strip_prefix("f:").map(|k| (k.to_string(), v.clone())))
-            .collect();
+        // A redriven work item starts a fresh retry budget.
+        let fields = crate::worker::ops::WorkItem::fresh_budget(
+            letter
+                .fields
+                .iter()
+                .filter_map(|(k, v)| k.strip_prefix("f:").map(|k| (k.to_string(), v.clone())))
+                .collect(),
+        );
         self.redrive(&self.keys.dead_letters(shard), &letter.id, &source, &fields)
             .await?;
         Ok(Some(source))
