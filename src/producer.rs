@@ -49,15 +49,8 @@ pub async fn append_chunks(store: &Store, chunks: &[Chunk]) -> StoreResult<Vec<S
     {
         let stream = store.keys.ingest(store.keys.shard_of(&group[0].batch));
         for part in group.chunks(64) {
-            let mut pipe = redis::pipe();
-            for c in part {
-                pipe.cmd("XADD").arg(&stream).arg("*");
-                for (f, v) in ingest_fields(c) {
-                    pipe.arg(f).arg(v);
-                }
-            }
-            let got: Vec<String> = pipe.query_async(&mut store.conn.clone()).await?;
-            ids.extend(got);
+            let entries: Vec<_> = part.iter().map(ingest_fields).collect();
+            ids.extend(store.append_entries(&stream, &entries).await?);
         }
     }
     Ok(ids)
@@ -70,10 +63,5 @@ pub async fn append_raw(
     stream: &str,
     fields: &[(String, Vec<u8>)],
 ) -> StoreResult<String> {
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(stream).arg("*");
-    for (f, v) in fields {
-        cmd.arg(f).arg(v.as_slice());
-    }
-    Ok(cmd.query_async(&mut store.conn.clone()).await?)
+    store.append_entry(stream, fields).await
 }

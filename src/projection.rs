@@ -24,6 +24,7 @@
 //! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress |
 //! | `registered`, `failed`, `done`, `sent_success`, `sent_failed` | batch totals |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
+//! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //!
 //! Every update is a set of a value fixed by the event, an increment, or a
 //! maximum, and every event has a unique key: so the fold gives the same state
@@ -44,8 +45,102 @@ pub enum Update {
     Max(String, u64),
 }
 
-fn g(gen: u32, field: &str) -> String {
-    format!("g:{gen}:{field}")
+/// The state hash's field names (the table above), spelt here only.
+pub mod field {
+    /// The heartbeat: ms of the last event (stalls excluded).
+    pub const HEARTBEAT: &str = "hb";
+    /// Ms of the last wait that showed the batch progressing (not an event;
+    /// see [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const ALIVE: &str = "alive";
+    /// ms of the first chunk's acceptance.
+    pub const FIRST_ACCEPTED: &str = "t0";
+    /// The batch's report outcome, once decided.
+    pub const REPORT: &str = "report";
+    /// Recipients registered, over every generation.
+    pub const REGISTERED: &str = "registered";
+    /// Recipients refused, over every generation.
+    pub const FAILED: &str = "failed";
+
+    /// `k:<key>`: the entry id of the event appended under idempotency `key`.
+    pub fn key(event_key: &str) -> String {
+        format!("k:{event_key}")
+    }
+
+    /// `s:<seq>`: the chunk's assignment, `<gen>|<count>|<digest>`.
+    pub fn assignment(seq: u32) -> String {
+        format!("s:{seq}")
+    }
+
+    /// `g:<gen>:<name>`: a field of generation `gen`.
+    pub fn gen(gen: u32, name: &str) -> String {
+        format!("g:{gen}:{name}")
+    }
+
+    /// `g:<gen>:group`: generation `gen`'s provider group.
+    pub fn group(gen: u32) -> String {
+        self::gen(gen, "group")
+    }
+
+    /// `g:<gen>:reg`: recipients registered in generation `gen`.
+    pub fn registered_in(gen: u32) -> String {
+        self::gen(gen, "reg")
+    }
+}
+
+/// The idempotency keys of the events appended outside the batch scripts,
+/// and of those whose presence a handler looks up (the scripts spell theirs).
+pub mod event_key {
+    /// `chunk_assigned` of `seq`.
+    pub fn assign(seq: u32) -> String {
+        format!("assign/{seq}")
+    }
+
+    /// `group_created` of generation `gen`.
+    pub fn group(gen: u32) -> String {
+        format!("group/{gen}")
+    }
+
+    /// `chunk_loaded` of `seq` into generation `gen`.
+    pub fn loaded(gen: u32, seq: u32) -> String {
+        format!("loaded/{gen}/{seq}")
+    }
+
+    /// `generation_ready` of generation `gen`.
+    pub fn ready(gen: u32) -> String {
+        format!("ready/{gen}")
+    }
+
+    /// `send_triggered` of generation `gen`.
+    pub fn send(gen: u32) -> String {
+        format!("send/{gen}")
+    }
+
+    /// `send_refused` of generation `gen`.
+    pub fn refused(gen: u32) -> String {
+        format!("refused/{gen}")
+    }
+
+    /// `group_completed` of generation `gen`.
+    pub fn done(gen: u32) -> String {
+        format!("done/{gen}")
+    }
+
+    /// `group_discarded` of the losing group `group_id`.
+    pub fn discard(group_id: &str) -> String {
+        format!("discard/{group_id}")
+    }
+
+    /// `batch_stalled` for the heartbeat `hb` found stale.
+    pub fn stalled(hb: &str) -> String {
+        format!("stalled/{hb}")
+    }
+
+    /// `report_delivered`.
+    pub const DELIVERED: &str = "delivered";
+}
+
+fn g(gen: u32, name: &str) -> String {
+    field::gen(gen, name)
 }
 
 /// The state changes an event makes (besides its `k:` key and `hb`).
@@ -55,7 +150,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
         Event::ChunkAssigned(e) => {
             let mut u = vec![
                 Set(
-                    format!("s:{}", e.seq),
+                    field::assignment(e.seq),
                     format!("{}|{}|{}", e.gen, e.count, e.digest),
                 ),
                 Incr(g(e.gen, "n"), i64::from(e.count)),
@@ -78,8 +173,8 @@ pub fn updates(event: &Event) -> Vec<Update> {
                 Incr(g(e.gen, "l"), 1),
                 Incr(g(e.gen, "reg"), i64::from(e.registered)),
                 Incr(g(e.gen, "fail"), failed),
-                Incr("registered".into(), i64::from(e.registered)),
-                Incr("failed".into(), failed),
+                Incr(field::REGISTERED.into(), i64::from(e.registered)),
+                Incr(field::FAILED.into(), failed),
             ]
         }
         Event::GenerationReady(e) => vec![Set(g(e.gen, "ready"), "1".into())],
@@ -91,7 +186,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
             Incr("sent_success".into(), e.sent_success as i64),
             Incr("sent_failed".into(), e.sent_failed as i64),
         ],
-        Event::BatchReported(e) => vec![Set("report".into(), e.outcome.clone())],
+        Event::BatchReported(e) => vec![Set(field::REPORT.into(), e.outcome.clone())],
         Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
         Event::InputRejected(_) => vec![Incr("rejected".into(), 1)],
         Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
@@ -101,6 +196,11 @@ pub fn updates(event: &Event) -> Vec<Update> {
         | Event::GroupDiscarded(_) => vec![],
     }
 }
+
+/// State fields kept by the live copy only, not derived from events: the
+/// `alive` heartbeat (stamped by waits that append no event). A rebuild keeps
+/// them; a comparison with a replay ignores them.
+pub const LIVE_ONLY: &[&str] = &[field::ALIVE];
 
 /// Whether an event refreshes the batch's heartbeat.
 pub fn touches_heartbeat(event: &Event) -> bool {
@@ -126,19 +226,20 @@ impl Projection {
 
     /// Applies one recorded event; a key already applied is skipped.
     pub fn apply(&mut self, r: &Recorded) {
-        let kf = format!("k:{}", r.key);
+        let kf = field::key(&r.key);
         if self.fields.contains_key(&kf) {
             return;
         }
         self.fields.insert(kf, r.id.clone());
         if touches_heartbeat(&r.event) {
-            self.max("hb", r.millis());
+            self.max(field::HEARTBEAT, r.millis());
         }
         if let Event::ChunkAssigned(_) = r.event {
             // When the batch's first chunk was accepted.
-            let t0 = self.fields.get("t0").and_then(|v| v.parse::<u64>().ok());
+            let t0 = self.first_accepted_ms();
             if t0.is_none_or(|t| r.millis() < t) {
-                self.fields.insert("t0".into(), r.millis().to_string());
+                self.fields
+                    .insert(field::FIRST_ACCEPTED.into(), r.millis().to_string());
             }
         }
         for u in updates(&r.event) {
@@ -204,19 +305,61 @@ impl Projection {
             .is_some_and(|l| self.int("seqs") == i64::from(l) + 1)
     }
 
+    /// The entry id of the event appended under idempotency key `key`, if
+    /// it was.
+    pub fn appended(&self, event_key: &str) -> Option<&str> {
+        self.get(&field::key(event_key))
+    }
+
+    /// Generation `gen`'s provider group, once recorded.
+    pub fn group_of(&self, gen: u32) -> Option<&str> {
+        self.get(&field::group(gen))
+    }
+
+    /// Recipients registered in generation `gen` (0 when none or unknown).
+    pub fn registered_in(&self, gen: u32) -> u64 {
+        self.get(&field::registered_in(gen))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether chunk `seq` was recorded loaded into generation `gen`.
+    pub fn is_loaded(&self, gen: u32, seq: u32) -> bool {
+        self.appended(&event_key::loaded(gen, seq)).is_some()
+    }
+
+    /// The heartbeat, as stored (ms of the last event, stalls excluded).
+    pub fn heartbeat(&self) -> Option<&str> {
+        self.get(field::HEARTBEAT)
+    }
+
+    /// When the first chunk was accepted (ms since the epoch).
+    pub fn first_accepted_ms(&self) -> Option<u64> {
+        self.get(field::FIRST_ACCEPTED)?.parse().ok()
+    }
+
+    /// The report's outcome, once decided.
+    pub fn report(&self) -> Option<&str> {
+        self.get(field::REPORT)
+    }
+
     /// The assignment of a seq: (gen, count, digest).
     pub fn assignment(&self, seq: u32) -> Option<(u32, u32, String)> {
-        let v = self.get(&format!("s:{seq}"))?;
+        let v = self.get(&field::assignment(seq))?;
         let mut it = v.splitn(3, '|');
         let gen = it.next()?.parse().ok()?;
         let count = it.next()?.parse().ok()?;
         Some((gen, count, it.next()?.to_string()))
     }
 
-    /// The differences between two projections, as readable lines.
+    /// The differences between two projections, as readable lines. The
+    /// [`LIVE_ONLY`] fields, which no event defines, are not compared.
     pub fn diff(&self, other: &Projection) -> Vec<String> {
         let mut out = Vec::new();
         for (k, v) in &self.fields {
+            if LIVE_ONLY.contains(&k.as_str()) {
+                continue;
+            }
             match other.fields.get(k) {
                 None => out.push(format!("{k}: {v:?} vs missing")),
                 Some(w) if w != v => out.push(format!("{k}: {v:?} vs {w:?}")),
@@ -224,7 +367,7 @@ impl Projection {
             }
         }
         for (k, w) in &other.fields {
-            if !self.fields.contains_key(k) {
+            if !self.fields.contains_key(k) && !LIVE_ONLY.contains(&k.as_str()) {
                 out.push(format!("{k}: missing vs {w:?}"));
             }
         }

@@ -43,43 +43,130 @@ impl Verification {
     }
 }
 
-#[derive(Default)]
+/// A chunk's `chunk_loaded` event, as the checks need it.
+#[derive(Debug, Clone)]
+struct Loaded {
+    /// Where the event stands in the batch's log.
+    index: usize,
+    /// The group it was loaded into.
+    group_id: String,
+    /// Recipients the provider registered.
+    registered: u32,
+    /// Recipients listed as registration failures.
+    failed: usize,
+}
+
+/// What one generation's events say.
+#[derive(Debug, Default)]
 struct Gen {
     created: Vec<String>,
     discarded: Vec<String>,
+    /// seq → recipients assigned.
     assigned: BTreeMap<u32, u32>,
-    loaded: BTreeMap<u32, (usize, String, u32, usize)>,
+    loaded: BTreeMap<u32, Loaded>,
+    /// Where each `send_triggered` stands in the log.
     sends: Vec<usize>,
     refused: Vec<String>,
     closed: bool,
 }
 
-/// Verifies a batch. `cap` is the group cap the workers ran with.
-pub async fn verify_batch(
-    store: &Store,
-    provider: Option<&ProviderClient>,
-    batch: &str,
-    cap: u64,
-) -> StoreResult<Verification> {
-    let log = store.batch(batch);
-    let mut checks = Vec::new();
-    let mut check = |invariant: u8, ok: bool, detail: String| {
-        checks.push(Check {
+impl Gen {
+    /// The group the generation kept (the first one recorded).
+    fn kept(&self) -> Option<&String> {
+        self.created.first()
+    }
+    /// Recipients registered, as our events say.
+    fn registered(&self) -> u64 {
+        self.loaded.values().map(|l| u64::from(l.registered)).sum()
+    }
+}
+
+/// A batch's events, tallied per generation: what the checks read.
+#[derive(Debug, Default)]
+struct Tally {
+    gens: BTreeMap<u32, Gen>,
+    reports: usize,
+    /// Keys of `input_rejected` events.
+    rejected: BTreeSet<String>,
+    /// Recipients of every assigned chunk.
+    recipients: u64,
+}
+
+impl Tally {
+    /// Folds a batch's events.
+    fn of(events: &[Recorded]) -> Tally {
+        let mut t = Tally::default();
+        for (i, r) in events.iter().enumerate() {
+            match &r.event {
+                Event::ChunkAssigned(e) => {
+                    t.gen(e.gen).assigned.insert(e.seq, e.count);
+                    t.recipients += u64::from(e.count);
+                }
+                Event::GroupCreated(e) => t.gen(e.gen).created.push(e.group_id.clone()),
+                Event::GroupDiscarded(e) => t.gen(e.gen).discarded.push(e.group_id.clone()),
+                Event::ChunkLoaded(e) => {
+                    let loaded = Loaded {
+                        index: i,
+                        group_id: e.group_id.clone(),
+                        registered: e.registered,
+                        failed: e.failed.len(),
+                    };
+                    t.gen(e.gen).loaded.insert(e.seq, loaded);
+                }
+                Event::SendTriggered(e) => t.gen(e.gen).sends.push(i),
+                Event::SendRefused(e) => t.gen(e.gen).refused.push(e.reason.clone()),
+                Event::GenerationClosed(e) => t.gen(e.gen).closed = true,
+                Event::BatchReported(_) => t.reports += 1,
+                Event::InputRejected(_) => {
+                    t.rejected.insert(r.key.clone());
+                }
+                _ => {}
+            }
+        }
+        t
+    }
+
+    fn gen(&mut self, gen: u32) -> &mut Gen {
+        self.gens.entry(gen).or_default()
+    }
+
+    fn reported(&self) -> bool {
+        self.reports > 0
+    }
+}
+
+/// Collects checks.
+#[derive(Default)]
+struct Checks(Vec<Check>);
+
+impl Checks {
+    fn check(&mut self, invariant: u8, ok: bool, detail: impl Into<String>) {
+        self.0.push(Check {
             invariant,
             ok,
-            detail,
-        })
-    };
+            detail: detail.into(),
+        });
+    }
+}
 
-    let raw = log.events().await?;
-    let bad: Vec<_> = raw.iter().filter_map(|r| r.as_ref().err()).collect();
-    check(
+/// The log's own integrity: everything decodes, no write was lost, the live
+/// state equals its replay.
+fn log_checks(
+    c: &mut Checks,
+    undecodable: usize,
+    decoded: usize,
+    lost: &[(String, String)],
+    diff: &[String],
+) {
+    c.check(
         0,
-        bad.is_empty(),
-        format!("{} events, {} undecodable", raw.len(), bad.len()),
+        undecodable == 0,
+        format!(
+            "{} events, {undecodable} undecodable",
+            decoded + undecodable
+        ),
     );
-    let lost = crate::store::witness::lost_records(store, batch).await?;
-    check(
+    c.check(
         0,
         lost.is_empty(),
         if lost.is_empty() {
@@ -95,11 +182,7 @@ pub async fn verify_batch(
             )
         },
     );
-    let events: Vec<Recorded> = raw.into_iter().filter_map(Result::ok).collect();
-    let live = log.state().await?;
-    let rebuilt = Projection::fold(&events);
-    let diff = live.diff(&rebuilt);
-    check(
+    c.check(
         0,
         diff.is_empty(),
         if diff.is_empty() {
@@ -108,238 +191,248 @@ pub async fn verify_batch(
             format!("live state differs from replay: {}", diff.join("; "))
         },
     );
+}
 
-    let mut gens: BTreeMap<u32, Gen> = BTreeMap::new();
-    let mut reports = 0;
-    let mut rejected = BTreeSet::new();
-    let mut recipients = 0u64;
-    for (i, r) in events.iter().enumerate() {
-        match &r.event {
-            Event::ChunkAssigned(e) => {
-                gens.entry(e.gen)
-                    .or_default()
-                    .assigned
-                    .insert(e.seq, e.count);
-                recipients += u64::from(e.count);
-            }
-            Event::GroupCreated(e) => gens
-                .entry(e.gen)
-                .or_default()
-                .created
-                .push(e.group_id.clone()),
-            Event::GroupDiscarded(e) => gens
-                .entry(e.gen)
-                .or_default()
-                .discarded
-                .push(e.group_id.clone()),
-            Event::ChunkLoaded(e) => {
-                gens.entry(e.gen)
-                    .or_default()
-                    .loaded
-                    .insert(e.seq, (i, e.group_id.clone(), e.registered, e.failed.len()));
-            }
-            Event::SendTriggered(e) => gens.entry(e.gen).or_default().sends.push(i),
-            Event::SendRefused(e) => gens
-                .entry(e.gen)
-                .or_default()
-                .refused
-                .push(e.reason.clone()),
-            Event::GenerationClosed(e) => gens.entry(e.gen).or_default().closed = true,
-            Event::BatchReported(_) => reports += 1,
-            Event::InputRejected(e) => {
-                rejected.insert(r.key.clone());
-                let _ = e;
-            }
-            _ => {}
-        }
+/// Invariants 1, 2, 3 and 6 of one generation, from our events alone.
+fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool) {
+    // 1. One group per generation.
+    let kept = st.kept();
+    c.check(
+        1,
+        st.created.len() <= 1,
+        format!("gen {g}: {} group(s) recorded", st.created.len()),
+    );
+    c.check(
+        1,
+        st.discarded.iter().all(|d| Some(d) != kept),
+        format!("gen {g}: the kept group was never discarded"),
+    );
+    // 2. Sent once, only when fully loaded.
+    c.check(
+        2,
+        st.sends.len() <= 1,
+        format!("gen {g}: {} send event(s)", st.sends.len()),
+    );
+    // A refused send (the provider's count disagreed with our events)
+    // leaves the generation unsent: never a pass.
+    c.check(
+        2,
+        st.refused.is_empty(),
+        if st.refused.is_empty() {
+            format!("gen {g}: no send refused")
+        } else {
+            format!("gen {g}: send refused: {}", st.refused.join("; "))
+        },
+    );
+    if let Some(&send_at) = st.sends.first() {
+        let all_loaded_before = st.closed
+            && st
+                .assigned
+                .keys()
+                .all(|s| st.loaded.get(s).is_some_and(|l| l.index < send_at));
+        c.check(
+            2,
+            all_loaded_before,
+            format!("gen {g}: closed and every assigned chunk loaded before the send"),
+        );
+    } else if reported {
+        c.check(
+            2,
+            false,
+            format!("gen {g}: batch reported but generation never sent"),
+        );
     }
-    let reported = reports > 0;
+    // 3. Loaded once, into the generation's own group.
+    let wrong_group: Vec<u32> = st
+        .loaded
+        .iter()
+        .filter(|(_, l)| Some(&l.group_id) != kept)
+        .map(|(s, _)| *s)
+        .collect();
+    c.check(
+        3,
+        wrong_group.is_empty(),
+        format!("gen {g}: every chunk loaded into the kept group (wrong: {wrong_group:?})"),
+    );
+    let unassigned: Vec<&u32> = st
+        .loaded
+        .keys()
+        .filter(|s| !st.assigned.contains_key(s))
+        .collect();
+    c.check(
+        3,
+        unassigned.is_empty(),
+        format!("gen {g}: only assigned chunks loaded (stray: {unassigned:?})"),
+    );
+    // 6. The cap.
+    let n: u64 = st.assigned.values().map(|c| u64::from(*c)).sum();
+    c.check(
+        6,
+        n <= cap,
+        format!("gen {g}: {n} recipients assigned, cap {cap}"),
+    );
+}
 
-    for (g, st) in &gens {
-        // 1. One group per generation.
-        let kept = st.created.first().cloned();
-        check(
-            1,
-            st.created.len() <= 1,
-            format!("gen {g}: {} group(s) recorded", st.created.len()),
-        );
-        check(
-            1,
-            st.discarded.iter().all(|d| Some(d) != kept.as_ref()),
-            format!("gen {g}: the kept group was never discarded"),
-        );
-        // 2. Sent once, only when fully loaded.
-        check(
-            2,
-            st.sends.len() <= 1,
-            format!("gen {g}: {} send event(s)", st.sends.len()),
-        );
-        // A refused send (the provider's count disagreed with our events)
-        // leaves the generation unsent: never a pass.
-        check(
-            2,
-            st.refused.is_empty(),
-            if st.refused.is_empty() {
-                format!("gen {g}: no send refused")
+/// What the provider says about one generation's groups.
+struct ProviderView {
+    /// The kept group, or why it could not be read.
+    kept: Result<crate::provider::Group, String>,
+    /// Each discarded group, and whether the provider has it deleted.
+    discarded_gone: Vec<(String, bool)>,
+}
+
+/// Invariants 1, 2, 3 and 6 of one generation against the provider's view.
+fn provider_checks(c: &mut Checks, g: u32, st: &Gen, view: &ProviderView, cap: u64) {
+    let group_id = st.kept().map(String::as_str).unwrap_or("?");
+    match &view.kept {
+        Ok(group) => {
+            let ours = st.registered();
+            let theirs = group.count.registered_success;
+            c.check(
+                3,
+                theirs == ours || st.sends.is_empty(),
+                format!("gen {g}: provider registered {theirs} in {group_id}, our events {ours}"),
+            );
+            c.check(
+                6,
+                theirs <= cap,
+                format!("gen {g}: provider holds {theirs} (cap {cap})"),
+            );
+            if !st.sends.is_empty() {
+                c.check(
+                    2,
+                    group.status != GroupStatus::Pending,
+                    format!("gen {g}: provider status {:?} after our send", group.status),
+                );
             } else {
-                format!("gen {g}: send refused: {}", st.refused.join("; "))
-            },
-        );
-        if let Some(&send_at) = st.sends.first() {
-            let all_loaded_before = st.closed
-                && st
-                    .assigned
-                    .keys()
-                    .all(|s| st.loaded.get(s).is_some_and(|(i, ..)| *i < send_at));
-            check(
-                2,
-                all_loaded_before,
-                format!("gen {g}: closed and every assigned chunk loaded before the send"),
-            );
-        } else if reported {
-            check(
-                2,
-                false,
-                format!("gen {g}: batch reported but generation never sent"),
-            );
-        }
-        // 3. Loaded once, into the generation's own group.
-        let wrong_group: Vec<_> = st
-            .loaded
-            .iter()
-            .filter(|(_, (_, gid, ..))| Some(gid) != kept.as_ref())
-            .map(|(s, _)| *s)
-            .collect();
-        check(
-            3,
-            wrong_group.is_empty(),
-            format!("gen {g}: every chunk loaded into the kept group (wrong: {wrong_group:?})"),
-        );
-        let unassigned: Vec<_> = st
-            .loaded
-            .keys()
-            .filter(|s| !st.assigned.contains_key(s))
-            .collect();
-        check(
-            3,
-            unassigned.is_empty(),
-            format!("gen {g}: only assigned chunks loaded (stray: {unassigned:?})"),
-        );
-        // 6. The cap.
-        let n: u64 = st.assigned.values().map(|c| u64::from(*c)).sum();
-        check(
-            6,
-            n <= cap,
-            format!("gen {g}: {n} recipients assigned, cap {cap}"),
-        );
-
-        if let (Some(p), Some(group_id)) = (provider, kept.as_ref()) {
-            let ours: u64 = st
-                .loaded
-                .values()
-                .map(|(_, _, reg, _)| u64::from(*reg))
-                .sum();
-            match get_group(p, group_id).await {
-                Ok(group) => {
-                    check(
-                        3,
-                        group.count.registered_success == ours || st.sends.is_empty(),
-                        format!(
-                            "gen {g}: provider registered {} in {group_id}, our events {ours}",
-                            group.count.registered_success
-                        ),
-                    );
-                    check(
-                        6,
-                        group.count.registered_success <= cap,
-                        format!(
-                            "gen {g}: provider holds {} (cap {cap})",
-                            group.count.registered_success
-                        ),
-                    );
-                    if !st.sends.is_empty() {
-                        check(
-                            2,
-                            group.status != GroupStatus::Pending,
-                            format!("gen {g}: provider status {:?} after our send", group.status),
-                        );
-                    } else {
-                        // Only we send our groups: one sent without a send
-                        // event means events were lost (or a send is being
-                        // recorded right now).
-                        check(
-                            2,
-                            matches!(group.status, GroupStatus::Pending | GroupStatus::Deleted),
-                            format!(
-                                "gen {g}: provider status {:?} of {group_id}, and no send event",
-                                group.status
-                            ),
-                        );
-                    }
-                }
-                Err(e) => check(
-                    3,
-                    false,
-                    format!("gen {g}: cannot read group {group_id} at the provider: {e}"),
-                ),
-            }
-            for d in &st.discarded {
-                let gone = match get_group(p, d).await {
-                    Ok(grp) => grp.status == GroupStatus::Deleted,
-                    Err(e) => e.status() == Some(404),
-                };
-                check(
-                    1,
-                    gone,
-                    format!("gen {g}: losing group {d} is deleted at the provider"),
+                // Only we send our groups: one sent without a send event
+                // means events were lost (or a send is being recorded right
+                // now).
+                c.check(
+                    2,
+                    matches!(group.status, GroupStatus::Pending | GroupStatus::Deleted),
+                    format!(
+                        "gen {g}: provider status {:?} of {group_id}, and no send event",
+                        group.status
+                    ),
                 );
             }
         }
+        Err(e) => c.check(
+            3,
+            false,
+            format!("gen {g}: cannot read group {group_id} at the provider: {e}"),
+        ),
     }
+    for (d, gone) in &view.discarded_gone {
+        c.check(
+            1,
+            *gone,
+            format!("gen {g}: losing group {d} is deleted at the provider"),
+        );
+    }
+}
 
+/// Invariants 4 and 5 of the whole batch. `last` is the batch's last seq as
+/// its state says; `stream_reports` the entries in the reports stream (when
+/// reported); `dead` the dead letters of the batch's chunks.
+fn batch_checks(c: &mut Checks, t: &Tally, last: Option<u32>, stream_reports: usize, dead: usize) {
     // 4. One report decision, and one entry in the reports stream.
-    check(4, reports <= 1, format!("{reports} report event(s)"));
-    if reported {
-        let stream_reports = count_reports(store, batch).await?;
-        check(
+    c.check(4, t.reports <= 1, format!("{} report event(s)", t.reports));
+    if t.reported() {
+        c.check(
             4,
             stream_reports == 1,
             format!("{stream_reports} entr(ies) in the reports stream"),
         );
-    }
-
-    // 5. Nothing lost.
-    if reported {
-        let last = live.last_seq();
+        // 5. Nothing lost.
         let all_assigned = last
-            .is_some_and(|l| (0..=l).all(|s| gens.values().any(|g| g.assigned.contains_key(&s))));
-        check(5, all_assigned, format!("every seq 0..={last:?} assigned"));
-        let accounted: u64 = gens
+            .is_some_and(|l| (0..=l).all(|s| t.gens.values().any(|g| g.assigned.contains_key(&s))));
+        c.check(5, all_assigned, format!("every seq 0..={last:?} assigned"));
+        let accounted: u64 = t
+            .gens
             .values()
             .flat_map(|g| g.loaded.values())
-            .map(|(_, _, reg, failed)| u64::from(*reg) + *failed as u64)
+            .map(|l| u64::from(l.registered) + l.failed as u64)
             .sum();
-        check(
+        c.check(
             5,
-            accounted == recipients,
-            format!("{accounted} of {recipients} recipients registered or listed as failures"),
+            accounted == t.recipients,
+            format!(
+                "{accounted} of {} recipients registered or listed as failures",
+                t.recipients
+            ),
         );
     }
-    let dead = count_dead_letters(store, batch).await?;
-    check(
+    c.check(
         5,
-        dead >= rejected.len(),
+        dead >= t.rejected.len(),
         format!(
             "{} rejected input(s), {dead} dead letter(s) for the batch",
-            rejected.len()
+            t.rejected.len()
         ),
     );
+}
+
+/// Verifies a batch. `cap` is the group cap the workers ran with.
+///
+/// Reads the batch's log, its live state, the lost-write witness, its
+/// reports and dead letters and (with a provider) each group; the checks
+/// themselves are pure functions of what was read.
+pub async fn verify_batch(
+    store: &Store,
+    provider: Option<&ProviderClient>,
+    batch: &str,
+    cap: u64,
+) -> StoreResult<Verification> {
+    let log = store.batch(batch);
+    let mut c = Checks::default();
+
+    let raw = log.events().await?;
+    let undecodable = raw.iter().filter(|r| r.is_err()).count();
+    let events: Vec<Recorded> = raw.into_iter().filter_map(Result::ok).collect();
+    let lost = crate::store::witness::lost_records(store, batch).await?;
+    let live = log.state().await?;
+    let diff = live.diff(&Projection::fold(&events));
+    log_checks(&mut c, undecodable, events.len(), &lost, &diff);
+
+    let tally = Tally::of(&events);
+    for (g, st) in &tally.gens {
+        generation_checks(&mut c, *g, st, cap, tally.reported());
+        if let (Some(p), Some(kept)) = (provider, st.kept()) {
+            let view = provider_view(p, kept, &st.discarded).await;
+            provider_checks(&mut c, *g, st, &view, cap);
+        }
+    }
+    let stream_reports = if tally.reported() {
+        count_reports(store, batch).await?
+    } else {
+        0
+    };
+    let dead = count_dead_letters(store, batch).await?;
+    batch_checks(&mut c, &tally, live.last_seq(), stream_reports, dead);
 
     Ok(Verification {
         batch: batch.to_string(),
-        reported,
-        checks,
+        reported: tally.reported(),
+        checks: c.0,
     })
+}
+
+/// Reads a generation's kept group and its discarded ones at the provider.
+async fn provider_view(p: &ProviderClient, kept: &str, discarded: &[String]) -> ProviderView {
+    let mut discarded_gone = Vec::new();
+    for d in discarded {
+        let gone = match get_group(p, d).await {
+            Ok(grp) => grp.status == GroupStatus::Deleted,
+            Err(e) => e.status() == Some(404),
+        };
+        discarded_gone.push((d.clone(), gone));
+    }
+    ProviderView {
+        kept: get_group(p, kept).await.map_err(|e| e.to_string()),
+        discarded_gone,
+    }
 }
 
 /// Reads a group, trying transient failures again (a flaky provider must not
@@ -386,4 +479,201 @@ pub async fn count_dead_letters(store: &Store, batch: &str) -> StoreResult<usize
                 .is_some_and(|c| c.batch == batch)
         })
         .count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{
+        ChunkAssigned, ChunkLoaded, GenerationClosed, GroupCreated, GroupDiscarded, SendTriggered,
+    };
+
+    fn rec(key: &str, event: Event) -> Recorded {
+        Recorded {
+            id: String::new(),
+            key: key.into(),
+            event,
+        }
+    }
+    fn assigned(gen: u32, seq: u32, count: u32) -> Recorded {
+        rec(
+            &format!("assign/{seq}"),
+            Event::ChunkAssigned(ChunkAssigned {
+                seq,
+                gen,
+                count,
+                last: false,
+                digest: String::new(),
+            }),
+        )
+    }
+    fn created(gen: u32, group_id: &str) -> Recorded {
+        rec(
+            &format!("group/{gen}"),
+            Event::GroupCreated(GroupCreated {
+                gen,
+                group_id: group_id.into(),
+            }),
+        )
+    }
+    fn loaded(gen: u32, seq: u32, group_id: &str, registered: u32) -> Recorded {
+        rec(
+            &format!("loaded/{gen}/{seq}"),
+            Event::ChunkLoaded(ChunkLoaded {
+                gen,
+                seq,
+                group_id: group_id.into(),
+                registered,
+                duplicates: 0,
+                failed: Vec::new(),
+            }),
+        )
+    }
+    fn closed(gen: u32) -> Recorded {
+        rec(
+            &format!("close/{gen}"),
+            Event::GenerationClosed(GenerationClosed {
+                gen,
+                reason: "final".into(),
+                chunks: 0,
+                recipients: 0,
+            }),
+        )
+    }
+    fn sent(gen: u32, group_id: &str) -> Recorded {
+        rec(
+            &format!("send/{gen}"),
+            Event::SendTriggered(SendTriggered {
+                gen,
+                group_id: group_id.into(),
+                outcome: "sent".into(),
+            }),
+        )
+    }
+
+    /// A whole generation, in the order the pipeline writes it.
+    fn good() -> Vec<Recorded> {
+        vec![
+            assigned(0, 0, 3),
+            assigned(0, 1, 2),
+            created(0, "G1"),
+            loaded(0, 0, "G1", 3),
+            loaded(0, 1, "G1", 2),
+            closed(0),
+            sent(0, "G1"),
+        ]
+    }
+
+    /// The failed checks' invariants, after every check of the log.
+    fn failing(events: &[Recorded], cap: u64, reported: bool, last: Option<u32>) -> Vec<u8> {
+        let mut t = Tally::of(events);
+        if reported {
+            t.reports = 1;
+        }
+        let mut c = Checks::default();
+        for (g, st) in &t.gens {
+            generation_checks(&mut c, *g, st, cap, t.reported());
+        }
+        batch_checks(&mut c, &t, last, usize::from(reported), 0);
+        c.0.iter().filter(|c| !c.ok).map(|c| c.invariant).collect()
+    }
+
+    #[test]
+    fn a_clean_generation_passes() {
+        assert_eq!(failing(&good(), 5, true, Some(1)), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn a_second_group_breaks_invariant_1() {
+        let mut e = good();
+        e.insert(3, created(0, "G2"));
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![1]);
+        // Discarding the kept group is as bad.
+        let mut e = good();
+        e.push(rec(
+            "discard/0/G1",
+            Event::GroupDiscarded(GroupDiscarded {
+                gen: 0,
+                group_id: "G1".into(),
+                kept: "G1".into(),
+            }),
+        ));
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![1]);
+    }
+
+    #[test]
+    fn a_send_before_every_load_breaks_invariant_2() {
+        let mut e = good();
+        let send = e.pop().unwrap();
+        e.insert(4, send);
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![2]);
+        // Two sends.
+        let mut e = good();
+        e.push(sent(0, "G1"));
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![2]);
+        // Reported, never sent.
+        let mut e = good();
+        e.pop();
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![2]);
+    }
+
+    #[test]
+    fn a_load_into_another_group_breaks_invariant_3() {
+        let mut e = good();
+        e[4] = loaded(0, 1, "G9", 2);
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![3]);
+    }
+
+    #[test]
+    fn a_missing_seq_or_recipient_breaks_invariant_5() {
+        assert_eq!(failing(&good(), 5, true, Some(2)), vec![5]);
+        let mut e = good();
+        e[4] = loaded(0, 1, "G1", 1);
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![5]);
+    }
+
+    #[test]
+    fn a_generation_over_the_cap_breaks_invariant_6() {
+        assert_eq!(failing(&good(), 4, true, Some(1)), vec![6]);
+    }
+
+    #[test]
+    fn the_provider_view_is_checked_against_our_events() {
+        let t = Tally::of(&good());
+        let st = &t.gens[&0];
+        let group = |registered: u64, status: GroupStatus| {
+            let mut g: crate::provider::Group = serde_json::from_value(serde_json::json!({
+                "groupId": "G1", "status": "SENDING",
+                "count": {"total": 5, "registeredSuccess": 5, "registeredFailed": 0,
+                          "sentTotal": 0, "sentSuccess": 0, "sentFailed": 0, "sentPending": 0}
+            }))
+            .unwrap();
+            g.count.registered_success = registered;
+            g.status = status;
+            g
+        };
+        let run = |view: ProviderView| {
+            let mut c = Checks::default();
+            provider_checks(&mut c, 0, st, &view, 5);
+            c.0.iter()
+                .filter(|c| !c.ok)
+                .map(|c| c.invariant)
+                .collect::<Vec<_>>()
+        };
+        let ok = ProviderView {
+            kept: Ok(group(5, GroupStatus::Sending)),
+            discarded_gone: vec![("G2".into(), true)],
+        };
+        assert_eq!(run(ok), Vec::<u8>::new());
+        let miscounted = ProviderView {
+            kept: Ok(group(4, GroupStatus::Sending)),
+            discarded_gone: vec![],
+        };
+        assert_eq!(run(miscounted), vec![3]);
+        let unsent = ProviderView {
+            kept: Ok(group(5, GroupStatus::Pending)),
+            discarded_gone: vec![("G2".into(), false)],
+        };
+        assert_eq!(run(unsent), vec![2, 1]);
+    }
 }

@@ -134,12 +134,7 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     );
     assert_eq!(out.status.code(), Some(2), "a CSV is not a template");
 
-    let n: usize = store
-        .conn
-        .clone()
-        .xlen(store.keys.ingest(0))
-        .await
-        .expect("xlen");
+    let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
     assert_eq!(n, 0, "nothing appended by refused submits");
 
     let out = groupcast(
@@ -164,12 +159,7 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["chunks"], 2);
-    let n: usize = store
-        .conn
-        .clone()
-        .xlen(store.keys.ingest(0))
-        .await
-        .expect("xlen");
+    let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
     assert_eq!(n, 2);
 }
 
@@ -319,8 +309,7 @@ async fn replay_verify_reports_a_tampered_state_and_replay_repairs_it() {
     let state = rig.store.keys.batch(batch).state;
     let _: () = rig
         .store
-        .conn
-        .clone()
+        .raw_conn()
         .hset(&state, "registered", "299")
         .await
         .expect("hset");
@@ -407,7 +396,7 @@ async fn dead_letters_can_be_listed_and_redriven() {
         cmd.arg(format!("f:{k}")).arg(v.as_slice());
     }
     let good_id: String = cmd
-        .query_async(&mut rig.store.conn.clone())
+        .query_async(&mut rig.store.raw_conn())
         .await
         .expect("xadd");
     let out = groupcast(&url, &["dlq", "redrive", &good_id]);

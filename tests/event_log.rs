@@ -8,7 +8,6 @@ use groupcast::events::{ChunkLoaded, Event, InputRejected};
 use groupcast::projection::Projection;
 use groupcast::store::batch::{Accepted, Appended, GroupRecord, Parked};
 use proptest::prelude::*;
-use redis::AsyncCommands;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_appends_of_the_same_keys_append_each_once() {
@@ -43,12 +42,7 @@ async fn concurrent_appends_of_the_same_keys_append_each_once() {
         total_new += t.await.expect("task");
     }
     assert_eq!(total_new, 1000, "each key appended by exactly one task");
-    let len: usize = store
-        .conn
-        .clone()
-        .xlen(&log.keys.events)
-        .await
-        .expect("xlen");
+    let len: u64 = store.stream_len(&log.keys.events).await.expect("xlen");
     assert_eq!(len, 1000);
     let live = log.state().await.expect("state");
     assert_eq!(live.int("rejected"), 1000);
@@ -154,7 +148,7 @@ async fn parked_chunks_are_released_when_the_group_is_recorded() {
             Parked::Parked
         );
     }
-    let work: usize = store.conn.clone().xlen(&log.keys.work).await.expect("xlen");
+    let work: u64 = store.stream_len(&log.keys.work).await.expect("xlen");
     assert_eq!(
         work, 1,
         "one create-group work item for three parked chunks"
@@ -167,7 +161,7 @@ async fn parked_chunks_are_released_when_the_group_is_recorded() {
         log.record_group(0, "G2").await.expect("record"),
         GroupRecord::Lost { kept: "G1".into() }
     );
-    let work: usize = store.conn.clone().xlen(&log.keys.work).await.expect("xlen");
+    let work: u64 = store.stream_len(&log.keys.work).await.expect("xlen");
     assert_eq!(work, 4, "three released load items follow the create item");
     assert_eq!(
         log.park(1, 0, b"payload").await.expect("park"),
@@ -200,7 +194,7 @@ async fn parked_chunks_are_released_when_the_group_is_recorded() {
         .await
         .expect("loaded");
     assert_eq!(again, None);
-    let work: usize = store.conn.clone().xlen(&log.keys.work).await.expect("xlen");
+    let work: u64 = store.stream_len(&log.keys.work).await.expect("xlen");
     assert_eq!(work, 5);
     let live = log.state().await.expect("state");
     let rebuilt = log.replay().await.expect("replay").expect("decodes");
@@ -305,7 +299,7 @@ proptest! {
 async fn command_calls(store: &groupcast::store::Store) -> std::collections::BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut store.conn.clone())
+        .query_async(&mut store.raw_conn())
         .await
         .expect("info");
     info.lines()
@@ -336,7 +330,7 @@ async fn an_idempotent_append_costs_four_commands_and_a_repeat_two() {
     log.append("warm", &e(0)).await.expect("append");
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
-        .query_async(&mut store.conn.clone())
+        .query_async(&mut store.raw_conn())
         .await
         .expect("resetstat");
     log.append("reject/1", &e(1)).await.expect("append");
@@ -353,7 +347,7 @@ async fn an_idempotent_append_costs_four_commands_and_a_repeat_two() {
     // An event whose change is a plain set: EVALSHA + HGET + XADD + HSET.
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
-        .query_async(&mut store.conn.clone())
+        .query_async(&mut store.raw_conn())
         .await
         .expect("resetstat");
     let refused = Event::SendRefused(SendRefused {
@@ -373,7 +367,7 @@ async fn an_idempotent_append_costs_four_commands_and_a_repeat_two() {
     assert_eq!(total, 4, "EVALSHA + HGET + XADD + HSET: {calls:?}");
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
-        .query_async(&mut store.conn.clone())
+        .query_async(&mut store.raw_conn())
         .await
         .expect("resetstat");
     log.append("reject/1", &e(1)).await.expect("append");

@@ -1228,7 +1228,7 @@ async fn malicious_entries_are_dead_lettered_and_a_good_batch_completes() {
             .arg(store.keys.dead_letters(0))
             .arg("-")
             .arg("+")
-            .query_async(&mut store.conn.clone())
+            .query_async(&mut store.raw_conn())
             .await
             .expect("xrange");
         let letters = parse_entries(&v);

@@ -62,7 +62,7 @@ async fn dead_letter_entries(store: &Store) -> Vec<Entry> {
         .arg(store.keys.dead_letters(0))
         .arg("-")
         .arg("+")
-        .query_async(&mut store.conn.clone())
+        .query_async(&mut store.raw_conn())
         .await
         .expect("xrange");
     parse_entries(&v)

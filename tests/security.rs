@@ -577,7 +577,7 @@ async fn tls_client_certificates_when_the_server_asks_for_them() {
     .await
     .expect("mutual TLS");
     let pong: String = redis::cmd("PING")
-        .query_async(&mut store.conn.clone())
+        .query_async(&mut store.raw_conn())
         .await
         .expect("ping");
     assert_eq!(pong, "PONG");
@@ -730,7 +730,7 @@ async fn acl_log(admin: &Store) -> Vec<(String, String, String)> {
     let v: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")
         .arg(1000)
-        .query_async(&mut admin.conn.clone())
+        .query_async(&mut admin.raw_conn())
         .await
         .expect("acl log");
     v.iter()
@@ -796,7 +796,7 @@ async fn an_acl_user_with_the_least_commands_runs_everything() {
     let _: () = redis::cmd("ACL")
         .arg("LOG")
         .arg("RESET")
-        .query_async(&mut admin.conn.clone())
+        .query_async(&mut admin.raw_conn())
         .await
         .expect("reset");
 
@@ -919,7 +919,7 @@ async fn an_acl_user_with_the_least_commands_runs_everything() {
         .arg("STREAMS")
         .arg(&ingest)
         .arg(">")
-        .query_async(&mut app.conn.clone())
+        .query_async(&mut app.raw_conn())
         .await
         .expect("read");
     let (claimed, _) = app
@@ -980,7 +980,7 @@ fn assert_clean(what: &str, text: &str) {
 
 /// Every value stored under the server's keys, as text.
 async fn everything_in_redis(admin: &Store) -> String {
-    let mut conn = admin.conn.clone();
+    let mut conn = admin.raw_conn();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut conn)

@@ -44,8 +44,7 @@ async fn stalls(log: &BatchLog) -> Vec<BatchStalled> {
 
 async fn active(store: &Store, batch: &str) -> bool {
     store
-        .conn
-        .clone()
+        .raw_conn()
         .sismember(store.keys.active(store.keys.shard_of(batch)), batch)
         .await
         .expect("sismember")
@@ -209,12 +208,12 @@ async fn a_stalled_provider_is_one_stall_event_and_the_batch_leaves_the_watch_li
 
     // Stopping gives the lease up at once.
     let lock = rig.store.keys.watchdog_lock();
-    let holder: Option<String> = rig.store.conn.clone().get(&lock).await.expect("get");
+    let holder: Option<String> = rig.store.raw_conn().get(&lock).await.expect("get");
     assert_eq!(holder.as_deref(), Some(ctx.consumer.as_str()));
     for w in rig.workers.drain(..) {
         w.stop().await;
     }
-    let holder: Option<String> = rig.store.conn.clone().get(&lock).await.expect("get");
+    let holder: Option<String> = rig.store.raw_conn().get(&lock).await.expect("get");
     assert_eq!(holder, None, "the lease is released on stop");
 }
 
@@ -316,15 +315,13 @@ async fn one_scanner_at_a_time_one_event_per_stall_and_reported_batches_are_heal
     // retry racing the report could.)
     let active_key = store.keys.active(store.keys.shard_of(&batch));
     let _: i64 = store
-        .conn
-        .clone()
+        .raw_conn()
         .sadd(&active_key, &batch)
         .await
         .expect("sadd");
     // A batch whose state and events are gone is dropped too.
     let _: i64 = store
-        .conn
-        .clone()
+        .raw_conn()
         .sadd(&active_key, "vanished")
         .await
         .expect("sadd");

@@ -18,6 +18,7 @@ use crate::keys::Keyspace;
 use crate::mock::LedgerSummary;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::redis_server::{free_port, RedisServer};
+use crate::store::queue::read_after;
 use crate::store::Store;
 use crate::verify::verify_batch;
 
@@ -130,10 +131,7 @@ fn info_field(info: &str, name: &str) -> Option<f64> {
 }
 
 async fn info(store: &Store, section: &str) -> Result<String, CliError> {
-    Ok(redis::cmd("INFO")
-        .arg(section)
-        .query_async(&mut store.conn.clone())
-        .await?)
+    Ok(store.info(section).await?)
 }
 
 /// Commands executed (calls summed over every command, scripts' inner
@@ -283,12 +281,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let ingest = store.keys.ingest(0);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let groups: redis::RedisResult<redis::Value> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(&ingest)
-            .query_async(&mut store.conn.clone())
-            .await;
-        if matches!(groups, Ok(redis::Value::Array(ref a)) if !a.is_empty()) {
+        if store.has_groups(&ingest).await.unwrap_or(false) {
             break;
         }
         if Instant::now() > deadline {
@@ -305,10 +298,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     };
     let batches: Vec<String> = (0..plan.batches).map(|b| format!("bench-{b}")).collect();
     let mem_start = info_field(&info(&store, "memory").await?, "used_memory").unwrap_or(0.0);
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut store.conn.clone())
-        .await?;
+    store.reset_stats().await?;
     let cpu_redis_0 = {
         let i = info(&store, "cpu").await?;
         info_field(&i, "used_cpu_user").unwrap_or(0.0)
@@ -363,27 +353,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut after = "0-0".to_string();
     let mut done = 0;
     loop {
-        let v: redis::Value = redis::cmd("XREAD")
-            .arg("COUNT")
-            .arg(1000)
-            .arg("BLOCK")
-            .arg(250)
-            .arg("STREAMS")
-            .arg(&reports)
-            .arg(&after)
-            .query_async(&mut reader)
-            .await?;
-        if let redis::Value::Array(streams) = &v {
-            for s in streams {
-                if let redis::Value::Array(parts) = s {
-                    if let Some(entries) = parts.get(1) {
-                        for e in crate::store::queue::parse_entries(entries) {
-                            after = e.id.clone();
-                            done += 1;
-                        }
-                    }
-                }
-            }
+        for e in read_after(&mut reader, &reports, &after, 1000, 250).await? {
+            after = e.id;
+            done += 1;
         }
         if let Some(m) = info_field(&info(&store, "memory").await?, "used_memory") {
             peak_memory = peak_memory.max(m);
@@ -419,28 +391,14 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     for b in &batches {
         let k = store.keys.batch(b);
         for key in [&k.state, &k.events] {
-            let n: Option<u64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut store.conn.clone())
-                .await?;
+            let n = store.memory_usage(key, true).await?;
             retained += n.unwrap_or(0);
         }
     }
     // Where the rest of the final memory is: every key's size, biggest first.
     let mut key_sizes: Vec<(String, u64)> = Vec::new();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("bench:*")
-        .query_async(&mut store.conn.clone())
-        .await?;
-    for k in keys {
-        let n: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(&k)
-            .query_async(&mut store.conn.clone())
-            .await?;
+    for k in store.keys_matching("bench:*").await? {
+        let n = store.memory_usage(&k, false).await?;
         key_sizes.push((k, n.unwrap_or(0)));
     }
     key_sizes.sort_by_key(|k| std::cmp::Reverse(k.1));
@@ -509,20 +467,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     drop(store);
     let fresh = Store::connect(&url, Keyspace::new("bench", 1)).await?;
     let mem_end = info_field(&info(&fresh, "memory").await?, "used_memory").unwrap_or(0.0);
-    let memory_stats: redis::Value = redis::cmd("MEMORY")
-        .arg("STATS")
-        .query_async(&mut fresh.conn.clone())
-        .await?;
     let mut mem_stats = serde_json::Map::new();
-    if let redis::Value::Array(kv) = &memory_stats {
-        for p in kv.chunks(2) {
-            if let (Ok(k), Ok(v)) = (
-                redis::from_redis_value::<String>(p[0].clone()),
-                redis::from_redis_value::<i64>(p[1].clone()),
-            ) {
-                mem_stats.insert(k, v.into());
-            }
-        }
+    for (k, v) in fresh.memory_stats().await? {
+        mem_stats.insert(k, v.into());
     }
 
     let line = json!({

@@ -1,13 +1,11 @@
 //! `groupcast status [BATCH]`: a batch's state, or an overview of the streams.
 
 use clap::Args;
-use redis::AsyncCommands;
 
 use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
 use crate::keys::{validate_batch_id, LOADERS_GROUP, OPERATORS_GROUP};
 use crate::projection::Projection;
-use crate::store::{Store, StoreError};
-use crate::worker::maintenance::group_field;
+use crate::store::Store;
 
 /// Status flags.
 #[derive(Debug, Args)]
@@ -135,7 +133,6 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
 /// long each has been quiet.
 async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
     let keys = &store.keys;
-    let mut conn = store.conn.clone();
     let now = now_ms();
     let mut rows = Vec::new();
     let mut streams = Vec::new();
@@ -148,19 +145,13 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
             (keys.dead_letters(shard), "dead letters", None),
             (keys.reports(shard), "reports", None),
         ] {
-            let len: u64 = conn.xlen(&stream).await.map_err(StoreError::from)?;
+            let len = store.stream_len(&stream).await?;
             let (mut pending, mut lag) = (None, None);
             if let Some(g) = group {
                 // No group yet (no worker ever started): nothing pending.
-                if let Ok(v) = redis::cmd("XINFO")
-                    .arg("GROUPS")
-                    .arg(&stream)
-                    .query_async::<redis::Value>(&mut conn)
-                    .await
-                {
-                    let num = |f: &str| group_field(&v, g, f).and_then(|x| x.parse::<u64>().ok());
-                    pending = num("pending");
-                    lag = num("lag");
+                if let Ok(Some(info)) = store.group_info(&stream, g).await {
+                    pending = info.pending;
+                    lag = info.lag;
                 }
             }
             let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
@@ -177,10 +168,7 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
                 "group": group, "pending": pending, "lag": lag,
             }));
         }
-        let delayed: u64 = conn
-            .zcard(keys.delayed(shard))
-            .await
-            .map_err(StoreError::from)?;
+        let delayed = store.delayed_len(shard).await?;
         rows.push(vec![
             keys.delayed(shard),
             "delayed retries".into(),
@@ -193,10 +181,7 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
             "key": keys.delayed(shard), "shard": shard, "what": "delayed retries",
             "length": delayed, "group": null, "pending": null, "lag": null,
         }));
-        let mut active: Vec<String> = conn
-            .smembers(keys.active(shard))
-            .await
-            .map_err(StoreError::from)?;
+        let mut active = store.active_batches(shard).await?;
         active.sort();
         for b in active {
             let p = store.batch(&b).state().await?;

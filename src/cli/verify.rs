@@ -15,7 +15,7 @@ pub struct VerifyArgs {
     /// The batch.
     pub batch: String,
     /// The group cap the workers ran with.
-    #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = 1_000_000)]
+    #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = crate::worker::WorkerConfig::GROUP_CAP)]
     pub group_cap: u64,
     /// Provider base URL, to check the provider's own view of every group
     /// (needs GROUPCAST_PROVIDER_API_KEY / _SECRET; skipped without them).

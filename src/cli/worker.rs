@@ -10,8 +10,9 @@ use crate::provider::{ProviderClient, ProviderConfig};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, Role, Worker, WorkerConfig};
 
-fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
+fn duration(s: &str) -> Result<humantime::Duration, String> {
+    s.parse::<humantime::Duration>()
+        .map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
 /// The durability the deployment expects from Redis.
@@ -54,51 +55,66 @@ pub struct WorkerFlags {
     )]
     pub roles: Vec<String>,
     /// Entries handled at once per stream.
-    #[arg(long, env = "GROUPCAST_CONCURRENCY", default_value_t = 8)]
+    #[arg(long, env = "GROUPCAST_CONCURRENCY", default_value_t = WorkerConfig::CONCURRENCY)]
     pub concurrency: usize,
     /// Most recipients in one provider group (generation).
-    #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = 1_000_000)]
+    #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = WorkerConfig::GROUP_CAP)]
     pub group_cap: u64,
     /// Provider requests per second across all workers (0 = unlimited).
-    #[arg(long, env = "GROUPCAST_RATE_LIMIT", default_value_t = 300)]
+    #[arg(long, env = "GROUPCAST_RATE_LIMIT", default_value_t = WorkerConfig::RATE_LIMIT)]
     pub rate_limit: u32,
     /// Requests allowed at once above the rate.
-    #[arg(long, env = "GROUPCAST_RATE_BURST", default_value_t = 50)]
+    #[arg(long, env = "GROUPCAST_RATE_BURST", default_value_t = WorkerConfig::RATE_BURST)]
     pub rate_burst: u32,
-    /// Attempts per work item before it is dead-lettered.
-    #[arg(long, env = "GROUPCAST_MAX_ATTEMPTS", default_value_t = 8)]
+    /// How long a work item retries transient provider trouble (5xx,
+    /// dropped answers, timeouts, 429, refused connections) before it is
+    /// dead-lettered, counted from its first failure.
+    #[arg(long, env = "GROUPCAST_RETRY_FOR", default_value_t = WorkerConfig::RETRY_FOR.into(), value_parser = duration)]
+    pub retry_for: humantime::Duration,
+    /// How long delivering a decided report retries a failing webhook.
+    #[arg(long, env = "GROUPCAST_REPORT_RETRY_FOR", default_value_t = WorkerConfig::REPORT_RETRY_FOR.into(), value_parser = duration)]
+    pub report_retry_for: humantime::Duration,
+    /// Also dead-letter a work item after this many attempts (0: no cap;
+    /// only --retry-for counts).
+    #[arg(long, env = "GROUPCAST_MAX_ATTEMPTS", default_value_t = WorkerConfig::MAX_ATTEMPTS)]
     pub max_attempts: u32,
-    /// First retry delay (doubles per attempt, with jitter).
-    #[arg(long, env = "GROUPCAST_BACKOFF_BASE", default_value = "200ms", value_parser = duration)]
-    pub backoff_base: Duration,
+    /// First retry delay (doubles per attempt, with equal jitter).
+    #[arg(long, env = "GROUPCAST_BACKOFF_BASE", default_value_t = WorkerConfig::BACKOFF_BASE.into(), value_parser = duration)]
+    pub backoff_base: humantime::Duration,
     /// Longest retry delay.
-    #[arg(long, env = "GROUPCAST_BACKOFF_MAX", default_value = "30s", value_parser = duration)]
-    pub backoff_max: Duration,
+    #[arg(long, alias = "retry-max-delay", env = "GROUPCAST_BACKOFF_MAX", default_value_t = WorkerConfig::BACKOFF_MAX.into(), value_parser = duration)]
+    pub backoff_max: humantime::Duration,
+    /// How long one provider request may take (connect to last byte) before
+    /// it counts as a transient failure. A handler renews its entry's lease
+    /// every third of --visibility-timeout while it runs, so a slow call is
+    /// never mistaken for a crashed worker and run twice.
+    #[arg(long, env = "GROUPCAST_PROVIDER_TIMEOUT", default_value_t = ProviderConfig::REQUEST_TIMEOUT.into(), value_parser = duration)]
+    pub provider_timeout: humantime::Duration,
     /// Unacknowledged entries idle this long are reclaimed.
-    #[arg(long, env = "GROUPCAST_VISIBILITY_TIMEOUT", default_value = "30s", value_parser = duration)]
-    pub visibility_timeout: Duration,
+    #[arg(long, env = "GROUPCAST_VISIBILITY_TIMEOUT", default_value_t = WorkerConfig::VISIBILITY_TIMEOUT.into(), value_parser = duration)]
+    pub visibility_timeout: humantime::Duration,
     /// Deliveries of one entry before it is dead-lettered as poison.
-    #[arg(long, env = "GROUPCAST_MAX_DELIVERIES", default_value_t = 10)]
+    #[arg(long, env = "GROUPCAST_MAX_DELIVERIES", default_value_t = WorkerConfig::MAX_DELIVERIES)]
     pub max_deliveries: u64,
     /// How often a sent group's status is read.
-    #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value = "500ms", value_parser = duration)]
-    pub poll_interval: Duration,
+    #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value_t = WorkerConfig::POLL_INTERVAL.into(), value_parser = duration)]
+    pub poll_interval: humantime::Duration,
     /// Where to POST each batch's report (with an Idempotency-Key header).
     #[arg(long, env = "GROUPCAST_REPORT_WEBHOOK")]
     pub report_webhook: Option<String>,
     /// How long a finished batch's events are kept.
-    #[arg(long, env = "GROUPCAST_RETENTION", default_value = "7days", value_parser = duration)]
-    pub retention: Duration,
+    #[arg(long, env = "GROUPCAST_RETENTION", default_value_t = WorkerConfig::RETENTION.into(), value_parser = duration)]
+    pub retention: humantime::Duration,
     /// A batch quiet this long before its report is reported stalled.
-    #[arg(long, env = "GROUPCAST_STALL_AFTER", default_value = "5m", value_parser = duration)]
-    pub stall_after: Duration,
+    #[arg(long, env = "GROUPCAST_STALL_AFTER", default_value_t = WorkerConfig::STALL_AFTER.into(), value_parser = duration)]
+    pub stall_after: humantime::Duration,
     /// How often the watchdog scans.
-    #[arg(long, env = "GROUPCAST_WATCHDOG_INTERVAL", default_value = "10s", value_parser = duration)]
-    pub watchdog_interval: Duration,
+    #[arg(long, env = "GROUPCAST_WATCHDOG_INTERVAL", default_value_t = WorkerConfig::WATCHDOG_INTERVAL.into(), value_parser = duration)]
+    pub watchdog_interval: humantime::Duration,
     /// How often stream lengths, pending counts, lag and delayed retries are
     /// sampled into gauges (by workers running the promote role).
-    #[arg(long, env = "GROUPCAST_GAUGE_INTERVAL", default_value = "5s", value_parser = duration)]
-    pub gauge_interval: Duration,
+    #[arg(long, env = "GROUPCAST_GAUGE_INTERVAL", default_value_t = WorkerConfig::GAUGE_INTERVAL.into(), value_parser = duration)]
+    pub gauge_interval: humantime::Duration,
     /// Where to serve Prometheus metrics (`off` to disable). Loopback unless told otherwise.
     #[arg(
         long,
@@ -129,8 +145,15 @@ impl WorkerFlags {
         if self.group_cap == 0 {
             return Err(CliError::Usage("--group-cap must be at least 1".into()));
         }
-        if self.max_attempts == 0 {
-            return Err(CliError::Usage("--max-attempts must be at least 1".into()));
+        if self.retry_for.is_zero() || self.report_retry_for.is_zero() {
+            return Err(CliError::Usage(
+                "--retry-for and --report-retry-for must be longer than 0".into(),
+            ));
+        }
+        if self.provider_timeout.is_zero() {
+            return Err(CliError::Usage(
+                "--provider-timeout must be longer than 0".into(),
+            ));
         }
         Ok(WorkerConfig {
             roles,
@@ -138,17 +161,19 @@ impl WorkerFlags {
             group_cap: self.group_cap,
             rate_limit: self.rate_limit,
             rate_burst: self.rate_burst,
+            retry_for: self.retry_for.into(),
+            report_retry_for: self.report_retry_for.into(),
             max_attempts: self.max_attempts,
-            backoff_base: self.backoff_base,
-            backoff_max: self.backoff_max,
-            visibility_timeout: self.visibility_timeout,
+            backoff_base: self.backoff_base.into(),
+            backoff_max: self.backoff_max.into(),
+            visibility_timeout: self.visibility_timeout.into(),
             max_deliveries: self.max_deliveries,
-            poll_interval: self.poll_interval,
+            poll_interval: self.poll_interval.into(),
             report_webhook: self.report_webhook.clone(),
-            retention: self.retention,
-            stall_after: self.stall_after,
-            watchdog_interval: self.watchdog_interval,
-            gauge_interval: self.gauge_interval,
+            retention: self.retention.into(),
+            stall_after: self.stall_after.into(),
+            watchdog_interval: self.watchdog_interval.into(),
+            gauge_interval: self.gauge_interval.into(),
             ..WorkerConfig::default()
         })
     }
@@ -168,6 +193,7 @@ impl WorkerFlags {
             base_url: self.provider_url.clone(),
             api_key,
             api_secret,
+            request_timeout: self.provider_timeout.into(),
             ..ProviderConfig::default()
         })
         .map_err(|e| CliError::Usage(format!("--provider-url: {e}")))
@@ -179,22 +205,7 @@ impl WorkerFlags {
 /// has settings of its own: each is checked, and named in its warnings.
 pub async fn check_server(store: &Store, durability: Durability) -> Vec<String> {
     let mut warnings = Vec::new();
-    let get = |name: &'static str| async move {
-        let cmd = redis::cmd("CONFIG").arg("GET").arg(name).clone();
-        match store.on_every_master(&cmd).await {
-            Ok(replies) => replies
-                .into_iter()
-                .map(|(node, r)| {
-                    let v = r
-                        .ok()
-                        .and_then(|v| redis::from_redis_value::<Vec<String>>(v).ok())
-                        .and_then(|v| v.get(1).cloned());
-                    (node, v)
-                })
-                .collect(),
-            Err(_) => vec![("server".to_string(), None)],
-        }
-    };
+    let get = |name: &'static str| store.config_everywhere(name);
     let cluster = store.target.is_cluster();
     let redis_at = |node: &str| {
         if cluster {

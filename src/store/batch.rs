@@ -7,7 +7,7 @@ use super::scripts::SCRIPTS;
 use super::{RedisConn, Store, StoreError, StoreResult};
 use crate::events::{ChunkLoaded, Event, Recorded};
 use crate::keys::BatchKeys;
-use crate::projection::{self, Projection, Update};
+use crate::projection::{self, event_key, field, Projection, Update};
 
 /// What `accept` decided for a chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +66,51 @@ pub enum Appended {
     Duplicate(String),
 }
 
+/// How [`BatchLog::rebuild`] went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebuilt {
+    /// The state was replaced by the fold of every event, with no event
+    /// appended in between; `retries`: how many times events appended while
+    /// it read made it fold them in and try again.
+    Replaced {
+        /// Fields of the rebuilt state.
+        fields: usize,
+        /// Tries lost to concurrent appends.
+        retries: u32,
+    },
+    /// Some events do not decode (entry id, why): nothing was written.
+    Undecodable(Vec<(String, String)>),
+    /// Events kept being appended through every try: nothing was written.
+    Busy {
+        /// Tries made.
+        tries: u32,
+    },
+}
+
+/// What the watchdog's stalled append did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stalled {
+    /// Appended as this entry id.
+    Appended(String),
+    /// This stall was recorded before, as this entry id.
+    Duplicate(String),
+    /// The batch has its report: it is not stalled.
+    Reported,
+    /// The heartbeat moved on: the batch woke up.
+    Fresh,
+}
+
+/// What recording a finished group decided (see `completed.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Recorded; other groups of the batch are still to finish.
+    Completed,
+    /// Recorded, and it was the last one: the batch's report was decided.
+    Reported,
+    /// Recorded before.
+    Duplicate,
+}
+
 /// The log of one batch.
 #[derive(Clone)]
 pub struct BatchLog {
@@ -83,8 +128,7 @@ type LastEvent = Option<(String, String)>;
 /// A script's reply, without its trailing elements: `ev=<types>`, whose
 /// event types are counted in `groupcast_events_appended_total`, and, when an
 /// event was appended, `w=<key>|<entry id>` of the last one (returned).
-
-pub(crate) fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
+fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
     let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {
         StoreError::UnexpectedReply {
             script,
@@ -312,7 +356,7 @@ impl BatchLog {
     }
 
     /// Records a finished group; decides the report when it is the last one
-    /// (see `completed.lua`). Returns `completed`, `reported` or `duplicate`.
+    /// (see `completed.lua`).
     #[allow(clippy::too_many_arguments)]
     pub async fn completed(
         &self,
@@ -323,7 +367,7 @@ impl BatchLog {
         sent_failed: u64,
         retention_secs: u64,
         deliver: bool,
-    ) -> StoreResult<String> {
+    ) -> StoreResult<Completion> {
         let k = &self.keys;
         let v: Value = SCRIPTS
             .completed
@@ -344,7 +388,9 @@ impl BatchLog {
             .await?;
         let r = self.reply("completed", v)?;
         match r.as_slice() {
-            [t] if matches!(t.as_str(), "completed" | "reported" | "duplicate") => Ok(t.clone()),
+            [t] if t == "completed" => Ok(Completion::Completed),
+            [t] if t == "reported" => Ok(Completion::Reported),
+            [t] if t == "duplicate" => Ok(Completion::Duplicate),
             _ => Err(unexpected("completed", &r)),
         }
     }
@@ -353,8 +399,43 @@ impl BatchLog {
     /// `append.lua`). The scripted events (assignment, loading, ...) go
     /// through their own calls above, which decide as they append.
     pub async fn append(&self, key: &str, event: &Event) -> StoreResult<Appended> {
+        let v = self.append_with(&SCRIPTS.append, key, event).await?;
+        let r = self.reply("append", v)?;
+        match r.as_slice() {
+            [t, id] if t == "appended" => Ok(Appended::New(id.clone())),
+            [t, id] if t == "duplicate" => Ok(Appended::Duplicate(id.clone())),
+            _ => Err(unexpected("append", &r)),
+        }
+    }
+
+    /// Appends the watchdog's `batch_stalled` for the heartbeat `hb` (the
+    /// state's `hb` field as read), unless the batch reported or woke up
+    /// meanwhile: the check and the append are one step (`stalled.lua`, then
+    /// `append.lua`). Its key is `stalled/<hb>`: one event per stall.
+    pub async fn append_stalled(&self, hb: &str, event: &Event) -> StoreResult<Stalled> {
+        let key = projection::event_key::stalled(hb);
+        let v = self.append_with(&SCRIPTS.stalled, &key, event).await?;
+        // Not witnessed: a stall lost with a crash is found again by the
+        // next scan.
+        let (r, _) = strings("stalled", v)?;
+        match r.as_slice() {
+            [t, id] if t == "appended" => Ok(Stalled::Appended(id.clone())),
+            [t, id] if t == "duplicate" => Ok(Stalled::Duplicate(id.clone())),
+            [t] if t == "reported" => Ok(Stalled::Reported),
+            [t] if t == "fresh" => Ok(Stalled::Fresh),
+            _ => Err(unexpected("stalled", &r)),
+        }
+    }
+
+    /// Runs `append.lua` (or a guard followed by it) for `event` under `key`.
+    async fn append_with(
+        &self,
+        script: &redis::Script,
+        key: &str,
+        event: &Event,
+    ) -> StoreResult<Value> {
         let k = &self.keys;
-        let mut inv = SCRIPTS.append.prepare_invoke();
+        let mut inv = script.prepare_invoke();
         inv.key(&k.state)
             .key(&k.events)
             .arg(&self.batch)
@@ -374,13 +455,7 @@ impl BatchLog {
                 Update::Max(f, v) => inv.arg("set").arg(f).arg(v),
             };
         }
-        let v: Value = inv.invoke_async(&mut self.conn.clone()).await?;
-        let r = self.reply("append", v)?;
-        match r.as_slice() {
-            [t, id] if t == "appended" => Ok(Appended::New(id.clone())),
-            [t, id] if t == "duplicate" => Ok(Appended::Duplicate(id.clone())),
-            _ => Err(unexpected("append", &r)),
-        }
+        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
 
     /// The live state hash.
@@ -399,11 +474,58 @@ impl BatchLog {
             .await?)
     }
 
+    /// The named fields of the live state (names from
+    /// [`projection::field`]), in one read, as a projection holding those
+    /// present: read them with its typed accessors
+    /// ([`Projection::group_of`], [`Projection::is_loaded`], ...).
+    pub async fn read(&self, names: &[String]) -> StoreResult<Projection> {
+        let values = self.fields(names).await?;
+        let fields = names
+            .iter()
+            .zip(values)
+            .filter_map(|(n, v)| Some((n.clone(), v?)))
+            .collect();
+        Ok(Projection { fields })
+    }
+
+    /// The entry id of the event appended under idempotency key
+    /// `event_key`, if it was (one read).
+    pub async fn appended(&self, event_key: &str) -> StoreResult<Option<String>> {
+        let p = self.read(&[field::key(event_key)]).await?;
+        Ok(p.appended(event_key).map(str::to_string))
+    }
+
+    /// Whether chunk `seq` is recorded loaded into generation `gen` (one read).
+    pub async fn is_loaded(&self, gen: u32, seq: u32) -> StoreResult<bool> {
+        Ok(self.appended(&event_key::loaded(gen, seq)).await?.is_some())
+    }
+
+    /// Generation `gen`'s provider group, once recorded (one read).
+    pub async fn group_of(&self, gen: u32) -> StoreResult<Option<String>> {
+        let p = self.read(&[field::group(gen)]).await?;
+        Ok(p.group_of(gen).map(str::to_string))
+    }
+
+    /// The clock of the master holding this batch's keys (ms since the
+    /// epoch): the clock that stamped its entry ids.
+    pub async fn server_time_ms(&self) -> StoreResult<u64> {
+        super::time_ms_at(&self.conn, &self.keys.events).await
+    }
+
     /// Every event, in order. Entries that do not decode are returned as errors
     /// in place (an audit shows them; replay refuses to guess).
     pub async fn events(&self) -> StoreResult<Vec<Result<Recorded, (String, String)>>> {
+        self.events_from("-").await
+    }
+
+    /// The events from `start` (an `XRANGE` start: `-`, an id, or `(id` for
+    /// those after it), in order, as [`events`](Self::events).
+    async fn events_from(
+        &self,
+        start: &str,
+    ) -> StoreResult<Vec<Result<Recorded, (String, String)>>> {
         let mut out = Vec::new();
-        let mut start = "-".to_string();
+        let mut start = start.to_string();
         loop {
             let v: Value = redis::cmd("XRANGE")
                 .arg(&self.keys.events)
@@ -441,20 +563,49 @@ impl BatchLog {
         Ok(if bad.is_empty() { Ok(p) } else { Err(bad) })
     }
 
-    /// Replaces the live state with a rebuilt one (keeping its TTL).
-    pub async fn restore(&self, p: &Projection) -> StoreResult<()> {
-        let mut conn = self.conn.clone();
-        let ttl: i64 = conn.pttl(&self.keys.state).await?;
-        let mut pipe = redis::pipe();
-        pipe.atomic().del(&self.keys.state);
-        if !p.fields.is_empty() {
-            let pairs: Vec<(&String, &String)> = p.fields.iter().collect();
-            pipe.hset_multiple(&self.keys.state, &pairs);
-            if ttl > 0 {
-                pipe.pexpire(&self.keys.state, ttl);
+    /// Replaces the live state with one rebuilt from the events, atomically
+    /// with respect to running workers: the replacement (`restore.lua`) only
+    /// happens if no event was appended since the last one folded; otherwise
+    /// the new events are folded in and it tries again, up to `tries` times.
+    /// The TTL and the `alive` heartbeat are kept.
+    pub async fn rebuild(&self, tries: u32) -> StoreResult<Rebuilt> {
+        let mut p = Projection::default();
+        let mut last = String::new();
+        for attempt in 0..tries.max(1) {
+            let start = if last.is_empty() {
+                "-".to_string()
+            } else {
+                format!("({last}")
+            };
+            let mut bad = Vec::new();
+            for r in self.events_from(&start).await? {
+                match r {
+                    Ok(r) => {
+                        last.clone_from(&r.id);
+                        p.apply(&r);
+                    }
+                    Err(e) => {
+                        last.clone_from(&e.0);
+                        bad.push(e);
+                    }
+                }
+            }
+            if !bad.is_empty() {
+                return Ok(Rebuilt::Undecodable(bad));
+            }
+            let mut inv = SCRIPTS.restore.prepare_invoke();
+            inv.key(&self.keys.state).key(&self.keys.events).arg(&last);
+            for (k, v) in &p.fields {
+                inv.arg(k).arg(v);
+            }
+            let replaced: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+            if replaced == 1 {
+                return Ok(Rebuilt::Replaced {
+                    fields: p.fields.len(),
+                    retries: attempt,
+                });
             }
         }
-        pipe.query_async::<()>(&mut conn).await?;
-        Ok(())
+        Ok(Rebuilt::Busy { tries })
     }
 }

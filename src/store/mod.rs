@@ -5,12 +5,18 @@
 //!   projection in one atomic step.
 //! - [`queue`]: the work plumbing (consumer groups, dead letters, delayed
 //!   retries, reclaiming).
+//! - [`info`]: stream lengths, consumer groups' progress, trimming.
+//! - [`coord`]: the watchdog's lease, the active sets, the rate limiter.
+//! - [`server`]: the server's settings and statistics.
 //! - [`scripts`]: the Lua sources from `streams/scripts/`, loaded on demand.
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 
 pub mod batch;
+pub mod coord;
+pub mod info;
 pub mod queue;
 pub mod scripts;
+pub mod server;
 pub mod witness;
 
 use std::time::Duration;
@@ -21,7 +27,7 @@ use redis::aio::{
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
 use thiserror::Error;
@@ -385,8 +391,9 @@ impl RedisTarget {
 /// The shared handle the rest of groupcast uses: a connection and the keyspace.
 #[derive(Clone)]
 pub struct Store {
-    /// The command connection.
-    pub conn: RedisConn,
+    /// The command connection: private, so that every command groupcast
+    /// sends is written in this module.
+    conn: RedisConn,
     /// Key names.
     pub keys: Keyspace,
     /// Where it connects.
@@ -424,6 +431,14 @@ impl Store {
         })
     }
 
+    /// The command connection itself, for tests that inspect or damage
+    /// Redis directly. groupcast sends every command through the typed
+    /// methods of this module instead.
+    #[doc(hidden)]
+    pub fn raw_conn(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
     /// A fresh connection for blocking reads.
     pub async fn blocking(&self) -> StoreResult<BlockingConn> {
         self.target.connect_blocking().await
@@ -433,14 +448,7 @@ impl Store {
     /// cluster, the master owning its slot, whose clock stamped that key's
     /// stream entries (a bare `TIME` would go to any master).
     pub async fn time_ms_at(&self, key: &str) -> StoreResult<u64> {
-        static TIME_AT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-            redis::Script::new("local t = redis.call('TIME') return {t[1], t[2]}")
-        });
-        let (secs, micros): (u64, u64) = TIME_AT
-            .key(key)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(secs * 1000 + micros / 1000)
+        time_ms_at(&self.conn, key).await
     }
 
     /// The masters of a cluster as `host:port`, from `CLUSTER SLOTS`
@@ -463,7 +471,7 @@ impl Store {
     /// returns each node's reply, labelled `host:port` (`server` when not a
     /// cluster). For the commands whose answer is per node: `SCAN`,
     /// `CONFIG GET`, `INFO`.
-    pub async fn on_every_master(
+    async fn on_every_master(
         &self,
         cmd: &Cmd,
     ) -> StoreResult<Vec<(String, redis::RedisResult<Value>)>> {
@@ -538,6 +546,23 @@ impl Store {
         keys.dedup();
         Ok(keys)
     }
+}
+
+/// `TIME` on the server holding `key` (on a cluster, its slot's master), in
+/// ms since the epoch: one command, routed like a command on `key` would be.
+async fn time_ms_at(conn: &RedisConn, key: &str) -> StoreResult<u64> {
+    let time = redis::cmd("TIME");
+    let (secs, micros): (u64, u64) = match conn {
+        RedisConn::Single(c) => time.query_async(&mut c.clone()).await?,
+        RedisConn::Cluster(c) => {
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_key(key, SlotAddr::Master),
+            ));
+            let v = c.clone().route_command(time, routing).await?;
+            redis::from_redis_value(v).map_err(redis::RedisError::from)?
+        }
+    };
+    Ok(secs * 1000 + micros / 1000)
 }
 
 /// The distinct masters in a `CLUSTER SLOTS` reply:

@@ -139,6 +139,83 @@ impl Store {
         Ok(())
     }
 
+    /// Acknowledges several entries of `stream` in one `XACK`. Returns how
+    /// many were still pending.
+    pub async fn ack_all(&self, stream: &str, group: &str, ids: &[String]) -> StoreResult<u64> {
+        Ok(redis::cmd("XACK")
+            .arg(stream)
+            .arg(group)
+            .arg(ids)
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    /// Appends a work item to a work stream: fields `op`, `d` (the encoded
+    /// item) and, for a load, `c` (the chunk payload).
+    pub async fn enqueue(
+        &self,
+        work: &str,
+        op: &str,
+        data: &[u8],
+        chunk: Option<&[u8]>,
+    ) -> StoreResult<String> {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(work).arg("*").arg("op").arg(op).arg("d").arg(data);
+        if let Some(c) = chunk {
+            cmd.arg("c").arg(c);
+        }
+        Ok(cmd.query_async(&mut self.conn.clone()).await?)
+    }
+
+    /// Appends an entry with these fields to `stream`. Returns its id.
+    pub async fn append_entry(
+        &self,
+        stream: &str,
+        fields: &[(String, Vec<u8>)],
+    ) -> StoreResult<String> {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(stream).arg("*");
+        for (f, v) in fields {
+            cmd.arg(f).arg(v.as_slice());
+        }
+        Ok(cmd.query_async(&mut self.conn.clone()).await?)
+    }
+
+    /// Appends several entries to `stream` in one pipelined round trip.
+    /// Returns their ids, in order.
+    pub async fn append_entries<F>(&self, stream: &str, entries: &[F]) -> StoreResult<Vec<String>>
+    where
+        F: AsRef<[(&'static str, Vec<u8>)]>,
+    {
+        let mut pipe = redis::pipe();
+        for fields in entries {
+            pipe.cmd("XADD").arg(stream).arg("*");
+            for (f, v) in fields.as_ref() {
+                pipe.arg(*f).arg(v.as_slice());
+            }
+        }
+        Ok(pipe.query_async(&mut self.conn.clone()).await?)
+    }
+
+    /// Puts a dead letter's entry back on `source` (with `fields`) and
+    /// deletes it from `dlq`, in one transaction: never both, never neither.
+    pub async fn redrive(
+        &self,
+        dlq: &str,
+        id: &str,
+        source: &str,
+        fields: &[(String, Vec<u8>)],
+    ) -> StoreResult<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("XADD").arg(source).arg("*");
+        for (k, v) in fields {
+            pipe.arg(k).arg(v.as_slice());
+        }
+        pipe.cmd("XDEL").arg(dlq).arg(id);
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
     /// Writes a dead letter and acknowledges the source entry, in one step.
     pub async fn dead_letter(
         &self,
@@ -157,7 +234,11 @@ impl Store {
     }
 
     /// Puts a work entry in the delayed set and acknowledges the delivery that
-    /// failed, in one step.
+    /// failed, in one step. With `alive` (a batch's state key, in the same
+    /// slot), the same step stamps the batch's `alive` field with the
+    /// server's clock: a heartbeat without an event, for waits that show the
+    /// batch is progressing (see `worker::watchdog`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn retry_later(
         &self,
         delayed: &str,
@@ -166,15 +247,39 @@ impl Store {
         id: &str,
         delay_ms: u64,
         entry: &DelayedEntry,
+        alive: Option<&str>,
     ) -> StoreResult<()> {
-        SCRIPTS
-            .retry_later
-            .key(delayed)
+        let mut inv = SCRIPTS.retry_later.prepare_invoke();
+        inv.key(delayed)
             .key(source)
             .arg(group)
             .arg(id)
             .arg(delay_ms)
-            .arg(entry.encode())
+            .arg(entry.encode());
+        if let Some(state) = alive {
+            inv.key(state);
+        }
+        inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
+    /// Renews this consumer's lease on a pending entry it is still handling:
+    /// resets the entry's idle time (without counting a delivery), so that it
+    /// is not reclaimed as a crashed consumer's. An entry no longer pending,
+    /// or no longer this consumer's, is left alone.
+    pub async fn renew_lease(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        id: &str,
+    ) -> StoreResult<()> {
+        SCRIPTS
+            .renew_lease
+            .key(stream)
+            .arg(group)
+            .arg(consumer)
+            .arg(id)
             .invoke_async::<i64>(&mut self.conn.clone())
             .await?;
         Ok(())
@@ -291,6 +396,45 @@ impl Store {
             .collect();
         Ok((out, deleted))
     }
+}
+
+/// Reads up to `count` entries of `stream` after id `after`, waiting up to
+/// `block_ms` for one (`XREAD`, no consumer group): for watching a stream
+/// such as the reports without polling.
+pub async fn read_after(
+    conn: &mut BlockingConn,
+    stream: &str,
+    after: &str,
+    count: usize,
+    block_ms: u64,
+) -> StoreResult<Vec<Entry>> {
+    let v: Value = redis::cmd("XREAD")
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(after)
+        .query_async(conn)
+        .await?;
+    let mut out = Vec::new();
+    match &v {
+        Value::Array(per_stream) => {
+            for s in per_stream {
+                if let Some(entries) = items(s).get(1) {
+                    out.extend(parse_entries(entries));
+                }
+            }
+        }
+        Value::Map(per_stream) => {
+            for (_, entries) in per_stream {
+                out.extend(parse_entries(entries));
+            }
+        }
+        _ => {}
+    }
+    Ok(out)
 }
 
 /// Reads new entries for `consumer` from several streams (one blocking call).

@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 const PRELUDE: &str = include_str!("../../streams/scripts/prelude.lua");
+const APPEND: &str = include_str!("../../streams/scripts/append.lua");
 
 fn batch_script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
@@ -38,6 +39,17 @@ pub struct Scripts {
     pub promote: Script,
     /// `rate_limit.lua`.
     pub rate_limit: Script,
+    /// `stalled.lua`, the guard, then `append.lua`: the watchdog's
+    /// `batch_stalled` append.
+    pub stalled: Script,
+    /// `lease.lua`.
+    pub lease: Script,
+    /// `release.lua`.
+    pub release: Script,
+    /// `renew_lease.lua`.
+    pub renew_lease: Script,
+    /// `restore.lua`.
+    pub restore: Script,
 }
 
 /// The scripts.
@@ -48,9 +60,17 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     loaded: batch_script(include_str!("../../streams/scripts/loaded.lua")),
     sent: batch_script(include_str!("../../streams/scripts/sent.lua")),
     completed: batch_script(include_str!("../../streams/scripts/completed.lua")),
-    append: batch_script(include_str!("../../streams/scripts/append.lua")),
+    append: batch_script(APPEND),
     dead_letter: Script::new(include_str!("../../streams/scripts/dead_letter.lua")),
     retry_later: Script::new(include_str!("../../streams/scripts/retry_later.lua")),
     promote: Script::new(include_str!("../../streams/scripts/promote.lua")),
     rate_limit: Script::new(include_str!("../../streams/scripts/rate_limit.lua")),
+    stalled: batch_script(&format!(
+        "{}\n{APPEND}",
+        include_str!("../../streams/scripts/stalled.lua")
+    )),
+    lease: Script::new(include_str!("../../streams/scripts/lease.lua")),
+    release: Script::new(include_str!("../../streams/scripts/release.lua")),
+    renew_lease: Script::new(include_str!("../../streams/scripts/renew_lease.lua")),
+    restore: Script::new(include_str!("../../streams/scripts/restore.lua")),
 });

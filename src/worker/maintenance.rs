@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::AsyncCommands;
 use tokio::sync::watch;
 
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
@@ -85,96 +84,14 @@ fn now_ms() -> u64 {
 pub async fn trim_all(store: &Store) -> StoreResult<()> {
     let keys = &store.keys;
     for shard in 0..keys.shards() {
-        trim(store, &keys.ingest(shard), LOADERS_GROUP).await?;
-        trim(store, &keys.work(shard), OPERATORS_GROUP).await?;
+        store
+            .trim_acknowledged(&keys.ingest(shard), LOADERS_GROUP)
+            .await?;
+        store
+            .trim_acknowledged(&keys.work(shard), OPERATORS_GROUP)
+            .await?;
     }
     Ok(())
-}
-
-/// Trims `stream` below the oldest entry its group still needs: the oldest
-/// pending one, or else the first not yet delivered.
-pub async fn trim(store: &Store, stream: &str, group: &str) -> StoreResult<()> {
-    let mut conn = store.conn.clone();
-    let groups: redis::Value = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(&mut conn)
-        .await?;
-    let Some(last_delivered) = group_field(&groups, group, "last-delivered-id") else {
-        return Ok(());
-    };
-    let pending: redis::Value = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(group)
-        .query_async(&mut conn)
-        .await?;
-    let oldest_pending = match &pending {
-        redis::Value::Array(a) => a
-            .get(1)
-            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()),
-        _ => None,
-    };
-    // Everything at or below last-delivered that is not pending was acked.
-    let keep_from = match oldest_pending {
-        Some(p) => p,
-        None => next_id(&last_delivered),
-    };
-    let _: i64 = redis::cmd("XTRIM")
-        .arg(stream)
-        .arg("MINID")
-        .arg(&keep_from)
-        .query_async(&mut conn)
-        .await?;
-    Ok(())
-}
-
-fn next_id(id: &str) -> String {
-    match id.split_once('-') {
-        Some((ms, seq)) => format!("{ms}-{}", seq.parse::<u64>().unwrap_or(0) + 1),
-        None => id.to_string(),
-    }
-}
-
-/// A field of consumer group `group` in an `XINFO GROUPS` reply (RESP2
-/// arrays or RESP3 maps).
-pub fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<String> {
-    let redis::Value::Array(list) = groups else {
-        return None;
-    };
-    for g in list {
-        let pairs: Vec<(String, redis::Value)> = match g {
-            redis::Value::Array(a) => a
-                .chunks(2)
-                .filter_map(|kv| {
-                    Some((
-                        redis::from_redis_value::<String>(kv.first()?.clone()).ok()?,
-                        kv.get(1)?.clone(),
-                    ))
-                })
-                .collect(),
-            redis::Value::Map(m) => m
-                .iter()
-                .filter_map(|(k, v)| {
-                    Some((
-                        redis::from_redis_value::<String>(k.clone()).ok()?,
-                        v.clone(),
-                    ))
-                })
-                .collect(),
-            _ => continue,
-        };
-        let name = pairs
-            .iter()
-            .find(|(k, _)| k == "name")
-            .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok());
-        if name.as_deref() == Some(group) {
-            return pairs
-                .iter()
-                .find(|(k, _)| k == field)
-                .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok());
-        }
-    }
-    None
 }
 
 /// Samples stream lengths (ingest, work, dead letters, reports), the
@@ -182,7 +99,6 @@ pub fn group_field(groups: &redis::Value, group: &str, field: &str) -> Option<St
 /// gauges. Errors skip a sample; they are not worth a log line each time.
 pub async fn sample_gauges(store: &Store) {
     let keys = &store.keys;
-    let mut conn = store.conn.clone();
     for shard in 0..keys.shards() {
         let shard_label = shard.to_string();
         for (stream, group, label) in [
@@ -191,29 +107,22 @@ pub async fn sample_gauges(store: &Store) {
             (keys.dead_letters(shard), None, "dlq"),
             (keys.reports(shard), None, "reports"),
         ] {
-            if let Ok(len) = conn.xlen::<_, u64>(&stream).await {
+            if let Ok(len) = store.stream_len(&stream).await {
                 metrics::gauge!("groupcast_stream_length", "stream" => label, "shard" => shard_label.clone()).set(len as f64);
             }
             let Some(group) = group else { continue };
-            if let Ok(groups) = redis::cmd("XINFO")
-                .arg("GROUPS")
-                .arg(&stream)
-                .query_async::<redis::Value>(&mut conn)
-                .await
-            {
-                for (field, metric) in [
-                    ("pending", "groupcast_stream_pending"),
-                    ("lag", "groupcast_stream_lag"),
+            if let Ok(Some(info)) = store.group_info(&stream, group).await {
+                for (value, metric) in [
+                    (info.pending, "groupcast_stream_pending"),
+                    (info.lag, "groupcast_stream_lag"),
                 ] {
-                    if let Some(v) =
-                        group_field(&groups, group, field).and_then(|v| v.parse::<f64>().ok())
-                    {
-                        metrics::gauge!(metric, "stream" => label, "shard" => shard_label.clone(), "group" => group).set(v);
+                    if let Some(v) = value {
+                        metrics::gauge!(metric, "stream" => label, "shard" => shard_label.clone(), "group" => group).set(v as f64);
                     }
                 }
             }
         }
-        if let Ok(n) = conn.zcard::<_, u64>(keys.delayed(shard)).await {
+        if let Ok(n) = store.delayed_len(shard).await {
             metrics::gauge!("groupcast_delayed_retries", "shard" => shard_label).set(n as f64);
         }
     }

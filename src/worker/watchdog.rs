@@ -1,7 +1,11 @@
 //! The watchdog: batches that went quiet before their report.
 //!
 //! Every event refreshes its batch's heartbeat (`hb` in the state hash, the
-//! entry id's milliseconds; `batch_stalled` itself excepted). One scanner at
+//! entry id's milliseconds; `batch_stalled` itself excepted). Waits that
+//! append no event but show the batch progressing (a poll of a group the
+//! provider is still sending, a rate-limiter or durability wait) stamp
+//! `alive` instead, in the same step that schedules the retry; the batch's
+//! last sign of life is the later of the two. One scanner at
 //! a time goes over each shard's set of active batches: the scanner holds a
 //! *lease* (a key with a TTL, renewed by its holder on every scan and released
 //! on shutdown, so a crashed scanner's lease simply expires and another
@@ -20,15 +24,14 @@
 //! clock that stamped the heartbeat (on a cluster, the clock of the master
 //! holding the shard), so a skewed worker clock cannot invent or hide a stall.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{AsyncCommands, Script};
 use tokio::sync::watch;
 
 use crate::events::{BatchStalled, Event};
-use crate::projection::{self, Update};
-use crate::store::batch::BatchLog;
+use crate::projection::field;
+use crate::store::batch::{BatchLog, Stalled};
 use crate::store::{Store, StoreResult};
 use crate::worker::Ctx;
 
@@ -45,72 +48,6 @@ pub struct ScanReport {
     /// reported (or was gone).
     pub healed: u64,
 }
-
-/// Takes or renews the lease: `1` when `ARGV[1]` holds it afterwards.
-static LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not holder then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-",
-    )
-});
-
-/// Gives the lease up if `ARGV[1]` holds it.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-",
-    )
-});
-
-/// Appends `batch_stalled` only if the batch is still quiet since the same
-/// heartbeat and has no report: the check and the append are one step, so a
-/// batch that reports (or wakes up) while the scan runs is never marked.
-/// KEYS: state, events. ARGV: batch, key, type, data, expected hb, then
-/// triples (op, field, value) as in `append.lua`.
-/// Returns {'appended', id} | {'duplicate', id} | {'reported'} | {'fresh'}.
-static STALLED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{}\n{}",
-        include_str!("../../streams/scripts/prelude.lua"),
-        r"
-local key = ARGV[2]
-local f = redis.call('HMGET', STATE, 'k:' .. key, 'report', 'hb')
-if f[1] then
-  return reply({'duplicate', f[1]})
-end
-if f[2] then
-  return reply({'reported'})
-end
-if f[3] ~= ARGV[5] then
-  return reply({'fresh'})
-end
-local id = emit(key, ARGV[3], ARGV[4], false)
-for i = 6, #ARGV, 3 do
-  if ARGV[i] == 'incr' then
-    redis.call('HINCRBY', STATE, ARGV[i + 1], ARGV[i + 2])
-  else
-    put(ARGV[i + 1], ARGV[i + 2])
-  end
-end
-flush()
-return reply({'appended', id})
-"
-    ))
-});
 
 /// How long the scanner's lease lasts without renewal: long enough to
 /// outlive a scan and a missed tick, short enough for a quick takeover.
@@ -148,23 +85,16 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
 /// Takes or renews the scanner lease for this process.
 async fn acquire(ctx: &Ctx) -> StoreResult<bool> {
     let ttl = lease_ttl(ctx.config.watchdog_interval).as_millis() as u64;
-    let got: i64 = LEASE
-        .key(ctx.store.keys.watchdog_lock())
-        .arg(&ctx.consumer)
-        .arg(ttl)
-        .invoke_async(&mut ctx.store.conn.clone())
-        .await?;
-    Ok(got == 1)
+    ctx.store
+        .take_lease(&ctx.store.keys.watchdog_lock(), &ctx.consumer, ttl)
+        .await
 }
 
 /// Gives the lease up if this process holds it.
 pub async fn release(ctx: &Ctx) -> StoreResult<()> {
-    let _: i64 = RELEASE
-        .key(ctx.store.keys.watchdog_lock())
-        .arg(&ctx.consumer)
-        .invoke_async(&mut ctx.store.conn.clone())
-        .await?;
-    Ok(())
+    ctx.store
+        .release_lease(&ctx.store.keys.watchdog_lock(), &ctx.consumer)
+        .await
 }
 
 /// The clock of the Redis server holding `key`, in ms since the epoch.
@@ -189,7 +119,6 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
         return Ok(None);
     }
     let store = &ctx.store;
-    let mut conn = store.conn.clone();
     let threshold = ctx.config.stall_after.as_millis() as u64;
     let mut report = ScanReport::default();
     for shard in 0..store.keys.shards() {
@@ -197,12 +126,12 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
         // The clock of the master holding the shard: it stamped the
         // heartbeats (on a cluster, masters' clocks may differ).
         let now = server_now_ms(store, &active_key).await?;
-        let batches: Vec<String> = conn.smembers(&active_key).await?;
+        let batches = store.active_batches(shard).await?;
         for batch in batches {
             let log = store.batch(&batch);
-            match check(store, &log, now, threshold).await? {
+            match check(&log, now, threshold).await? {
                 Check::Healed => {
-                    let _: i64 = conn.srem(&active_key, &batch).await?;
+                    store.forget_active(shard, &batch).await?;
                     report.healed += 1;
                 }
                 Check::Fine => report.in_flight += 1,
@@ -219,17 +148,24 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
     Ok(Some(report))
 }
 
-async fn check(store: &Store, log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
-    let f = log
-        .fields(&["hb".to_string(), "report".to_string()])
+async fn check(log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
+    let p = log
+        .read(&[
+            field::HEARTBEAT.into(),
+            field::REPORT.into(),
+            field::ALIVE.into(),
+        ])
         .await?;
-    if f[1].is_some() {
+    if p.report().is_some() {
         return Ok(Check::Healed);
     }
-    let Some(hb_text) = f[0].clone() else {
+    let Some(hb_text) = p.heartbeat() else {
         return heal_without_state(log).await;
     };
-    let hb: u64 = hb_text.parse().unwrap_or(0);
+    let ms = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // The last sign of life: an event, or a wait that showed progress.
+    let hb = ms(Some(hb_text)).max(ms(p.get(field::ALIVE)));
+    let hb_text = hb.to_string();
     let quiet = now.saturating_sub(hb);
     if quiet <= threshold {
         return Ok(Check::Fine);
@@ -238,25 +174,8 @@ async fn check(store: &Store, log: &BatchLog, now: u64, threshold: u64) -> Store
         quiet_since_ms: hb,
         quiet_for_ms: quiet,
     });
-    let mut inv = STALLED.prepare_invoke();
-    inv.key(&log.keys.state)
-        .key(&log.keys.events)
-        .arg(&log.batch)
-        .arg(format!("stalled/{hb_text}"))
-        .arg(event.type_name())
-        .arg(event.encode_data())
-        .arg(&hb_text);
-    for u in projection::updates(&event) {
-        match u {
-            Update::Set(f, v) => inv.arg("set").arg(f).arg(v),
-            Update::Incr(f, by) => inv.arg("incr").arg(f).arg(by),
-            Update::Max(f, v) => inv.arg("set").arg(f).arg(v),
-        };
-    }
-    let reply: redis::Value = inv.invoke_async(&mut store.conn.clone()).await?;
-    let (r, _) = crate::store::batch::strings("stalled", reply)?;
-    match r.first().map(String::as_str) {
-        Some("appended") => {
+    match log.append_stalled(&hb_text, &event).await? {
+        Stalled::Appended(_) => {
             metrics::counter!("groupcast_batch_stalls_total").increment(1);
             tracing::warn!(
                 batch = %log.batch,
@@ -265,13 +184,9 @@ async fn check(store: &Store, log: &BatchLog, now: u64, threshold: u64) -> Store
             );
             Ok(Check::Stalled(true))
         }
-        Some("duplicate") => Ok(Check::Stalled(false)),
-        Some("reported") => Ok(Check::Healed),
-        Some("fresh") => Ok(Check::Fine),
-        _ => Err(crate::store::StoreError::UnexpectedReply {
-            script: "stalled",
-            reply: r.join(" "),
-        }),
+        Stalled::Duplicate(_) => Ok(Check::Stalled(false)),
+        Stalled::Reported => Ok(Check::Healed),
+        Stalled::Fresh => Ok(Check::Fine),
     }
 }
 

@@ -47,7 +47,7 @@ pub fn test_config() -> WorkerConfig {
         poll_interval: Duration::from_millis(30),
         block: Duration::from_millis(200),
         drain_timeout: Duration::from_secs(2),
-        max_attempts: 30,
+        max_attempts: 0,
         ..WorkerConfig::default()
     }
 }
@@ -226,7 +226,7 @@ pub async fn dead_letters(store: &Store) -> Vec<(String, String)> {
             .arg(dlq)
             .arg("-")
             .arg("+")
-            .query_async(&mut store.conn.clone())
+            .query_async(&mut store.raw_conn())
             .await
             .expect("xrange");
         out.extend(

@@ -1,8 +1,9 @@
 //! `delete`: delete a group that lost the creation race, and record it.
 
 use crate::events::{Event, GroupDiscarded};
+use crate::projection::event_key;
 use crate::provider::{GroupStatus, ProviderErrorKind};
-use crate::worker::ops::{OpError, Outcome, WorkItem};
+use crate::worker::ops::{provider_slots, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a delete item.
@@ -11,11 +12,13 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         return Ok(Outcome::Dead("delete item without a group id".into()));
     };
     let log = ctx.store.batch(&item.batch);
-    let key = format!("discard/{group_id}");
-    if log.fields(&[format!("k:{key}")]).await?[0].is_some() {
+    let key = event_key::discard(group_id);
+    if log.appended(&key).await?.is_some() {
         return Ok(Outcome::Done);
     }
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     match ctx.provider.delete_group(group_id).await {
         Ok(()) => {}
         // Already gone: a retried delete whose first answer was lost.
@@ -24,7 +27,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             // A retried delete whose first answer was lost finds the group
             // DELETED, which the provider refuses to delete again (400
             // NotOperationalStatus): look before giving up.
-            ctx.limiter.acquire(1).await?;
+            if let Some(back) = provider_slots(ctx, 1).await? {
+                return Ok(back);
+            }
             match ctx.provider.get_group(group_id).await {
                 Ok(g) if g.status == GroupStatus::Deleted => {}
                 Ok(_) => {
@@ -37,9 +42,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         }
         Err(e) => return Ok(Outcome::from_provider(&e)),
     }
-    let kept = log.fields(&[format!("g:{}:group", item.gen)]).await?[0]
-        .clone()
-        .unwrap_or_default();
+    let kept = log.group_of(item.gen).await?.unwrap_or_default();
     let e = Event::GroupDiscarded(GroupDiscarded {
         gen: item.gen,
         group_id: group_id.to_string(),

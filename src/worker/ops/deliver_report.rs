@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::events::{Event, ReportDelivered};
-use crate::projection::Projection;
+use crate::projection::{event_key, Projection};
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
@@ -42,10 +42,10 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     };
     let log = ctx.store.batch(&item.batch);
     let state = log.state().await?;
-    if state.get("k:delivered").is_some() {
+    if state.appended(event_key::DELIVERED).is_some() {
         return Ok(Outcome::Done);
     }
-    if state.get("report").is_none() {
+    if state.report().is_none() {
         return Ok(Outcome::Dead(
             "report work item for a batch with no report".into(),
         ));
@@ -63,7 +63,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             let e = Event::ReportDelivered(ReportDelivered {
                 status: r.status().as_u16(),
             });
-            log.append("delivered", &e).await?;
+            log.append(event_key::DELIVERED, &e).await?;
             Ok(Outcome::Done)
         }
         Ok(r) => Ok(Outcome::Retry {

@@ -1,21 +1,25 @@
 //! `poll`: read a sent group until the provider finishes it, then record it
 //! (which decides the batch's report when it is the last one).
 
+use crate::projection::{event_key, field};
 use crate::provider::GroupStatus;
-use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
+use crate::store::batch::Completion;
+use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a poll item.
 pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch(&item.batch);
     let gen = item.gen;
-    if log.fields(&[format!("k:done/{gen}")]).await?[0].is_some() {
+    if log.appended(&event_key::done(gen)).await?.is_some() {
         return Ok(Outcome::Done);
     }
     let Some(group_id) = item.group_id.as_deref() else {
         return Ok(Outcome::Dead("poll item without a group id".into()));
     };
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let group = match ctx.provider.get_group(group_id).await {
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),
@@ -44,15 +48,15 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             ctx.config.report_webhook.is_some(),
         )
         .await?;
-    if r == "reported" {
+    if r == Completion::Reported {
         metrics::counter!("groupcast_batches_reported_total").increment(1);
-        let f = log.fields(&["t0".to_string(), "hb".to_string()]).await?;
-        let ms = |i: usize| {
-            f[i].as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let took = ms(1).saturating_sub(ms(0));
+        let p = log
+            .read(&[field::FIRST_ACCEPTED.into(), field::HEARTBEAT.into()])
+            .await?;
+        let hb = p.heartbeat().and_then(|v| v.parse::<u64>().ok());
+        let took = hb
+            .unwrap_or(0)
+            .saturating_sub(p.first_accepted_ms().unwrap_or(0));
         metrics::histogram!("groupcast_batch_duration_seconds").record(took as f64 / 1000.0);
         tracing::info!(batch = %item.batch, "batch reported");
     }

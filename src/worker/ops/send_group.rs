@@ -13,45 +13,49 @@
 //! take back (the generation would be redone in a new group and sent twice).
 
 use crate::events::{Event, SendRefused};
+use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{durability_wait, wait_for_disk, Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::{
+    durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
+};
 use crate::worker::Ctx;
 
 /// Runs a send item.
 pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch(&item.batch);
     let gen = item.gen;
-    let f = log
-        .fields(&[
-            format!("k:send/{gen}"),
-            format!("g:{gen}:group"),
-            format!("g:{gen}:reg"),
-            format!("k:ready/{gen}"),
+    let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
+    let p = log
+        .read(&[
+            field::key(&send_key),
+            field::group(gen),
+            field::registered_in(gen),
+            field::key(&ready_key),
         ])
         .await?;
-    if f[0].is_some() {
+    if p.appended(&send_key).is_some() {
         return Ok(Outcome::Done);
     }
-    let Some(ready_id) = f[3].as_deref() else {
+    let Some(ready_id) = p.appended(&ready_key) else {
         // make_ready appends the event and this item together: an item
         // without the event comes from writes Redis lost.
         return Ok(Outcome::Dead(format!(
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
-    if let Some(delay) = durability_wait(ctx, &[ready_id]).await? {
+    if let Some(delay) = durability_wait(ctx, &log, &[ready_id]).await? {
         return Ok(wait_for_disk(
             delay,
             format!("generation {gen} just became ready"),
         ));
     }
-    let Some(group_id) = f[1].clone() else {
+    let Some(group_id) = p.group_of(gen).map(str::to_string) else {
         return Ok(Outcome::Dead(format!(
             "generation {gen} is ready but has no group"
         )));
     };
-    let registered: u64 = f[2].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let registered = p.registered_in(gen);
     let poll = DelayedEntry {
         op: Op::Poll.name().into(),
         d: crate::events::encode_payload(&WorkItem {
@@ -60,13 +64,16 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             seq: None,
             group_id: Some(group_id.clone()),
             attempt: 0,
+            since: 0,
         }),
         c: None,
     }
     .encode();
     let poll_ms = ctx.config.poll_interval.as_millis() as u64;
 
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let group = match ctx.provider.get_group(&group_id).await {
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),
@@ -88,10 +95,12 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             group_id,
             reason: reason.clone(),
         });
-        log.append(&format!("refused/{gen}"), &e).await?;
+        log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let outcome = match ctx.provider.send_group(&group_id).await {
         Ok(_) => "sent",
         Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",

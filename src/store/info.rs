@@ -1,0 +1,187 @@
+//! What the streams hold: lengths, consumer groups' progress, delayed
+//! retries, and trimming what every consumer is done with.
+
+use redis::{AsyncCommands, Value};
+
+use super::{Store, StoreResult};
+
+/// A consumer group's progress on a stream (`XINFO GROUPS`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// Entries delivered and not yet acknowledged.
+    pub pending: Option<u64>,
+    /// Entries not yet delivered (unknown to Redis after some deletions).
+    pub lag: Option<u64>,
+    /// The id of the last entry delivered.
+    pub last_delivered: Option<String>,
+}
+
+impl GroupInfo {
+    /// Group `group` in an `XINFO GROUPS` reply (RESP2 arrays or RESP3
+    /// maps), if it is there.
+    fn from_reply(groups: &Value, group: &str) -> Option<GroupInfo> {
+        let Value::Array(list) = groups else {
+            return None;
+        };
+        list.iter().find_map(|g| {
+            let pairs = pairs(g)?;
+            let field = |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .and_then(|(_, v)| redis::from_redis_value::<String>(v.clone()).ok())
+            };
+            (field("name").as_deref() == Some(group)).then(|| GroupInfo {
+                pending: field("pending").and_then(|v| v.parse().ok()),
+                lag: field("lag").and_then(|v| v.parse().ok()),
+                last_delivered: field("last-delivered-id"),
+            })
+        })
+    }
+}
+
+/// The field/value pairs of one group in an `XINFO GROUPS` reply.
+fn pairs(g: &Value) -> Option<Vec<(String, Value)>> {
+    let key = |k: &Value| redis::from_redis_value::<String>(k.clone()).ok();
+    match g {
+        Value::Array(a) => Some(
+            a.chunks(2)
+                .filter_map(|kv| Some((key(kv.first()?)?, kv.get(1)?.clone())))
+                .collect(),
+        ),
+        Value::Map(m) => Some(
+            m.iter()
+                .filter_map(|(k, v)| Some((key(k)?, v.clone())))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// The id just after `id` (`<ms>-<seq + 1>`).
+fn next_id(id: &str) -> String {
+    match id.split_once('-') {
+        Some((ms, seq)) => format!("{ms}-{}", seq.parse::<u64>().unwrap_or(0) + 1),
+        None => id.to_string(),
+    }
+}
+
+impl Store {
+    /// How many entries `stream` holds (0 when it does not exist).
+    pub async fn stream_len(&self, stream: &str) -> StoreResult<u64> {
+        Ok(self.conn.clone().xlen(stream).await?)
+    }
+
+    /// How many work items wait in `shard`'s delayed set.
+    pub async fn delayed_len(&self, shard: u32) -> StoreResult<u64> {
+        Ok(self.conn.clone().zcard(self.keys.delayed(shard)).await?)
+    }
+
+    /// Consumer group `group`'s progress on `stream`; `None` when the stream
+    /// has no such group. An error when the stream does not exist.
+    pub async fn group_info(&self, stream: &str, group: &str) -> StoreResult<Option<GroupInfo>> {
+        let groups: Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(stream)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(GroupInfo::from_reply(&groups, group))
+    }
+
+    /// Whether `stream` has any consumer group yet.
+    pub async fn has_groups(&self, stream: &str) -> StoreResult<bool> {
+        let groups: Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(stream)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(matches!(groups, Value::Array(ref a) if !a.is_empty()))
+    }
+
+    /// Trims `stream` below the oldest entry `group` still needs: the oldest
+    /// pending one, or else the first not yet delivered.
+    pub async fn trim_acknowledged(&self, stream: &str, group: &str) -> StoreResult<()> {
+        let Some(last_delivered) = self
+            .group_info(stream, group)
+            .await?
+            .and_then(|g| g.last_delivered)
+        else {
+            return Ok(());
+        };
+        let mut conn = self.conn.clone();
+        let pending: Value = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .query_async(&mut conn)
+            .await?;
+        let oldest_pending = match &pending {
+            Value::Array(a) => a
+                .get(1)
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()),
+            _ => None,
+        };
+        // Everything at or below last-delivered that is not pending was acked.
+        let keep_from = match oldest_pending {
+            Some(p) => p,
+            None => next_id(&last_delivered),
+        };
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(stream)
+            .arg("MINID")
+            .arg(&keep_from)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_group_is_found_by_name_in_either_protocol() {
+        let resp2 = Value::Array(vec![
+            Value::Array(vec![
+                bulk("name"),
+                bulk("other"),
+                bulk("pending"),
+                Value::Int(9),
+            ]),
+            Value::Array(vec![
+                bulk("name"),
+                bulk("loaders"),
+                bulk("pending"),
+                Value::Int(2),
+                bulk("last-delivered-id"),
+                bulk("5-1"),
+                bulk("lag"),
+                Value::Nil,
+            ]),
+        ]);
+        let want = GroupInfo {
+            pending: Some(2),
+            lag: None,
+            last_delivered: Some("5-1".into()),
+        };
+        assert_eq!(GroupInfo::from_reply(&resp2, "loaders"), Some(want.clone()));
+        let resp3 = Value::Array(vec![Value::Map(vec![
+            (bulk("name"), bulk("loaders")),
+            (bulk("pending"), Value::Int(2)),
+            (bulk("last-delivered-id"), bulk("5-1")),
+            (bulk("lag"), Value::Nil),
+        ])]);
+        assert_eq!(GroupInfo::from_reply(&resp3, "loaders"), Some(want));
+        assert_eq!(GroupInfo::from_reply(&resp2, "operators"), None);
+    }
+
+    #[test]
+    fn the_next_id_follows_in_the_same_millisecond() {
+        assert_eq!(next_id("1700000000000-7"), "1700000000000-8");
+        assert_eq!(next_id("garbage"), "garbage");
+    }
+}
