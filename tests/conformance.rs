@@ -355,7 +355,7 @@ async fn xrange(conn: &mut groupcast::store::RedisConn, key: &str) -> Vec<groupc
 }
 
 async fn read(store: &Store, log: &BatchLog) -> Seen {
-    let mut conn = store.conn.clone();
+    let mut conn = store.raw_conn();
     let k = &log.keys;
     let state: BTreeMap<String, String> = conn.hgetall(&k.state).await.expect("HGETALL");
     let events = xrange(&mut conn, &k.events)

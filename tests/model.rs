@@ -17,6 +17,9 @@ use world::{ChunkSpec, Config, Mutant, World};
 
 /// A configuration larger than this is an error, not a silent cut.
 const LIMIT: usize = 3_000_000;
+/// A mutant is caught within this many states (breadth first: the shortest
+/// counterexample), or not at all.
+const MUTANT_LIMIT: usize = 150_000;
 const MUTANTS: [Mutant; 4] = [
     Mutant::RecordGroupOverwrites,
     Mutant::GiveBackApproval,
@@ -76,6 +79,9 @@ fn show(name: &str, r: &Report) -> String {
 fn run(cfg: Config, mutants: &[Mutant]) {
     let t = std::time::Instant::now();
     let clean = check(World::new(cfg.clone()), LIMIT);
+    if clean.violation.is_some() {
+        shout(&show(cfg.name, &clean));
+    }
     let mut caught = 0;
     let mut missed = Vec::new();
     for m in mutants {
@@ -84,9 +90,9 @@ fn run(cfg: Config, mutants: &[Mutant]) {
                 mutant: Some(*m),
                 ..cfg.clone()
             }),
-            LIMIT,
+            MUTANT_LIMIT,
         );
-        if r.violation.is_some() {
+        if r.violation.as_ref().is_some_and(|(v, _)| !v.starts_with("more than")) {
             caught += 1;
         } else {
             missed.push(*m);
@@ -110,53 +116,46 @@ fn run(cfg: Config, mutants: &[Mutant]) {
 }
 
 /// Three chunks (one delivered twice) over a cap forcing a rollover, two
-/// workers, a crash, a stolen lease, a failed and a lost provider answer.
+/// workers, a crash between any two steps, a report webhook.
 fn rollover() -> Config {
     Config {
         ingest: vec![
             chunk(0, false, &[1, 2]),
-            chunk(1, false, &[3, 4]),
-            chunk(2, true, &[5]),
-            chunk(1, false, &[3, 4]),
+            chunk(1, false, &[3]),
+            chunk(2, true, &[4]),
+            chunk(1, false, &[3]),
         ],
         crashes: 1,
-        steals: 1,
-        failures: 1,
-        lost_answers: 1,
         webhook: true,
         ..base("rollover-duplicate-crash")
     }
 }
 
-/// Redis under `everysec`: a restart that loses the unsynced writes, on top
-/// of a crash and a lost answer.
-fn everysec() -> Config {
+/// Two chunks out of order, a failed and a lost provider answer, a stolen
+/// lease.
+fn faults() -> Config {
     Config {
-        ingest: vec![
-            chunk(1, true, &[3]),
-            chunk(0, false, &[1, 2]),
-        ],
+        ingest: vec![chunk(1, true, &[3]), chunk(0, false, &[1, 2])],
         cap: 2,
-        crashes: 1,
+        steals: 1,
+        failures: 1,
         lost_answers: 1,
-        redis_losses: 1,
-        everysec: true,
-        ..base("everysec-lost-writes")
+        ..base("out-of-order-provider-faults")
     }
 }
 
 /// Three workers, chunks out of order with a wrong `last` (seq 1 flagged
-/// last, then seq 2 arrives), the watchdog and retention.
+/// last, then seq 2 arrives and is rejected), a provider failure, the
+/// watchdog and retention.
 fn three_workers() -> Config {
     Config {
         workers: 3,
         ingest: vec![
             chunk(1, true, &[3]),
             chunk(2, false, &[4]),
-            chunk(0, false, &[1, 2]),
+            chunk(0, false, &[1]),
         ],
         cap: 2,
-        crashes: 1,
         failures: 1,
         watchdog: 1,
         retention: true,
@@ -170,13 +169,37 @@ fn model_rollover_duplicate_crash() {
 }
 
 #[test]
-fn model_everysec_lost_writes() {
-    run(everysec(), &MUTANTS);
+fn model_out_of_order_provider_faults() {
+    run(faults(), &MUTANTS);
 }
 
 #[test]
 fn model_three_workers_wrong_last() {
     run(three_workers(), &MUTANTS);
+}
+
+/// A finding, kept as a test until it is fixed (docs/protocol.md): under
+/// `everysec`, Redis loses a chunk's assignment after `accept.lua`; the
+/// worker goes on to `park.lua`, which parks it without its assignment and
+/// acknowledges the ingest entry; the load released later is dropped as
+/// stale, and nothing ever accepts the chunk again: the batch never ends.
+#[test]
+fn finding_a_lost_assignment_before_park_strands_the_chunk() {
+    let cfg = Config {
+        workers: 1,
+        ingest: vec![chunk(1, true, &[3]), chunk(0, false, &[1, 2])],
+        cap: 2,
+        redis_losses: 1,
+        everysec: true,
+        ..base("everysec-lost-assignment")
+    };
+    let r = check(World::new(cfg), LIMIT);
+    let text = show("everysec-lost-assignment", &r);
+    shout(&text);
+    assert!(
+        r.violation.as_ref().is_some_and(|(v, _)| v.contains("no report")),
+        "{text}"
+    );
 }
 
 /// A mutant on a small configuration: the checker must find a
@@ -204,9 +227,20 @@ fn small() -> Config {
     }
 }
 
+/// One generation of two chunks; a stolen lease makes two racers.
+fn racers() -> Config {
+    Config {
+        ingest: vec![chunk(0, false, &[1, 2]), chunk(1, true, &[3])],
+        cap: 3,
+        crashes: 1,
+        steals: 1,
+        ..base("racers")
+    }
+}
+
 #[test]
 fn mutant_record_group_without_its_check_is_caught() {
-    caught(Mutant::RecordGroupOverwrites, small());
+    caught(Mutant::RecordGroupOverwrites, racers());
 }
 
 #[test]
@@ -216,7 +250,7 @@ fn mutant_giving_back_an_approval_is_caught() {
 
 #[test]
 fn mutant_loaded_without_its_key_is_caught() {
-    caught(Mutant::LoadedTwice, small());
+    caught(Mutant::LoadedTwice, racers());
 }
 
 #[test]

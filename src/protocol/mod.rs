@@ -220,6 +220,7 @@ pub fn work_item(batch: &str, gen: u32, seq: Option<u32>, group: Option<&str>) -
         seq,
         group_id: group.map(str::to_string),
         attempt: 0,
+        since: 0,
     }
 }
 

@@ -165,7 +165,8 @@ pub enum Action {
 pub struct World {
     pub cfg: std::rc::Rc<Config>,
     pub redis: Redis,
-    pub synced: Redis,
+    /// What Redis has on disk (shared until the next write is synced).
+    pub synced: std::rc::Rc<Redis>,
     pub workers: Vec<Option<Job>>,
     pub groups: Vec<Group>,
     pub webhook: u8,
@@ -180,6 +181,9 @@ pub struct World {
 }
 
 const CHUNK_OPS: &str = "chunk";
+/// The step that acknowledges the entry (after a script's write: a crash in
+/// between redelivers an entry whose effect is recorded).
+const ACK: u8 = 9;
 
 impl World {
     pub fn new(cfg: Config) -> World {
@@ -195,7 +199,7 @@ impl World {
         };
         World {
             redis: redis.clone(),
-            synced: redis,
+            synced: std::rc::Rc::new(redis),
             workers: vec![None; cfg.workers],
             groups: vec![],
             webhook: 0,
@@ -238,6 +242,11 @@ impl World {
                 Some(self.redis.work[i])
             }
         }
+    }
+
+    /// Whether a worker is on entry `h` now.
+    fn held(&self, h: Held) -> bool {
+        self.workers.iter().flatten().any(|j| j.held == h)
     }
 
     /// Whether the worker's next step waits for Redis to have on disk the
@@ -451,7 +460,7 @@ impl World {
                 }
                 protocol::loaded(&mut self.redis.db, BATCH, &e);
                 self.sync_work();
-                return self.ack(w);
+                job.pc = ACK;
             }
             ("create", 0) => {
                 if self.field(&format!("g:{}:group", job.gen)).is_some() {
@@ -482,10 +491,7 @@ impl World {
                 }
                 let r = protocol::record_group(&mut self.redis.db, BATCH, job.gen, &group);
                 self.sync_work();
-                if r[0] == "won" {
-                    return self.ack(w);
-                }
-                job.pc = 2;
+                job.pc = if r[0] == "won" { ACK } else { 2 };
             }
             ("create", 2) => {
                 // The loser enqueues the deletion of its own group.
@@ -559,7 +565,7 @@ impl World {
                 let group = job.group.clone().unwrap_or_default();
                 let poll = format!("{}|{group}", job.gen).into_bytes();
                 protocol::sent(&mut self.redis.db, BATCH, job.gen, &group, job.outcome, &poll);
-                return self.ack(w);
+                job.pc = ACK;
             }
             ("poll", 0) => {
                 if self.field(&format!("k:done/{}", job.gen)).is_some() {
@@ -589,7 +595,7 @@ impl World {
                     let n = self.field("seqs").unwrap_or("").to_string();
                     self.reports.insert(format!("{report} chunks={n}"));
                 }
-                return self.ack(w);
+                job.pc = ACK;
             }
             ("delete", 0) => {
                 let group = job.group.clone().unwrap_or_default();
@@ -742,15 +748,15 @@ impl Model for World {
         }
         for (h, d) in &deliveries {
             match d {
-                Delivery::Pending(None) => out.push(Action::Reclaim(*h)),
-                Delivery::Pending(Some(_)) if self.steals > 0 => out.push(Action::Reclaim(*h)),
+                Delivery::Pending(Some(_)) if self.held(*h) && self.steals == 0 => {}
+                Delivery::Pending(_) => out.push(Action::Reclaim(*h)),
                 _ => {}
             }
         }
         if !self.redis.db.delayed.is_empty() {
             out.push(Action::Promote);
         }
-        if self.cfg.everysec && self.redis != self.synced {
+        if self.cfg.everysec && self.redis != *self.synced {
             out.push(Action::Sync);
             if self.redis_losses > 0 {
                 out.push(Action::LoseWrites);
@@ -785,7 +791,10 @@ impl Model for World {
                 }
             }
             Action::Reclaim(h) => {
-                if s.delivery(*h) != Some(Delivery::Pending(None)) {
+                // Taking an entry from a worker still on it spends a steal;
+                // an entry whose worker crashed or moved on (its ack lost
+                // with Redis's writes) is reclaimed once idle, freely.
+                if s.held(*h) {
                     s.steals -= 1;
                 }
                 s.set_delivery(*h, Delivery::New);
@@ -799,11 +808,11 @@ impl Model for World {
                     s.sync_work();
                 }
             }
-            Action::Sync => s.synced = s.redis.clone(),
+            Action::Sync => s.synced = std::rc::Rc::new(s.redis.clone()),
             Action::LoseWrites => {
                 s.redis_losses -= 1;
                 let clock = s.redis.db.clock;
-                s.redis = s.synced.clone();
+                s.redis = (*s.synced).clone();
                 // Entry ids come from the server's clock: never reused.
                 s.redis.db.clock = clock;
                 // Workers keep going with what they knew (an entry Redis
