@@ -16,6 +16,7 @@ pub mod mock;
 pub mod phone;
 pub mod producer;
 pub mod projection;
+pub mod protocol;
 pub mod provider;
 pub mod redis_cluster;
 pub mod redis_server;
