@@ -14,12 +14,10 @@ use groupcast::events::{
     decode_payload, entry_millis, BatchStalled, ChunkLoaded, Event, GroupDiscarded, InputRejected,
     Recorded, RegistrationFailure, ReportDelivered, SendRefused,
 };
-use groupcast::protocol::{
-    self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry,
-};
-use groupcast::store::batch::{Accepted, Appended, BatchLog, GroupRecord, Parked};
-use groupcast::store::queue::parse_entries;
 use groupcast::keys::Keyspace;
+use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry};
+use groupcast::store::batch::{Accepted, Appended, BatchLog, Completion, GroupRecord, Parked};
+use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
 use groupcast::worker::ops::WorkItem;
 use rand::rngs::StdRng;
@@ -145,13 +143,23 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
                 .field(batch, &format!("g:{gen}:group"))
                 .unwrap_or("G?")
                 .to_string(),
-            outcome: if rng.random_bool(0.8) { "sent" } else { "already_sent" }.into(),
+            outcome: if rng.random_bool(0.8) {
+                "sent"
+            } else {
+                "already_sent"
+            }
+            .into(),
             poll: format!("poll|{batch}|{gen}").into_bytes(),
         },
         83..=92 => Call::Completed {
             gen,
             group: format!("G{gen}"),
-            status: if rng.random_bool(0.8) { "COMPLETE" } else { "FAILED" }.into(),
+            status: if rng.random_bool(0.8) {
+                "COMPLETE"
+            } else {
+                "FAILED"
+            }
+            .into(),
             ss: rng.random_range(0..5),
             sf: rng.random_range(0..2),
             retention: if rng.random_bool(0.5) { 3600 } else { 0 },
@@ -320,10 +328,15 @@ async fn real(log: &BatchLog, call: &Call) -> Vec<String> {
             sf,
             retention,
             deliver,
-        } => vec![log
+        } => match log
             .completed(*gen, group, status, *ss, *sf, *retention, *deliver)
             .await
-            .expect(fail)],
+            .expect(fail)
+        {
+            Completion::Completed => vec![s("completed")],
+            Completion::Reported => vec![s("reported")],
+            Completion::Duplicate => vec![s("duplicate")],
+        },
         Call::Append { key, event } => match log.append(key, event).await.expect(fail) {
             Appended::New(id) => vec![s("appended"), id],
             Appended::Duplicate(id) => vec![s("duplicate"), id],
@@ -343,7 +356,10 @@ struct Seen {
     expiring: bool,
 }
 
-async fn xrange(conn: &mut groupcast::store::RedisConn, key: &str) -> Vec<groupcast::store::queue::Entry> {
+async fn xrange(
+    conn: &mut groupcast::store::RedisConn,
+    key: &str,
+) -> Vec<groupcast::store::queue::Entry> {
     let v: redis::Value = redis::cmd("XRANGE")
         .arg(key)
         .arg("-")
@@ -455,7 +471,11 @@ fn compare(db: &Db, batch: &str, seen: &Seen) -> Vec<String> {
     let work: Vec<(&str, &WorkItem, Option<&Vec<u8>>)> = db
         .work
         .iter()
-        .map(|WorkEntry { op, item, chunk, .. }| (op.as_str(), item, chunk.as_ref()))
+        .map(
+            |WorkEntry {
+                 op, item, chunk, ..
+             }| (op.as_str(), item, chunk.as_ref()),
+        )
         .collect();
     let real_work: Vec<(&str, &WorkItem, Option<&Vec<u8>>)> = seen
         .work
@@ -471,10 +491,7 @@ fn compare(db: &Db, batch: &str, seen: &Seen) -> Vec<String> {
         .map(|(g, h)| (*g, h.iter().cloned().collect()))
         .collect();
     if parked != seen.parked {
-        out.push(format!(
-            "parked: model {parked:?}, redis {:?}",
-            seen.parked
-        ));
+        out.push(format!("parked: model {parked:?}, redis {:?}", seen.parked));
     }
     if db.active != seen.active {
         out.push(format!(
@@ -483,10 +500,15 @@ fn compare(db: &Db, batch: &str, seen: &Seen) -> Vec<String> {
         ));
     }
     let reports: Vec<(&str, &Event)> = db.reports.iter().map(|(_, b, e)| (b.as_str(), e)).collect();
-    let real_reports: Vec<(&str, &Event)> =
-        seen.reports.iter().map(|(_, b, e)| (b.as_str(), e)).collect();
+    let real_reports: Vec<(&str, &Event)> = seen
+        .reports
+        .iter()
+        .map(|(_, b, e)| (b.as_str(), e))
+        .collect();
     if reports != real_reports {
-        out.push(format!("reports: model {reports:?}, redis {real_reports:?}"));
+        out.push(format!(
+            "reports: model {reports:?}, redis {real_reports:?}"
+        ));
     }
     if db.delayed != seen.delayed {
         out.push(format!(
@@ -534,7 +556,11 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             let call = pick(&mut rng, &db, batch);
             let want = model(&mut db, batch, &call);
             let got = real(&log, &call).await;
-            let kind = format!("{}:{}", format!("{call:?}").split([' ', '(']).next().unwrap_or(""), want[0]);
+            let kind = format!(
+                "{}:{}",
+                format!("{call:?}").split([' ', '(']).next().unwrap_or(""),
+                want[0]
+            );
             *kinds.entry(kind).or_default() += 1;
             history.push(format!("{batch} {call:?} -> {want:?}"));
             let mut diffs = Vec::new();
@@ -551,7 +577,11 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
                 diffs.push(format!("reply: model {want_cmp:?}, redis {got:?}"));
             }
             let seen = read(&store, &log).await;
-            diffs.extend(compare(&db, batch, &seen).into_iter().map(|d| format!("{batch}: {d}")));
+            diffs.extend(
+                compare(&db, batch, &seen)
+                    .into_iter()
+                    .map(|d| format!("{batch}: {d}")),
+            );
             steps += 1;
             if !diffs.is_empty() {
                 let tail: Vec<&String> = history.iter().rev().take(12).rev().collect();

@@ -92,7 +92,10 @@ fn run(cfg: Config, mutants: &[Mutant]) {
             }),
             MUTANT_LIMIT,
         );
-        if r.violation.as_ref().is_some_and(|(v, _)| !v.starts_with("more than")) {
+        if r.violation
+            .as_ref()
+            .is_some_and(|(v, _)| !v.starts_with("more than"))
+        {
             caught += 1;
         } else {
             missed.push(*m);
@@ -112,7 +115,11 @@ fn run(cfg: Config, mutants: &[Mutant]) {
         t.elapsed().as_secs_f64()
     ));
     assert!(clean.violation.is_none(), "{}", show(cfg.name, &clean));
-    assert!(missed.is_empty(), "{}: mutants not caught: {missed:?}", cfg.name);
+    assert!(
+        missed.is_empty(),
+        "{}: mutants not caught: {missed:?}",
+        cfg.name
+    );
 }
 
 /// Three chunks (one delivered twice) over a cap forcing a rollover, two
@@ -197,7 +204,9 @@ fn finding_a_lost_assignment_before_park_strands_the_chunk() {
     let text = show("everysec-lost-assignment", &r);
     shout(&text);
     assert!(
-        r.violation.as_ref().is_some_and(|(v, _)| v.contains("no report")),
+        r.violation
+            .as_ref()
+            .is_some_and(|(v, _)| v.contains("no report")),
         "{text}"
     );
 }

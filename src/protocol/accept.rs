@@ -77,7 +77,11 @@ pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
 
     let (mut gen, mut seqs, mut recipients) = (r.num("gen"), r.num("seqs"), r.num("recipients"));
     let gk = |gen: i64, f: &str| format!("g:{gen}:{f}");
-    let (mut n, mut c, l) = (r.num(&gk(gen, "n")), r.num(&gk(gen, "c")), r.num(&gk(gen, "l")));
+    let (mut n, mut c, l) = (
+        r.num(&gk(gen, "n")),
+        r.num(&gk(gen, "c")),
+        r.num(&gk(gen, "l")),
+    );
     let mut group = r.get(&gk(gen, "group"));
     let closed = r.get(&gk(gen, "closed")).is_some();
 

@@ -16,7 +16,13 @@ pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec
     let parked_before = r.get(&format!("k:park/{seq}")).is_some();
     let requested_before = r.get(&format!("k:create/{gen}")).is_some();
     let b = r.batch.clone();
-    let hash = r.db.batches.entry(b).or_default().parked.entry(gen).or_default();
+    let hash =
+        r.db.batches
+            .entry(b)
+            .or_default()
+            .parked
+            .entry(gen)
+            .or_default();
     // HSET: a field already there keeps its place.
     match hash.iter_mut().find(|(s, _)| *s == seq.to_string()) {
         Some((_, p)) => *p = payload.to_vec(),

@@ -20,12 +20,11 @@ pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<Stri
     );
     r.put(format!("g:{gen}:group"), group);
     // HGETALL, then DEL, of the parked hash.
-    let parked: Vec<(String, Vec<u8>)> = r
-        .db
-        .batches
-        .get_mut(batch)
-        .and_then(|b| b.parked.remove(&gen))
-        .unwrap_or_default();
+    let parked: Vec<(String, Vec<u8>)> =
+        r.db.batches
+            .get_mut(batch)
+            .and_then(|b| b.parked.remove(&gen))
+            .unwrap_or_default();
     for (seq, payload) in &parked {
         let item = work_item(batch, gen, seq.parse().ok(), Some(group));
         r.db.add_work("load", item, Some(payload.clone()));

@@ -278,7 +278,11 @@ impl World {
     }
 
     fn digest(c: &ChunkSpec) -> String {
-        format!("d{}{}", c.seq, c.to.iter().map(|t| t.to_string()).collect::<String>())
+        format!(
+            "d{}{}",
+            c.seq,
+            c.to.iter().map(|t| t.to_string()).collect::<String>()
+        )
     }
 
     /// The chunk recipients of ingest entry `i`.
@@ -303,7 +307,10 @@ impl World {
     fn retry(&mut self, w: usize, op: &str, item: WorkItem, chunk: Option<Vec<u8>>) {
         if self.cfg.mutant == Some(Mutant::GiveBackApproval) && op == "load" {
             let f = format!("g:{}:n", item.gen);
-            let n = protocol::num(self.field(&f)) - self.to(usize::from(chunk.as_ref().map_or(0, |c| c[0]))).len() as i64;
+            let n = protocol::num(self.field(&f))
+                - self
+                    .to(usize::from(chunk.as_ref().map_or(0, |c| c[0])))
+                    .len() as i64;
             if let Some(b) = self.redis.db.batches.get_mut(BATCH) {
                 b.state.insert(f, n.to_string());
             }
@@ -319,13 +326,21 @@ impl World {
     }
 
     fn item(&self, job: &Job) -> WorkItem {
-        protocol::work_item(BATCH, job.gen, Some(job.seq).filter(|_| job.op == "load"), job.group.as_deref())
+        protocol::work_item(
+            BATCH,
+            job.gen,
+            Some(job.seq).filter(|_| job.op == "load"),
+            job.group.as_deref(),
+        )
     }
 
     /// The provider's answer to an add of chunk `chunk` into `group`:
     /// `Err(true)` retryable, `Err(false)` refused (the group is not pending).
     fn add(&mut self, group: &str, chunk: usize) -> Result<u32, bool> {
-        let Some(g) = group.strip_prefix('P').and_then(|i| i.parse::<usize>().ok()) else {
+        let Some(g) = group
+            .strip_prefix('P')
+            .and_then(|i| i.parse::<usize>().ok())
+        else {
             return Err(false);
         };
         if self.groups[g].status != GroupStatus::Pending {
@@ -398,7 +413,13 @@ impl World {
                 job.pc = if job.group.is_some() { 2 } else { 1 };
             }
             (CHUNK_OPS, 1) => {
-                let r = protocol::park(&mut self.redis.db, BATCH, job.seq, job.gen, &[job.chunk as u8]);
+                let r = protocol::park(
+                    &mut self.redis.db,
+                    BATCH,
+                    job.seq,
+                    job.gen,
+                    &[job.chunk as u8],
+                );
                 self.sync_work();
                 match r[0].as_str() {
                     "group" => {
@@ -437,7 +458,10 @@ impl World {
                         return self.retry(w, "load", item, Some(vec![job.chunk as u8]));
                     }
                     Err(false) => {
-                        if self.field(&format!("k:loaded/{}/{}", job.gen, job.seq)).is_some() {
+                        if self
+                            .field(&format!("k:loaded/{}/{}", job.gen, job.seq))
+                            .is_some()
+                        {
                             return self.ack(w);
                         }
                         return self.dead(w, format!("chunk {} refused by group {group}", job.seq));
@@ -535,7 +559,12 @@ impl World {
                             group_id: group.clone(),
                             reason: "count".into(),
                         });
-                        protocol::append(&mut self.redis.db, BATCH, &format!("refused/{}", job.gen), &e);
+                        protocol::append(
+                            &mut self.redis.db,
+                            BATCH,
+                            &format!("refused/{}", job.gen),
+                            &e,
+                        );
                         return self.dead(w, format!("send of {group} refused: counts differ"));
                     }
                     job.pc = 2;
@@ -564,7 +593,14 @@ impl World {
             ("send", 3) => {
                 let group = job.group.clone().unwrap_or_default();
                 let poll = format!("{}|{group}", job.gen).into_bytes();
-                protocol::sent(&mut self.redis.db, BATCH, job.gen, &group, job.outcome, &poll);
+                protocol::sent(
+                    &mut self.redis.db,
+                    BATCH,
+                    job.gen,
+                    &group,
+                    job.outcome,
+                    &poll,
+                );
                 job.pc = ACK;
             }
             ("poll", 0) => {
@@ -617,7 +653,10 @@ impl World {
             }
             ("delete", 1) => {
                 let group = job.group.clone().unwrap_or_default();
-                let kept = self.field(&format!("g:{}:group", job.gen)).unwrap_or("").to_string();
+                let kept = self
+                    .field(&format!("g:{}:group", job.gen))
+                    .unwrap_or("")
+                    .to_string();
                 let e = Event::GroupDiscarded(GroupDiscarded {
                     gen: job.gen,
                     group_id: group.clone(),
@@ -656,9 +695,9 @@ impl World {
     fn complete(&self, gen: u32, gi: usize) -> bool {
         let members = &self.groups[gi].members;
         self.cfg.ingest.iter().all(|c| {
-            let assigned = self
-                .field(&format!("s:{}", c.seq))
-                .is_some_and(|s| s.starts_with(&format!("{gen}|")) && s.ends_with(&Self::digest(c)));
+            let assigned = self.field(&format!("s:{}", c.seq)).is_some_and(|s| {
+                s.starts_with(&format!("{gen}|")) && s.ends_with(&Self::digest(c))
+            });
             !assigned || c.to.iter().all(|t| members.contains(t))
         }) && self.field(&format!("g:{gen}:closed")).is_some()
     }
@@ -667,7 +706,13 @@ impl World {
     fn calls_provider(&self, job: &Job) -> bool {
         matches!(
             (job.op, job.pc),
-            (CHUNK_OPS | "load", 2) | ("create", 0) | ("send", 1) | ("send", 2) | ("poll", 0) | ("delete", 0) | ("report", 0)
+            (CHUNK_OPS | "load", 2)
+                | ("create", 0)
+                | ("send", 1)
+                | ("send", 2)
+                | ("poll", 0)
+                | ("delete", 0)
+                | ("report", 0)
         )
     }
 
@@ -803,7 +848,8 @@ impl Model for World {
                 if let Some(m) = s.redis.db.delayed.pop_first() {
                     let text = String::from_utf8_lossy(&m).into_owned();
                     let (gen, group) = text.split_once('|').unwrap_or(("0", ""));
-                    let item = protocol::work_item(BATCH, gen.parse().unwrap_or(0), None, Some(group));
+                    let item =
+                        protocol::work_item(BATCH, gen.parse().unwrap_or(0), None, Some(group));
                     s.redis.db.add_work("poll", item, None);
                     s.sync_work();
                 }
@@ -855,15 +901,28 @@ impl Model for World {
                 }
                 put(h, &b.expiring);
             }
-            let mut work: Vec<(&str, u32, Option<u32>, Option<&str>, Option<&Vec<u8>>, Delivery)> = r
-                .db
-                .work
-                .iter()
-                .zip(&r.work)
-                .map(|(e, d)| {
-                    (e.op.as_str(), e.item.gen, e.item.seq, e.item.group_id.as_deref(), e.chunk.as_ref(), *d)
-                })
-                .collect();
+            let mut work: Vec<(
+                &str,
+                u32,
+                Option<u32>,
+                Option<&str>,
+                Option<&Vec<u8>>,
+                Delivery,
+            )> =
+                r.db.work
+                    .iter()
+                    .zip(&r.work)
+                    .map(|(e, d)| {
+                        (
+                            e.op.as_str(),
+                            e.item.gen,
+                            e.item.seq,
+                            e.item.group_id.as_deref(),
+                            e.chunk.as_ref(),
+                            *d,
+                        )
+                    })
+                    .collect();
             work.sort();
             put(h, &work);
             put(h, &r.ingest);
@@ -885,7 +944,19 @@ impl Model for World {
                     };
                     put(h, &held);
                     put(h, &self.delivery(j.held));
-                    put(h, &(j.op, j.pc, j.gen, j.seq, j.chunk, &j.group, j.registered, j.outcome));
+                    put(
+                        h,
+                        &(
+                            j.op,
+                            j.pc,
+                            j.gen,
+                            j.seq,
+                            j.chunk,
+                            &j.group,
+                            j.registered,
+                            j.outcome,
+                        ),
+                    );
                 }
                 None => put(h, &0u8),
             }
@@ -894,7 +965,14 @@ impl Model for World {
         put(h, &(self.webhook, &self.reports));
         put(
             h,
-            &(self.crashes, self.steals, self.failures, self.lost_answers, self.redis_losses, self.watchdog),
+            &(
+                self.crashes,
+                self.steals,
+                self.failures,
+                self.lost_answers,
+                self.redis_losses,
+                self.watchdog,
+            ),
         );
     }
 
@@ -903,7 +981,10 @@ impl Model for World {
         for (i, g) in self.groups.iter().enumerate() {
             // 6. No generation over the cap.
             if g.members.len() > cap {
-                return Some(format!("group P{i} holds {} recipients, over the cap {cap}", g.members.len()));
+                return Some(format!(
+                    "group P{i} holds {} recipients, over the cap {cap}",
+                    g.members.len()
+                ));
             }
             // 2. Sent only when complete, and once.
             if g.sends > 1 {
@@ -918,7 +999,10 @@ impl Model for World {
             // 1. One group per generation: no other group of it holds anyone.
             for (j, o) in self.groups.iter().enumerate().skip(i + 1) {
                 if o.gen == g.gen && !g.members.is_empty() && !o.members.is_empty() {
-                    return Some(format!("generation {}: groups P{i} and P{j} both hold recipients", g.gen));
+                    return Some(format!(
+                        "generation {}: groups P{i} and P{j} both hold recipients",
+                        g.gen
+                    ));
                 }
             }
         }
@@ -927,13 +1011,19 @@ impl Model for World {
         for (i, g) in self.groups.iter().enumerate() {
             for t in &g.members {
                 if !seen.insert(*t) {
-                    return Some(format!("recipient {t} is registered in two groups (one is P{i})"));
+                    return Some(format!(
+                        "recipient {t} is registered in two groups (one is P{i})"
+                    ));
                 }
             }
         }
         // 4. The report decided once.
         if self.reports.len() > 1 {
-            return Some(format!("the report was decided {} times: {:?}", self.reports.len(), self.reports));
+            return Some(format!(
+                "the report was decided {} times: {:?}",
+                self.reports.len(),
+                self.reports
+            ));
         }
         if self.webhook > 1 && !self.cfg.webhook {
             return Some("a report reached a webhook nobody configured".into());
@@ -959,8 +1049,18 @@ impl Model for World {
             .filter(|g| g.status == GroupStatus::Sent)
             .flat_map(|g| g.members.iter().copied())
             .collect();
-        let wanted: BTreeSet<u8> = self.cfg.ingest.iter().flat_map(|c| c.to.iter().copied()).collect();
-        let rejected = self.redis.dead.iter().filter(|d| d.contains("rejected")).count();
+        let wanted: BTreeSet<u8> = self
+            .cfg
+            .ingest
+            .iter()
+            .flat_map(|c| c.to.iter().copied())
+            .collect();
+        let rejected = self
+            .redis
+            .dead
+            .iter()
+            .filter(|d| d.contains("rejected"))
+            .count();
         if rejected == 0 && sent != wanted {
             return Some(format!("recipients {wanted:?} wanted, {sent:?} sent"));
         }
@@ -977,7 +1077,10 @@ impl Model for World {
         match a {
             Action::Read(w, Held::Ingest(i)) => {
                 let c = &self.cfg.ingest[*i];
-                format!("worker {w} reads chunk seq={} last={} to={:?}", c.seq, c.last, c.to)
+                format!(
+                    "worker {w} reads chunk seq={} last={} to={:?}",
+                    c.seq, c.last, c.to
+                )
             }
             Action::Read(w, Held::Work(id)) => {
                 let Some(e) = self.redis.db.work.iter().find(|e| e.id == *id) else {
@@ -997,7 +1100,9 @@ impl Model for World {
                         (_, 2) if j.op == CHUNK_OPS || j.op == "load" => {
                             format!("provider add seq {} to {:?}", j.seq, j.group)
                         }
-                        (_, 3) if j.op == CHUNK_OPS || j.op == "load" => format!("loaded.lua seq {}", j.seq),
+                        (_, 3) if j.op == CHUNK_OPS || j.op == "load" => {
+                            format!("loaded.lua seq {}", j.seq)
+                        }
                         ("create", 0) => "provider create group".into(),
                         ("create", 1) => format!("record_group.lua {:?}", j.group),
                         ("create", 2) => "enqueue delete of the losing group".into(),
