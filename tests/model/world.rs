@@ -42,6 +42,17 @@ pub struct ChunkSpec {
     pub to: Vec<u8>,
 }
 
+/// A work entry as the state's hash sees it: op, generation, seq, group,
+/// chunk and how it was delivered.
+type WorkKey<'a> = (
+    &'a str,
+    u32,
+    Option<u32>,
+    Option<&'a str>,
+    Option<&'a Vec<u8>>,
+    Delivery,
+);
+
 /// A configuration to explore.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -901,14 +912,7 @@ impl Model for World {
                 }
                 put(h, &b.expiring);
             }
-            let mut work: Vec<(
-                &str,
-                u32,
-                Option<u32>,
-                Option<&str>,
-                Option<&Vec<u8>>,
-                Delivery,
-            )> =
+            let mut work: Vec<WorkKey<'_>> =
                 r.db.work
                     .iter()
                     .zip(&r.work)
