@@ -7,6 +7,7 @@
 //! the report. Every step is an event ([`events`]); the batch's state is
 //! their fold ([`projection`]).
 
+pub mod board;
 pub mod cli;
 pub mod events;
 pub mod keys;
@@ -15,6 +16,7 @@ pub mod mock;
 pub mod phone;
 pub mod producer;
 pub mod projection;
+pub mod protocol;
 pub mod provider;
 pub mod redis_cluster;
 pub mod redis_server;

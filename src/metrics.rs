@@ -172,7 +172,7 @@ pub const METRICS: &[Metric] = &[
     counter(
         "groupcast_retries_total",
         &["op", "reason"],
-        "Retries scheduled, by op and reason (transient, rate_limited, not_finished, webhook)",
+        "Retries scheduled, by op and reason (transient, rate_limited, not_finished, webhook, durability, limiter)",
     ),
     counter(
         "groupcast_dead_letters_total",
@@ -330,6 +330,95 @@ pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> std::io::Resul
     Ok(local)
 }
 
+/// The label values a metric's series start with at [`zero`]: the known
+/// values of each label (`shard`: every shard). Empty for a label whose
+/// values are not known in advance.
+fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
+    let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    match (metric, label) {
+        (_, "shard") => (0..shards).map(|s| s.to_string()).collect(),
+        ("groupcast_stream_length", "stream") => strs(&["ingest", "work", "dlq", "reports"]),
+        (_, "stream") => strs(&["ingest", "work"]),
+        (_, "type") => strs(crate::events::Event::TYPE_NAMES),
+        ("groupcast_chunks_total", "outcome") => strs(&[
+            "accepted",
+            "duplicate",
+            "parked",
+            "loaded",
+            "rejected",
+            "stale",
+        ]),
+        ("groupcast_work_items_total", "outcome") => strs(&["done", "retry", "dead"]),
+        ("groupcast_groups_sent_total", "outcome") => strs(&["sent", "already_sent"]),
+        (_, "op") => strs(&["create", "load", "send", "poll", "delete", "report"]),
+        (_, "reason") => strs(&[
+            "transient",
+            "rate_limited",
+            "not_finished",
+            "webhook",
+            "durability",
+        ]),
+        (_, "endpoint") => strs(&["create", "add", "get", "send", "delete"]),
+        // A request that succeeded: 0 of them yet.
+        (_, "status") => strs(&["200"]),
+        _ => Vec::new(),
+    }
+}
+
+/// The label sets a metric starts with: the product of its labels' known
+/// values; a consumer group goes with its stream (`loaders` reads ingest,
+/// `operators` reads work).
+fn initial_series(m: &Metric, shards: u32) -> Vec<Vec<metrics::Label>> {
+    let mut sets: Vec<Vec<metrics::Label>> = vec![Vec::new()];
+    for label in m.labels {
+        if *label == "group" {
+            continue;
+        }
+        let values = initial_values(m.name, label, shards);
+        sets = sets
+            .into_iter()
+            .flat_map(|set| {
+                values.iter().map(move |v| {
+                    let mut s = set.clone();
+                    s.push(metrics::Label::new(*label, v.clone()));
+                    s
+                })
+            })
+            .collect();
+    }
+    if m.labels.contains(&"group") {
+        sets.retain_mut(|set| {
+            let group = match set.iter().find(|l| l.key() == "stream").map(|l| l.value()) {
+                Some("ingest") => crate::keys::LOADERS_GROUP,
+                Some("work") => crate::keys::OPERATORS_GROUP,
+                _ => return false,
+            };
+            set.push(metrics::Label::new("group", group));
+            true
+        });
+    }
+    sets
+}
+
+/// Creates every series of [`METRICS`] that can be named in advance, at
+/// zero (histograms empty), so that every family exists from start-up: a
+/// dashboard panel or an alert reads 0, not "No data", until the first
+/// event. Gauges are only incremented by 0, so a value already sampled
+/// stays. `shards`: how many shards the deployment has.
+pub fn zero(shards: u32) {
+    for m in METRICS {
+        for labels in initial_series(m, shards) {
+            match m.kind {
+                Kind::Counter => metrics::counter!(m.name, labels).increment(0),
+                Kind::Gauge => metrics::gauge!(m.name, labels).increment(0.0),
+                Kind::Histogram => {
+                    let _ = metrics::histogram!(m.name, labels);
+                }
+            }
+        }
+    }
+}
+
 /// Registers the help text of every metric in [`METRICS`] with the installed
 /// recorder ([`install`] calls it).
 pub fn describe() {
@@ -373,6 +462,16 @@ mod tests {
                         m.name
                     );
                 }
+            }
+        }
+        // Every metric starts with at least one series, and every label of
+        // it has a value in each.
+        for m in METRICS {
+            let sets = initial_series(m, 2);
+            assert!(!sets.is_empty(), "{} starts with no series", m.name);
+            for set in &sets {
+                let keys: Vec<&str> = set.iter().map(|l| l.key()).collect();
+                assert_eq!(keys.len(), m.labels.len(), "{}: {keys:?}", m.name);
             }
         }
         // A gauge `x` next to a counter `x_total` is one family in OpenMetrics.

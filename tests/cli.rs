@@ -405,3 +405,116 @@ async fn dead_letters_can_be_listed_and_redriven() {
         .await;
     rig.verify(&["redrive".to_string()]).await;
 }
+
+/// Runs a worker whose stderr is a pipe until it logs where its metrics are,
+/// and returns what it logged by then.
+fn worker_log_in_a_pipe(redis_url: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
+    use std::io::BufRead;
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "worker",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--durability",
+        "none",
+    ])
+    .args(extra)
+    .env("GROUPCAST_REDIS_URL", redis_url)
+    .env("GROUPCAST_PREFIX", "gct")
+    .env("GROUPCAST_PROVIDER_URL", "http://127.0.0.1:9")
+    .env("GROUPCAST_PROVIDER_API_KEY", KEY)
+    .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
+    .env("GROUPCAST_LOG", "info")
+    .env_remove("NO_COLOR")
+    .env_remove("GROUPCAST_LOG_FORMAT")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn worker");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut log = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let Ok(line) = line else { break };
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("/metrics") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        log.contains("/metrics"),
+        "the worker never said where its metrics are:\n{log}"
+    );
+    log
+}
+
+#[test]
+fn a_worker_logging_into_a_pipe_writes_no_color_codes_and_json_stays_json() {
+    let server = redis();
+    let url = server.url();
+    let plain = worker_log_in_a_pipe(&url, &[], &[]);
+    assert!(
+        !plain.contains('\u{1b}'),
+        "ANSI escapes in a piped log:\n{plain:?}"
+    );
+    assert!(plain.contains("INFO"), "{plain}");
+    let json = worker_log_in_a_pipe(&url, &["--log-format", "json"], &[]);
+    for line in json.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn status_and_audit_tell_a_queued_batch_and_whether_a_worker_reads_it() {
+    let (server, store) = store(1).await;
+    let url = server.url();
+    let chunks = groupcast::producer::cut("queued-one", &template(), recipients(7, 250), 100);
+    groupcast::producer::append_chunks(&store, &chunks)
+        .await
+        .expect("append");
+    // No worker ever started: no consumer group.
+    let out = groupcast(&url, &["status", "queued-one"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("queued, 3 chunk(s) with 250 recipients")
+            && text.contains("no worker has ever read"),
+        "{text}"
+    );
+    let out = groupcast(&url, &["status", "queued-one", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["state"], "queued");
+    assert_eq!(v["queuedChunks"], 3);
+    assert_eq!(v["ingestGroupExists"], false);
+    let out = groupcast(&url, &["audit", "queued-one"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("queued, 3 chunk(s)"),
+        "{text}"
+    );
+    // The group exists, with no consumer: still queued, and said so.
+    store
+        .ensure_group(&store.keys.ingest(0), groupcast::keys::LOADERS_GROUP)
+        .await
+        .expect("group");
+    let out = groupcast(&url, &["status", "queued-one"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("has no consumer"), "{text}");
+    // The overview lists it; an unknown batch is still an error.
+    let out = groupcast(&url, &["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("batch queued-one: queued"), "{text}");
+    let out = groupcast(&url, &["status", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+}

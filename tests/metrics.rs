@@ -238,6 +238,15 @@ fn dashboard_exprs() -> Vec<String> {
     out
 }
 
+/// Every `expr` of the alert rules.
+fn alert_exprs() -> Vec<String> {
+    let rules = std::fs::read_to_string(root().join("grafana/alerts.yml")).expect("alerts.yml");
+    rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:").map(|e| e.trim().to_string()))
+        .collect()
+}
+
 /// A dashboard expression with Grafana's variables put in, for Prometheus.
 fn grafana_to_promql(expr: &str) -> String {
     expr.replace("$__rate_interval", "1m")
@@ -525,11 +534,7 @@ fn grafana_and_prometheus_files_are_valid_and_use_catalogued_metrics() {
         .iter()
         .map(|m| (m.name.to_string(), m.kind.name().to_string()))
         .collect();
-    let rules = std::fs::read_to_string(g.join("alerts.yml")).expect("alerts.yml");
-    let mut exprs: Vec<String> = rules
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("expr:").map(|e| e.trim().to_string()))
-        .collect();
+    let mut exprs = alert_exprs();
     assert!(exprs.len() >= 3, "alert rules: {exprs:?}");
     exprs.extend(dashboard_exprs());
     for e in &exprs {
@@ -569,4 +574,95 @@ fn grafana_and_prometheus_files_are_valid_and_use_catalogued_metrics() {
     let dp = std::fs::read_to_string(g.join("provisioning/dashboards/groupcast.yml"))
         .expect("dashboard provisioning");
     assert!(dp.contains("type: file") && dp.contains("path: "));
+}
+
+/// A `groupcast worker` process (the binary) on a fresh Redis, serving
+/// metrics on `port`; killed on drop.
+struct WorkerProcess(Child);
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_worker_exposes_every_family_the_dashboard_and_alerts_use_at_zero() {
+    require("prometheus");
+    let server = redis();
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let _worker = WorkerProcess(
+        Command::new(env!("CARGO_BIN_EXE_groupcast"))
+            .args(["worker", "--durability", "none", "--shards", "2"])
+            .arg("--metrics-listen")
+            .arg(addr.to_string())
+            .env("GROUPCAST_REDIS_URL", server.url())
+            .env("GROUPCAST_PREFIX", "fresh")
+            .env("GROUPCAST_PROVIDER_URL", "http://127.0.0.1:9")
+            .env("GROUPCAST_PROVIDER_API_KEY", "k")
+            .env("GROUPCAST_PROVIDER_API_SECRET", "s")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn a worker"),
+    );
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/metrics");
+    let exposition = wait_for(
+        Duration::from_secs(20),
+        "the fresh worker's /metrics",
+        async || http.get(&url).send().await.ok()?.text().await.ok(),
+        String::new,
+    )
+    .await;
+    // Every catalogued family is there before any work, counters at zero.
+    let fams = families(&exposition);
+    let missing: Vec<_> = METRICS
+        .iter()
+        .filter(|m| !fams.contains_key(m.name))
+        .map(|m| m.name)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "a fresh worker lacks {missing:?}:\n{exposition}"
+    );
+    for series in [
+        "groupcast_batch_stalls_total 0",
+        "groupcast_dead_letters_total{stream=\"ingest\"} 0",
+        "groupcast_dead_letters_total{stream=\"work\"} 0",
+        "groupcast_sends_refused_total 0",
+        "groupcast_batch_duration_seconds_count 0",
+        "groupcast_delayed_retries{shard=\"1\"} 0",
+    ] {
+        assert!(
+            exposition.lines().any(|l| l == series),
+            "no `{series}` in a fresh worker's exposition:\n{exposition}"
+        );
+    }
+    // A real Prometheus scraping it has a series of every family the
+    // dashboard and the alert rules query.
+    let mut used = BTreeSet::new();
+    for e in dashboard_exprs().iter().chain(alert_exprs().iter()) {
+        used.extend(names_in(e));
+    }
+    assert!(used.len() >= 10, "{used:?}");
+    let prom = Prometheus::start(addr);
+    for name in &used {
+        let q = format!("count({name})");
+        let n = wait_for(
+            Duration::from_secs(30),
+            &format!("prometheus to have {name}"),
+            async || {
+                let r = prom.query(&http, &q).await.ok()?;
+                let n: f64 = r[0]["value"][1].as_str()?.parse().ok()?;
+                (n >= 1.0).then_some(n)
+            },
+            || prom.log(),
+        )
+        .await;
+        assert!(n >= 1.0, "{name}");
+    }
 }

@@ -100,7 +100,8 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
     }
 }
 
-fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
+/// An event as `audit --json` prints it.
+pub fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
     serde_json::json!({
         "id": r.id,
         "time": human_time(r.millis()),
@@ -116,11 +117,28 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Usage(format!("{:?}: {e}", args.batch)))?;
     let store = args.redis.connect().await?;
     let events = store.batch(&args.batch).events().await?;
+    let queued = store.queued(store.keys.shard_of(&args.batch)).await?;
+    let waiting = queued.of(&args.batch);
     if events.is_empty() {
-        return Err(CliError::Failed(format!(
-            "no events for batch {} (unknown, or past its retention)",
-            args.batch
-        )));
+        let Some(w) = waiting else {
+            return Err(CliError::Failed(format!(
+                "no events for batch {} (unknown, or past its retention), and no chunk of it waits in the ingest stream",
+                args.batch
+            )));
+        };
+        if args.json {
+            outln!("{}", super::status::queued_json(&args.batch, w, &queued));
+        } else {
+            outln!("{}; no events yet", queued.describe(w));
+        }
+        return Ok(());
+    }
+    if let Some(w) = waiting {
+        // On stderr, so that `--json` output stays one event per line.
+        eprintln!(
+            "{} more chunk(s) of batch {} wait unread in the ingest stream",
+            w.chunks, args.batch
+        );
     }
     let t0 = events
         .iter()

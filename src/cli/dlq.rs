@@ -35,7 +35,8 @@ pub enum DlqAction {
         json: bool,
     },
     /// Put dead letters back on the stream they came from (after fixing the
-    /// cause), and remove them from the dead letters.
+    /// cause), and remove them from the dead letters. A work item starts a
+    /// fresh retry budget (--retry-for counts again from its next failure).
     Redrive {
         /// Dead letter ids.
         ids: Vec<String>,
@@ -46,15 +47,11 @@ pub enum DlqAction {
 }
 
 async fn all(store: &Store) -> Result<Vec<(u32, Entry)>, CliError> {
-    let mut out = Vec::new();
-    for shard in 0..store.keys.shards() {
-        let letters = store.entries(&store.keys.dead_letters(shard)).await?;
-        out.extend(letters.into_iter().map(|e| (shard, e)));
-    }
-    Ok(out)
+    Ok(store.dead_letter_entries().await?)
 }
 
-fn describe(e: &Entry) -> serde_json::Value {
+/// A dead letter as JSON (payloads shown by size).
+pub fn describe(e: &Entry) -> serde_json::Value {
     let original: serde_json::Map<String, serde_json::Value> = e
         .fields
         .iter()
@@ -127,19 +124,13 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
             let letters = all(&store).await?;
             let mut n = 0;
             for (shard, e) in letters.iter().filter(|(_, e)| every || ids.contains(&e.id)) {
-                let Some(source) = e.text("source") else {
+                let Some(source) = store
+                    .redrive_letter(*shard, e)
+                    .await
+                    .map_err(|err| CliError::Redis(format!("redriving {}: {err}", e.id)))?
+                else {
                     continue;
                 };
-                let fields: Vec<(String, Vec<u8>)> = e
-                    .fields
-                    .iter()
-                    .filter_map(|(k, v)| k.strip_prefix("f:").map(|k| (k.to_string(), v.clone())))
-                    .collect();
-                // Put back and remove in one transaction: never both, never neither.
-                store
-                    .redrive(&store.keys.dead_letters(*shard), &e.id, &source, &fields)
-                    .await
-                    .map_err(|err| CliError::Redis(format!("redriving {}: {err}", e.id)))?;
                 outln!("redrove {} to {source}", e.id);
                 n += 1;
             }

@@ -44,7 +44,8 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a worker: loaders, provider operations, retries, watchdog.
-    Worker(worker::WorkerArgs),
+    /// (Boxed: its many settings would make every command as large.)
+    Worker(Box<worker::WorkerArgs>),
     /// Cut a recipients file into chunks and append them.
     Submit(submit::SubmitArgs),
     /// A batch's full event history as a timeline.
@@ -63,9 +64,33 @@ pub enum Command {
     MockProvider(mock_provider::MockProviderArgs),
     /// Run a whole campaign on this machine and print its costs as JSON.
     Bench(bench::BenchArgs),
+    /// Serve the operator board: every batch, stream health, dead letters.
+    Board(crate::board::BoardArgs),
 }
 
-/// Where Redis is and how keys are named.
+impl Command {
+    /// The connection flags of a command that uses the deployment's Redis;
+    /// `None` for the commands that start their own (`demo`, `bench`) or use
+    /// none (`mock-provider`).
+    pub fn redis_args(&self) -> Option<&RedisArgs> {
+        match self {
+            Command::Worker(a) => Some(&a.redis),
+            Command::Submit(a) => Some(&a.redis),
+            Command::Audit(a) => Some(&a.redis),
+            Command::Replay(a) => Some(&a.redis),
+            Command::Status(a) => Some(&a.redis),
+            Command::Dlq(a) => Some(&a.redis),
+            Command::Verify(a) => Some(&a.redis),
+            Command::Board(a) => Some(&a.redis),
+            Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
+        }
+    }
+}
+
+/// Where Redis is and how keys are named: the connection flags, the same
+/// for every command that uses Redis. Each is `global`, so that a command
+/// with subcommands (`dlq list`) takes them after its subcommand too, in the
+/// same position as every other command (`status --redis URL`).
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {
     /// Redis URL: redis://, rediss:// (TLS), or redis+cluster://host:port,host:port.
@@ -74,24 +99,26 @@ pub struct RedisArgs {
     /// GROUPCAST_REDIS_USERNAME for an ACL user).
     #[arg(
         long = "redis",
+        global = true,
         env = "GROUPCAST_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
     pub url: String,
     /// Key prefix, so that deployments can share a server.
-    #[arg(long, env = "GROUPCAST_PREFIX", default_value = "gc")]
+    #[arg(long, global = true, env = "GROUPCAST_PREFIX", default_value = "gc")]
     pub prefix: String,
     /// Number of shards (hash tags) batches are spread over. Changing it
     /// moves batches to other shards: drain first (see docs/cluster.md).
-    #[arg(long, env = "GROUPCAST_SHARDS", default_value_t = 1)]
+    #[arg(long, global = true, env = "GROUPCAST_SHARDS", default_value_t = 1)]
     pub shards: u32,
     /// PEM file of the CA that signed the Redis server's certificate
     /// (rediss:// only). Without it the system's trust store is used.
-    #[arg(long = "redis-ca-file", env = "GROUPCAST_REDIS_CA_FILE")]
+    #[arg(long = "redis-ca-file", global = true, env = "GROUPCAST_REDIS_CA_FILE")]
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate, for a server with `tls-auth-clients yes`.
     #[arg(
         long = "redis-client-cert-file",
+        global = true,
         env = "GROUPCAST_REDIS_CLIENT_CERT_FILE",
         requires = "client_key_file"
     )]
@@ -99,6 +126,7 @@ pub struct RedisArgs {
     /// The client certificate's private key (PKCS#8 PEM).
     #[arg(
         long = "redis-client-key-file",
+        global = true,
         env = "GROUPCAST_REDIS_CLIENT_KEY_FILE",
         requires = "client_cert_file"
     )]
@@ -341,12 +369,25 @@ impl CliError {
     }
 }
 
+/// Whether human logs get ANSI colors: only when stderr is a terminal (a
+/// file or a pipe gets plain text) and `NO_COLOR` is not set to anything
+/// non-empty (<https://no-color.org>).
+pub fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Sets up logging.
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROUPCAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colors = log_colors(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colors)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -364,7 +405,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         init_logging(cli.log_format);
     }
     let result = match cli.command {
-        Command::Worker(a) => worker::run(a).await,
+        Command::Worker(a) => worker::run(*a).await,
         Command::Submit(a) => submit::run(a).await,
         Command::Audit(a) => audit::run(a).await,
         Command::Replay(a) => replay::run(a).await,
@@ -374,6 +415,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Demo(a) => demo::run(a).await,
         Command::MockProvider(a) => mock_provider::run(a).await,
         Command::Bench(a) => bench::run(a).await,
+        Command::Board(a) => crate::board::run(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -480,5 +522,133 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     out(line(headers.iter().map(|h| h.to_string()).collect()));
     for r in rows {
         out(line(r.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every leaf command line (`["dlq", "list"]`, `["status"]`, ...).
+    fn leaves(cmd: &clap::Command, path: Vec<String>, out: &mut Vec<(Vec<String>, clap::Command)>) {
+        let subs: Vec<_> = cmd
+            .get_subcommands()
+            .filter(|c| c.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            out.push((path.clone(), cmd.clone()));
+        }
+        for s in subs {
+            let mut p = path.clone();
+            p.push(s.get_name().to_string());
+            leaves(s, p, out);
+        }
+    }
+
+    #[test]
+    fn every_command_using_redis_takes_the_connection_flags_after_its_name() {
+        let dir = std::env::temp_dir();
+        let ca = dir.join("ca.pem").display().to_string();
+        let cert = dir.join("client.pem").display().to_string();
+        let key = dir.join("client.key").display().to_string();
+        let mut all = Vec::new();
+        leaves(&Cli::command(), Vec::new(), &mut all);
+        assert!(all.len() >= 10, "{} commands", all.len());
+        let mut without = Vec::new();
+        for (path, cmd) in &all {
+            let mut argv = vec!["groupcast".to_string()];
+            argv.extend(path.iter().cloned());
+            // Required positionals and options get a placeholder.
+            for a in cmd.get_arguments().filter(|a| a.is_required_set()) {
+                match a.get_long() {
+                    Some(l) => argv.extend([format!("--{l}"), "x".into()]),
+                    None => argv.push("b1".into()),
+                }
+            }
+            argv.extend(
+                [
+                    "--redis",
+                    "redis://10.0.0.9:7000",
+                    "--prefix",
+                    "px",
+                    "--shards",
+                    "3",
+                    "--redis-ca-file",
+                    &ca,
+                    "--redis-client-cert-file",
+                    &cert,
+                    "--redis-client-key-file",
+                    &key,
+                ]
+                .map(String::from),
+            );
+            let parsed = Cli::try_parse_from(&argv);
+            let line = argv.join(" ");
+            match parsed.as_ref().map(|c| c.command.redis_args()) {
+                Ok(Some(r)) => {
+                    assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
+                    assert_eq!(r.prefix, "px", "{line}");
+                    assert_eq!(r.shards, 3, "{line}");
+                    assert_eq!(
+                        r.ca_file.as_ref().map(|p| p.display().to_string()),
+                        Some(ca.clone()),
+                        "{line}"
+                    );
+                    assert_eq!(
+                        r.client_cert_file.as_ref().map(|p| p.display().to_string()),
+                        Some(cert.clone()),
+                        "{line}"
+                    );
+                    assert_eq!(
+                        r.client_key_file.as_ref().map(|p| p.display().to_string()),
+                        Some(key.clone()),
+                        "{line}"
+                    );
+                }
+                Ok(None) => without.push(path.join(" ")),
+                Err(e) => {
+                    // Commands without our Redis refuse the flags; the rest must take them.
+                    let first = path.first().map(String::as_str).unwrap_or("");
+                    assert!(
+                        matches!(first, "mock-provider" | "bench" | "demo"),
+                        "`{line}` refused the connection flags: {e}"
+                    );
+                    without.push(path.join(" "));
+                }
+            }
+        }
+        without.sort();
+        assert_eq!(
+            without,
+            ["bench", "demo", "mock-provider"],
+            "commands without the deployment's Redis"
+        );
+    }
+
+    #[test]
+    fn colors_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colors(true, None));
+        assert!(log_colors(true, Some(OsStr::new(""))));
+        assert!(!log_colors(true, Some(OsStr::new("1"))));
+        assert!(!log_colors(false, None));
+        assert!(!log_colors(false, Some(OsStr::new("1"))));
+    }
+
+    #[test]
+    fn the_connection_flags_also_go_before_a_subcommand() {
+        let cli = Cli::try_parse_from([
+            "groupcast",
+            "dlq",
+            "--redis",
+            "redis://h:1",
+            "list",
+            "--prefix",
+            "p2",
+        ])
+        .expect("parse");
+        let r = cli.command.redis_args().expect("dlq uses redis");
+        assert_eq!((r.url.as_str(), r.prefix.as_str()), ("redis://h:1", "p2"));
     }
 }

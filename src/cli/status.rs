@@ -3,8 +3,9 @@
 use clap::Args;
 
 use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
-use crate::keys::{validate_batch_id, LOADERS_GROUP, OPERATORS_GROUP};
+use crate::keys::validate_batch_id;
 use crate::projection::Projection;
+use crate::store::overview::{Queued, QueuedBatch};
 use crate::store::Store;
 
 /// Status flags.
@@ -19,9 +20,9 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-/// The state of a batch as JSON.
-pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
-    let gens: Vec<_> = (0..p.generations())
+/// A batch's generations as JSON (`done`: the provider's final status).
+pub fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
+    (0..p.generations())
         .map(|g| {
             serde_json::json!({
                 "generation": g,
@@ -37,7 +38,12 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
                 "done": p.gen_field(g, "done"),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The state of a batch as JSON.
+pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
+    let gens = generations_json(p);
     serde_json::json!({
         "batch": batch,
         "chunks": p.int("seqs"),
@@ -59,13 +65,25 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     if let Some(batch) = &args.batch {
         validate_batch_id(batch).map_err(|e| CliError::Usage(format!("{batch:?}: {e}")))?;
         let p = store.batch(batch).state().await?;
+        let queued = store.queued(store.keys.shard_of(batch)).await?;
+        let waiting = queued.of(batch);
         if p.fields.is_empty() {
-            return Err(CliError::Failed(format!(
-                "no state for batch {batch} (unknown, or past its retention)"
-            )));
+            let Some(w) = waiting else {
+                return Err(CliError::Failed(format!(
+                    "no state for batch {batch} (unknown, or past its retention), and no chunk of it waits in the ingest stream"
+                )));
+            };
+            if args.json {
+                outln!("{}", queued_json(batch, w, &queued));
+            } else {
+                outln!("{}", queued.describe(w));
+            }
+            return Ok(());
         }
         if args.json {
-            outln!("{}", batch_json(batch, &p));
+            let mut v = batch_json(batch, &p);
+            v["queuedChunks"] = waiting.map_or(0, |w| w.chunks).into();
+            outln!("{v}");
             return Ok(());
         }
         let outcome = p.get("report").unwrap_or("in flight");
@@ -82,6 +100,17 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             p.int("rejected"),
             p.int("stalls"),
         );
+        if let Some(w) = waiting {
+            outln!(
+                "{} more chunk(s) wait unread in the ingest stream{}",
+                w.chunks,
+                if queued.read_by_a_worker() {
+                    ""
+                } else {
+                    " (no worker reads it)"
+                }
+            );
+        }
         let hb = p.int("hb") as u64;
         if hb > 0 {
             let now = now_ms().max(hb);
@@ -128,59 +157,46 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     overview(&store, args.json).await
 }
 
+/// A queued batch (chunks waiting, no state yet) as JSON.
+pub fn queued_json(batch: &str, w: &QueuedBatch, q: &Queued) -> serde_json::Value {
+    serde_json::json!({
+        "batch": batch,
+        "state": "queued",
+        "queuedChunks": w.chunks,
+        "queuedRecipients": w.recipients,
+        "lastSeq": w.last_seq,
+        "queuedSinceMs": w.since_ms,
+        "shard": w.shard,
+        "ingestGroupExists": q.group_exists,
+        "ingestConsumers": q.consumers,
+    })
+}
+
 /// The streams overview: every stream with its consumer group's pending
-/// count and lag, the delayed retries, and the batches in flight with how
-/// long each has been quiet.
+/// count and lag, the delayed retries, the batches queued in the ingest
+/// streams, and the batches in flight with how long each has been quiet.
 async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
-    let keys = &store.keys;
     let now = now_ms();
-    let mut rows = Vec::new();
-    let mut streams = Vec::new();
+    let health = store.stream_health().await?;
+    let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let rows: Vec<Vec<String>> = health
+        .iter()
+        .map(|h| {
+            vec![
+                h.key.clone(),
+                h.what.to_string(),
+                h.length.to_string(),
+                h.group.unwrap_or("-").to_string(),
+                show(h.consumers),
+                show(h.pending),
+                show(h.lag),
+            ]
+        })
+        .collect();
+    let queued = store.queued_all().await?;
     let mut batch_rows = Vec::new();
     let mut batches = Vec::new();
-    for shard in 0..keys.shards() {
-        for (stream, what, group) in [
-            (keys.ingest(shard), "ingest", Some(LOADERS_GROUP)),
-            (keys.work(shard), "work", Some(OPERATORS_GROUP)),
-            (keys.dead_letters(shard), "dead letters", None),
-            (keys.reports(shard), "reports", None),
-        ] {
-            let len = store.stream_len(&stream).await?;
-            let (mut pending, mut lag) = (None, None);
-            if let Some(g) = group {
-                // No group yet (no worker ever started): nothing pending.
-                if let Ok(Some(info)) = store.group_info(&stream, g).await {
-                    pending = info.pending;
-                    lag = info.lag;
-                }
-            }
-            let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-            rows.push(vec![
-                stream.clone(),
-                what.to_string(),
-                len.to_string(),
-                group.unwrap_or("-").to_string(),
-                show(pending),
-                show(lag),
-            ]);
-            streams.push(serde_json::json!({
-                "key": stream, "shard": shard, "what": what, "length": len,
-                "group": group, "pending": pending, "lag": lag,
-            }));
-        }
-        let delayed = store.delayed_len(shard).await?;
-        rows.push(vec![
-            keys.delayed(shard),
-            "delayed retries".into(),
-            delayed.to_string(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ]);
-        streams.push(serde_json::json!({
-            "key": keys.delayed(shard), "shard": shard, "what": "delayed retries",
-            "length": delayed, "group": null, "pending": null, "lag": null,
-        }));
+    for shard in 0..store.keys.shards() {
         let mut active = store.active_batches(shard).await?;
         active.sort();
         for b in active {
@@ -209,16 +225,36 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
         }
     }
     if json {
+        let queued_json: Vec<_> = queued
+            .iter()
+            .flat_map(|q| q.batches.iter().map(|w| queued_json(&w.batch, w, q)))
+            .collect();
         outln!(
             "{}",
-            serde_json::json!({"streams": streams, "batchesInFlight": batches})
+            serde_json::json!({"streams": health, "batchesQueued": queued_json, "batchesInFlight": batches})
         );
         return Ok(());
     }
     print_table(
-        &["key", "what", "entries", "consumer group", "pending", "lag"],
+        &[
+            "key",
+            "what",
+            "entries",
+            "consumer group",
+            "consumers",
+            "pending",
+            "lag",
+        ],
         &rows,
     );
+    for q in &queued {
+        if !q.batches.is_empty() {
+            outln!();
+            for w in &q.batches {
+                outln!("{}", q.describe(w));
+            }
+        }
+    }
     outln!();
     if batch_rows.is_empty() {
         outln!("no batches in flight");
@@ -248,7 +284,8 @@ fn sent_count(p: &Projection) -> u32 {
         .count() as u32
 }
 
-fn now_ms() -> u64 {
+/// Now, in ms since the epoch.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -14,6 +14,8 @@ pub struct GroupInfo {
     pub lag: Option<u64>,
     /// The id of the last entry delivered.
     pub last_delivered: Option<String>,
+    /// Consumers registered in the group (0: nobody reads the stream).
+    pub consumers: Option<u64>,
 }
 
 impl GroupInfo {
@@ -35,6 +37,7 @@ impl GroupInfo {
                 pending: field("pending").and_then(|v| v.parse().ok()),
                 lag: field("lag").and_then(|v| v.parse().ok()),
                 last_delivered: field("last-delivered-id"),
+                consumers: field("consumers").and_then(|v| v.parse().ok()),
             })
         })
     }
@@ -155,6 +158,8 @@ mod tests {
             Value::Array(vec![
                 bulk("name"),
                 bulk("loaders"),
+                bulk("consumers"),
+                Value::Int(3),
                 bulk("pending"),
                 Value::Int(2),
                 bulk("last-delivered-id"),
@@ -167,10 +172,12 @@ mod tests {
             pending: Some(2),
             lag: None,
             last_delivered: Some("5-1".into()),
+            consumers: Some(3),
         };
         assert_eq!(GroupInfo::from_reply(&resp2, "loaders"), Some(want.clone()));
         let resp3 = Value::Array(vec![Value::Map(vec![
             (bulk("name"), bulk("loaders")),
+            (bulk("consumers"), Value::Int(3)),
             (bulk("pending"), Value::Int(2)),
             (bulk("last-delivered-id"), bulk("5-1")),
             (bulk("lag"), Value::Nil),

@@ -9,11 +9,14 @@
 //! - [`coord`]: the watchdog's lease, the active sets, the rate limiter.
 //! - [`server`]: the server's settings and statistics.
 //! - [`scripts`]: the Lua sources from `streams/scripts/`, loaded on demand.
+//! - [`overview`]: read-only queries for operators (stream health, queued
+//!   batches, dead letters and their redrive).
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 
 pub mod batch;
 pub mod coord;
 pub mod info;
+pub mod overview;
 pub mod queue;
 pub mod scripts;
 pub mod server;

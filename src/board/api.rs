@@ -1,0 +1,303 @@
+//! The board's JSON API (`/api/...`), which its page reads. Documented in
+//! the README. Every Redis read goes through typed methods of [`Store`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::auth::authorize;
+use super::Board;
+use crate::cli::status::{generations_json, now_ms, queued_json};
+use crate::events::{entry_millis, Event};
+use crate::keys::validate_batch_id;
+use crate::projection::Projection;
+use crate::store::overview::Queued;
+use crate::store::StoreError;
+
+/// The most missing seqs listed for one batch.
+const MISSING_MAX: usize = 1_000;
+/// The most events in one page of a batch's timeline.
+const PAGE_MAX: usize = 500;
+
+/// An API failure: a status and a message, answered as `{"error": ...}`.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("redis: {e}"))
+    }
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+/// Where a batch is: `queued` (chunks wait unread), `in_flight`,
+/// `scheduled` (every group sent, waiting for the provider to finish),
+/// `stalled` (quiet past the stall threshold before its report) or
+/// `reported`.
+pub fn batch_state(p: &Projection, quiet_ms: Option<u64>, stall_after_ms: u64) -> &'static str {
+    let gens = p.generations();
+    if p.get("report").is_some() {
+        "reported"
+    } else if quiet_ms.is_some_and(|q| q >= stall_after_ms) {
+        "stalled"
+    } else if gens > 0 && (0..gens).all(|g| p.gen_field(g, "sent").is_some()) {
+        "scheduled"
+    } else {
+        "in_flight"
+    }
+}
+
+/// One batch's row of the overview.
+fn row(board: &Board, batch: &str, shard: u32, p: &Projection, now: u64, queued: u64) -> Value {
+    let hb = p.int("hb") as u64;
+    let t0 = p.int("t0") as u64;
+    let quiet = (hb > 0 && p.get("report").is_none()).then(|| now.saturating_sub(hb));
+    json!({
+        "batch": batch,
+        "shard": shard,
+        "state": batch_state(p, quiet, board.stall_after.as_millis() as u64),
+        "outcome": p.get("report"),
+        "chunks": p.int("seqs"),
+        "lastSeq": p.last_seq(),
+        "queuedChunks": queued,
+        "recipients": p.int("recipients"),
+        "registered": p.int("registered"),
+        "failed": p.int("failed"),
+        "rejected": p.int("rejected"),
+        "stalls": p.int("stalls"),
+        "ageMs": (t0 > 0).then(|| now.saturating_sub(t0)),
+        "quietMs": quiet,
+        "generations": generations_json(p),
+    })
+}
+
+fn queued_chunks(queued: &[Queued], batch: &str) -> u64 {
+    queued
+        .iter()
+        .find_map(|q| q.of(batch))
+        .map_or(0, |w| w.chunks)
+}
+
+/// `GET /api/overview`: every batch (queued, in flight, scheduled, stalled,
+/// and the newest reported), the streams' health, the dead-letter count.
+pub async fn overview(State(board): State<Arc<Board>>) -> ApiResult {
+    let store = &board.store;
+    let now = now_ms();
+    let streams = store.stream_health().await?;
+    let queued = store.queued_all().await?;
+    let mut rows = Vec::new();
+    let mut seen = BTreeSet::new();
+    for shard in 0..store.keys.shards() {
+        let mut names = store.active_batches(shard).await?;
+        names.extend(
+            store
+                .reported_batches(shard, board.reported)
+                .await?
+                .into_iter()
+                .map(|r| r.batch),
+        );
+        for b in names {
+            if !seen.insert(b.clone()) {
+                continue;
+            }
+            let p = store.batch(&b).state().await?;
+            if p.fields.is_empty() {
+                continue; // past its retention
+            }
+            rows.push(row(&board, &b, shard, &p, now, queued_chunks(&queued, &b)));
+        }
+    }
+    for q in &queued {
+        for w in q.batches.iter().filter(|w| !seen.contains(&w.batch)) {
+            let mut v = queued_json(&w.batch, w, q);
+            v["ageMs"] = json!(now.saturating_sub(w.since_ms));
+            v["recipients"] = json!(w.recipients);
+            v["generations"] = json!([]);
+            rows.push(v);
+        }
+    }
+    let dead_letters: u64 = streams
+        .iter()
+        .filter(|s| s.what == "dead letters")
+        .map(|s| s.length)
+        .sum();
+    Ok(Json(json!({
+        "now": now,
+        "readOnly": board.token.is_none(),
+        "stallAfterMs": board.stall_after.as_millis() as u64,
+        "batches": rows,
+        "streams": streams,
+        "queued": queued,
+        "deadLetters": dead_letters,
+    })))
+}
+
+fn check_batch(id: &str) -> Result<(), ApiError> {
+    validate_batch_id(id).map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("{id:?}: {e}")))
+}
+
+/// The seqs not accepted yet, up to the last one (or the highest seen when
+/// the last has not arrived), at most [`MISSING_MAX`].
+pub fn missing_seqs(p: &Projection) -> Vec<u32> {
+    let end = match p.last_seq() {
+        Some(l) => l,
+        None if p.fields.contains_key("max") => p.int("max") as u32,
+        None => return Vec::new(),
+    };
+    (0..=end)
+        .filter(|s| !p.fields.contains_key(&format!("s:{s}")))
+        .take(MISSING_MAX)
+        .collect()
+}
+
+/// `GET /api/batches/{id}`: generations and groups, missing seqs, rejected
+/// inputs with reasons, the report, and what waits in the ingest stream.
+pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> ApiResult {
+    check_batch(&id)?;
+    let store = &board.store;
+    let now = now_ms();
+    let shard = store.keys.shard_of(&id);
+    let queued = store.queued(shard).await?;
+    let p = store.batch(&id).state().await?;
+    if p.fields.is_empty() {
+        return match queued.of(&id) {
+            Some(w) => {
+                let mut v = queued_json(&id, w, &queued);
+                v["describe"] = json!(queued.describe(w));
+                v["missingSeqs"] = json!([]);
+                v["rejected"] = json!([]);
+                v["generations"] = json!([]);
+                Ok(Json(v))
+            }
+            None => Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no batch {id} (unknown, or past its retention)"),
+            )),
+        };
+    }
+    let events = store.batch(&id).events().await?;
+    let mut rejected = Vec::new();
+    let mut report = Value::Null;
+    for r in events.iter().flatten() {
+        match &r.event {
+            Event::InputRejected(e) => rejected.push(json!({
+                "seq": e.seq, "reason": e.reason, "id": r.id, "timeMs": r.millis(),
+            })),
+            Event::BatchReported(e) => {
+                report = serde_json::to_value(e).unwrap_or(Value::Null);
+                report["timeMs"] = json!(r.millis());
+            }
+            _ => {}
+        }
+    }
+    let mut v = row(&board, &id, shard, &p, now, queued_chunks(&[queued], &id));
+    v["missingSeqs"] = json!(missing_seqs(&p));
+    v["lastSeqKnown"] = json!(p.last_seq().is_some());
+    v["rejected"] = json!(rejected);
+    v["report"] = report;
+    v["events"] = json!(events.len());
+    Ok(Json(v))
+}
+
+/// Paging of a batch's timeline.
+#[derive(Debug, serde::Deserialize)]
+pub struct Page {
+    /// The first event (0-based).
+    #[serde(default)]
+    pub offset: usize,
+    /// Events per page (at most 500).
+    pub limit: Option<usize>,
+}
+
+/// `GET /api/batches/{id}/events?offset=&limit=`: the event timeline, one
+/// page, with recipient numbers masked as `audit` masks them.
+pub async fn events(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    Query(page): Query<Page>,
+) -> ApiResult {
+    check_batch(&id)?;
+    let events = board.store.batch(&id).events().await?;
+    let limit = page.limit.unwrap_or(100).clamp(1, PAGE_MAX);
+    let items: Vec<Value> = events
+        .iter()
+        .skip(page.offset)
+        .take(limit)
+        .map(|r| match r {
+            Ok(r) => {
+                let mut v = crate::cli::audit::json_of(r, false);
+                v["timeMs"] = json!(r.millis());
+                v
+            }
+            Err((id, why)) => json!({"id": id, "type": "UNREADABLE", "summary": why}),
+        })
+        .collect();
+    Ok(Json(json!({
+        "batch": id,
+        "total": events.len(),
+        "offset": page.offset,
+        "limit": limit,
+        "events": items,
+    })))
+}
+
+/// `GET /api/dlq`: every dead letter with its reason, source and age.
+pub async fn dead_letters(State(board): State<Arc<Board>>) -> ApiResult {
+    let now = now_ms();
+    let letters: Vec<Value> = board
+        .store
+        .dead_letter_entries()
+        .await?
+        .iter()
+        .map(|(shard, e)| {
+            let mut v = crate::cli::dlq::describe(e);
+            v["shard"] = json!(shard);
+            v["kind"] = json!(e.text("f:op").unwrap_or_else(|| "chunk".into()));
+            v["ageMs"] = json!(now.saturating_sub(entry_millis(&e.id)));
+            v
+        })
+        .collect();
+    Ok(Json(json!({
+        "readOnly": board.token.is_none(),
+        "deadLetters": letters,
+    })))
+}
+
+/// `POST /api/dlq/{id}/redrive` (token needed): puts a dead letter back on
+/// the stream it came from.
+pub async fn redrive(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    authorize(board.token.as_deref(), &headers)
+        .map_err(|refused| ApiError(refused.status(), refused.to_string()))?;
+    let letters = board.store.dead_letter_entries().await?;
+    let Some((shard, letter)) = letters.iter().find(|(_, e)| e.id == id) else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no dead letter {id}"),
+        ));
+    };
+    match board.store.redrive_letter(*shard, letter).await? {
+        Some(source) => {
+            tracing::info!(dead_letter = %id, %source, "redriven from the board");
+            Ok(Json(json!({ "redriven": id, "to": source })))
+        }
+        None => Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("dead letter {id} names no source stream"),
+        )),
+    }
+}

@@ -1,0 +1,49 @@
+//! `park.lua`: park a chunk whose generation has no group yet, and make sure
+//! one create-group work item exists for that generation.
+
+use super::{reply, work_item, Db, Run};
+use crate::events::{ChunkParked, Event, GroupRequested};
+
+/// `park.lua`. Returns `parked`, `group, id` (load now) or `loaded`.
+pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec<String> {
+    let mut r = Run::new(db, batch);
+    if let Some(g) = r.get(&format!("g:{gen}:group")) {
+        return reply(["group", &g]);
+    }
+    if r.get(&format!("k:loaded/{gen}/{seq}")).is_some() {
+        return reply(["loaded"]);
+    }
+    let parked_before = r.get(&format!("k:park/{seq}")).is_some();
+    let requested_before = r.get(&format!("k:create/{gen}")).is_some();
+    let b = r.batch.clone();
+    let hash =
+        r.db.batches
+            .entry(b)
+            .or_default()
+            .parked
+            .entry(gen)
+            .or_default();
+    // HSET: a field already there keeps its place.
+    match hash.iter_mut().find(|(s, _)| *s == seq.to_string()) {
+        Some((_, p)) => *p = payload.to_vec(),
+        None => hash.push((seq.to_string(), payload.to_vec())),
+    }
+    if !parked_before {
+        r.emit(
+            &format!("park/{seq}"),
+            Event::ChunkParked(ChunkParked { seq, gen }),
+            true,
+        );
+    }
+    if !requested_before {
+        r.emit(
+            &format!("create/{gen}"),
+            Event::GroupRequested(GroupRequested { gen }),
+            true,
+        );
+        let item = work_item(batch, gen, None, None);
+        r.db.add_work("create", item, None);
+    }
+    r.flush();
+    reply(["parked"])
+}

@@ -1,0 +1,44 @@
+//! `record_group.lua`: record a generation's group unless another racer's was
+//! recorded first, and release every chunk parked for it in the same step.
+
+use super::{reply, work_item, Db, Run};
+use crate::events::{ChunksReleased, Event, GroupCreated};
+
+/// `record_group.lua`. Returns `won, id` or `lost, kept id`.
+pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<String> {
+    let mut r = Run::new(db, batch);
+    if let Some(kept) = r.get(&format!("g:{gen}:group")) {
+        return reply(["lost", &kept]);
+    }
+    r.emit(
+        &format!("group/{gen}"),
+        Event::GroupCreated(GroupCreated {
+            gen,
+            group_id: group.to_string(),
+        }),
+        true,
+    );
+    r.put(format!("g:{gen}:group"), group);
+    // HGETALL, then DEL, of the parked hash.
+    let parked: Vec<(String, Vec<u8>)> =
+        r.db.batches
+            .get_mut(batch)
+            .and_then(|b| b.parked.remove(&gen))
+            .unwrap_or_default();
+    for (seq, payload) in &parked {
+        let item = work_item(batch, gen, seq.parse().ok(), Some(group));
+        r.db.add_work("load", item, Some(payload.clone()));
+    }
+    if !parked.is_empty() {
+        r.emit(
+            &format!("release/{gen}"),
+            Event::ChunksReleased(ChunksReleased {
+                gen,
+                chunks: parked.len() as u32,
+            }),
+            true,
+        );
+    }
+    r.flush();
+    reply(["won", group])
+}

@@ -1,0 +1,34 @@
+//! `sent.lua`: record that a generation's group was sent (the terminal marker
+//! is the event's key `send/<gen>`), and schedule the first status poll.
+
+use super::{reply, Db, Run};
+use crate::events::{Event, SendTriggered};
+
+/// `sent.lua`; `poll_entry` is the delayed entry of the first poll. Returns
+/// `recorded` or `duplicate`.
+pub fn sent(
+    db: &mut Db,
+    batch: &str,
+    gen: u32,
+    group: &str,
+    outcome: &str,
+    poll_entry: &[u8],
+) -> Vec<String> {
+    let mut r = Run::new(db, batch);
+    if r.get(&format!("k:send/{gen}")).is_some() {
+        return reply(["duplicate"]);
+    }
+    r.emit(
+        &format!("send/{gen}"),
+        Event::SendTriggered(SendTriggered {
+            gen,
+            group_id: group.to_string(),
+            outcome: outcome.to_string(),
+        }),
+        true,
+    );
+    r.put(format!("g:{gen}:sent"), outcome);
+    r.db.delayed.insert(poll_entry.to_vec());
+    r.flush();
+    reply(["recorded"])
+}
