@@ -363,14 +363,18 @@ impl<'a> ChunkRef<'a> {
             recipients: self
                 .recipients
                 .iter()
-                .map(|r| Recipient {
-                    to: r.to.to_string(),
-                    vars: r
-                        .vars
-                        .as_slice()
-                        .iter()
-                        .map(|(n, v)| (n.to_string(), v.to_string()))
-                        .collect(),
+                .map(|r| {
+                    // Inserted one by one: collecting into a `BTreeMap`
+                    // buffers and sorts first, which costs more than the
+                    // one or two variables a recipient usually has.
+                    let mut vars = BTreeMap::new();
+                    for (n, v) in r.vars.as_slice() {
+                        vars.insert(n.to_string(), v.to_string());
+                    }
+                    Recipient {
+                        to: r.to.to_string(),
+                        vars,
+                    }
                 })
                 .collect(),
         }
