@@ -6,19 +6,42 @@
 //! ([`worker::ops`]) → `loaded` → a send work item → `send` → `poll` →
 //! the report. Every step is an event ([`events`]); the batch's state is
 //! their fold ([`projection`]).
+//!
+//! Layout:
+//! - [`events`]: the event envelope, every event type and the ingest chunk.
+//! - [`keys`]: key names, shard hash tags, batch-id rules.
+//! - [`store`]: the only module that speaks Redis (connection, typed calls to
+//!   the scripts in `streams/scripts/`, queue plumbing).
+//! - [`projection`]: a batch's state as a fold of its events.
+//! - [`protocol`]: the scripts' decisions as pure functions (the model's).
+//! - [`worker`]: the roles (loader, operator and one op per provider call,
+//!   consumer, maintenance, watchdog, limiter).
+//! - [`provider`]: the provider client and its request bodies.
+//! - [`producer`]: cutting recipients into chunks and appending them.
+//! - [`verify`]: the invariant checks; [`metrics`]: the metric catalogue.
+//! - [`cli`]: one file per command; [`board`]: the operator's web page.
+//!
+//! The mock provider and the test servers (`mock`, `redis_server`,
+//! `redis_cluster`) serve the binary's `demo`, `bench` and `mock-provider`
+//! commands and the tests; they are not part of the library's API.
+
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod board;
 pub mod cli;
 pub mod events;
 pub mod keys;
 pub mod metrics;
+#[doc(hidden)]
 pub mod mock;
 pub mod phone;
 pub mod producer;
 pub mod projection;
 pub mod protocol;
 pub mod provider;
+#[doc(hidden)]
 pub mod redis_cluster;
+#[doc(hidden)]
 pub mod redis_server;
 pub mod store;
 pub mod verify;

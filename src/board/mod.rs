@@ -30,6 +30,7 @@ use crate::store::Store;
 /// Board flags.
 #[derive(Debug, Args)]
 pub struct BoardArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// Where to serve the board. Loopback unless told otherwise: anyone who

@@ -10,6 +10,7 @@ use crate::phone::mask;
 /// Audit flags.
 #[derive(Debug, Args)]
 pub struct AuditArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// The batch.

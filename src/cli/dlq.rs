@@ -10,6 +10,7 @@ use crate::store::Store;
 /// Dead-letter flags.
 #[derive(Debug, Args)]
 pub struct DlqArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// What to do.

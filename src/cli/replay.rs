@@ -21,6 +21,7 @@ const REBUILD_TRIES: u32 = 50;
 /// Replay flags.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// One batch.

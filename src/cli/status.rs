@@ -11,6 +11,7 @@ use crate::store::Store;
 /// Status flags.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// A batch (omit for the streams overview).

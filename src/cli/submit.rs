@@ -20,6 +20,7 @@ use crate::producer;
 /// Submit flags.
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// The batch (campaign) id: letters, digits, '.', '_', '-'; at most 128.

@@ -10,6 +10,7 @@ use crate::verify::verify_batch;
 /// Verify flags.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
     /// The batch.

@@ -29,8 +29,10 @@ pub enum Durability {
 /// Worker flags. Every flag has a `GROUPCAST_*` variable.
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
     #[command(flatten)]
     pub redis: RedisArgs,
+    /// The worker's own settings.
     #[command(flatten)]
     pub worker: WorkerFlags,
 }

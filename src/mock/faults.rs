@@ -46,7 +46,7 @@ pub(crate) struct FaultController {
 }
 
 impl FaultController {
-    pub fn new(faults: Faults) -> Self {
+    pub(super) fn new(faults: Faults) -> Self {
         let c = FaultController {
             epoch: Instant::now(),
             state: Mutex::new(State {
@@ -65,7 +65,7 @@ impl FaultController {
     }
 
     /// Replaces the faults; a non-zero `stall_ms` opens a stall window now.
-    pub fn set(&self, faults: Faults) {
+    pub(super) fn set(&self, faults: Faults) {
         let mut s = lock(&self.state);
         s.stall_until =
             (faults.stall_ms > 0).then(|| Instant::now() + Duration::from_millis(faults.stall_ms));
@@ -74,18 +74,18 @@ impl FaultController {
         s.window_count = 0;
     }
 
-    pub fn get(&self) -> Faults {
+    pub(super) fn get(&self) -> Faults {
         lock(&self.state).faults
     }
 
-    pub fn reset_counters(&self) {
+    pub(super) fn reset_counters(&self) {
         for c in [&self.errors, &self.drops, &self.rate_limited, &self.stalled] {
             c.store(0, Ordering::Relaxed);
         }
     }
 
     /// Delay for a request arriving now.
-    pub fn plan(&self) -> Plan {
+    pub(super) fn plan(&self) -> Plan {
         let now = Instant::now();
         let s = lock(&self.state);
         let stalled = s.stall_until.is_some_and(|until| now < until);
@@ -98,7 +98,7 @@ impl FaultController {
     }
 
     /// Rate limit, error and drop decisions for a request about to be handled.
-    pub fn verdict(&self) -> Verdict {
+    pub(super) fn verdict(&self) -> Verdict {
         let now_window = self.epoch.elapsed().as_secs();
         let faults = {
             let mut s = lock(&self.state);

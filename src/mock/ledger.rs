@@ -88,7 +88,7 @@ impl Code {
             _ => Code::Rejected,
         }
     }
-    pub fn status_code(self) -> &'static str {
+    pub(super) fn status_code(self) -> &'static str {
         match self {
             Code::Registered => "2000",
             Code::Duplicate => "1026",
@@ -96,7 +96,7 @@ impl Code {
             Code::Rejected => "1000",
         }
     }
-    pub fn status_message(self) -> &'static str {
+    pub(super) fn status_message(self) -> &'static str {
         match self {
             Code::Registered => "Registered",
             Code::Duplicate => "Duplicate recipient in this group",
@@ -115,7 +115,7 @@ pub(crate) struct MockError {
 }
 
 impl MockError {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
         MockError {
             status,
             code,
@@ -229,7 +229,7 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(nonce: String) -> Self {
+    pub(super) fn new(nonce: String) -> Self {
         Ledger {
             nonce,
             next_seq: 1,
@@ -240,7 +240,7 @@ impl Ledger {
 
     /// Forgets every group; ids keep increasing so that an id from before
     /// the reset is never reused for a different group.
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.groups.clear();
         self.by_id.clear();
     }
@@ -252,7 +252,7 @@ impl Ledger {
         }
     }
 
-    pub fn create(
+    pub(super) fn create(
         &mut self,
         custom_fields: BTreeMap<String, String>,
         allow_duplicates: bool,
@@ -294,7 +294,7 @@ impl Ledger {
     /// registrations only: a `to` whose earlier attempt failed (say over the
     /// cap) gets the same answer again on a retry instead of a `"1026"` that
     /// would pass for a registration.
-    pub fn add<'a>(
+    pub(super) fn add<'a>(
         &mut self,
         id: &str,
         msgs: impl ExactSizeIterator<Item = (Option<u64>, &'a str)>,
@@ -343,7 +343,7 @@ impl Ledger {
     }
 
     /// Triggers a send, recording the call and its answer.
-    pub fn send(&mut self, id: &str, complete_after: Duration) -> Result<Group, MockError> {
+    pub(super) fn send(&mut self, id: &str, complete_after: Duration) -> Result<Group, MockError> {
         let g = self.find(id)?;
         let now = Instant::now();
         g.refresh(now, complete_after);
@@ -373,13 +373,17 @@ impl Ledger {
         res
     }
 
-    pub fn get(&mut self, id: &str, complete_after: Duration) -> Result<Group, MockError> {
+    pub(super) fn get(&mut self, id: &str, complete_after: Duration) -> Result<Group, MockError> {
         let g = self.find(id)?;
         g.refresh(Instant::now(), complete_after);
         Ok(g.to_group())
     }
 
-    pub fn delete(&mut self, id: &str, complete_after: Duration) -> Result<Group, MockError> {
+    pub(super) fn delete(
+        &mut self,
+        id: &str,
+        complete_after: Duration,
+    ) -> Result<Group, MockError> {
         let g = self.find(id)?;
         g.refresh(Instant::now(), complete_after);
         if g.state != State::Pending {
@@ -398,7 +402,7 @@ impl Ledger {
 
     /// Copies the state out (memcpy of the compact vectors), so that the
     /// expensive formatting happens after the lock is released.
-    pub fn raw_snapshot(&mut self, complete_after: Duration) -> Vec<RawGroup> {
+    pub(super) fn raw_snapshot(&mut self, complete_after: Duration) -> Vec<RawGroup> {
         let now = Instant::now();
         self.groups
             .iter_mut()

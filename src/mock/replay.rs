@@ -20,7 +20,7 @@ pub(crate) struct ReplayGuard {
 
 impl ReplayGuard {
     /// Records `sig`; `false` if it was already seen.
-    pub fn first_use(&mut self, sig: [u8; 32], now: Instant) -> bool {
+    pub(super) fn first_use(&mut self, sig: [u8; 32], now: Instant) -> bool {
         while let Some((at, old)) = self.order.front() {
             if now.duration_since(*at) < REMEMBER {
                 break;

@@ -132,7 +132,7 @@ pub(crate) struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    pub fn new(db: &'a mut Db, batch: &str) -> Self {
+    pub(crate) fn new(db: &'a mut Db, batch: &str) -> Self {
         Run {
             db,
             batch: batch.to_string(),
@@ -145,28 +145,28 @@ impl<'a> Run<'a> {
     }
 
     /// HGET of the state hash.
-    pub fn get(&self, field: &str) -> Option<String> {
+    pub(crate) fn get(&self, field: &str) -> Option<String> {
         self.db.field(&self.batch, field).map(str::to_string)
     }
 
     /// `num(HGET ...)`.
-    pub fn num(&self, field: &str) -> i64 {
+    pub(crate) fn num(&self, field: &str) -> i64 {
         num(self.get(field).as_deref())
     }
 
     /// `put(field, value)`.
-    pub fn put(&mut self, field: impl Into<String>, value: impl ToString) {
+    pub(crate) fn put(&mut self, field: impl Into<String>, value: impl ToString) {
         self.updates.push((field.into(), value.to_string()));
     }
 
     /// HINCRBY: written at once, unlike [`Run::put`].
-    pub fn incr(&mut self, field: &str, by: i64) {
+    pub(crate) fn incr(&mut self, field: &str, by: i64) {
         let v = self.num(field) + by;
         self.b().state.insert(field.to_string(), v.to_string());
     }
 
     /// `emit(key, type, data, touch)`: returns the entry id.
-    pub fn emit(&mut self, key: &str, event: Event, touch: bool) -> u64 {
+    pub(crate) fn emit(&mut self, key: &str, event: Event, touch: bool) -> u64 {
         let id = self.db.next_id();
         if !self.db.skip_events {
             self.b().events.push(Recorded {
@@ -183,7 +183,7 @@ impl<'a> Run<'a> {
     }
 
     /// `flush()`: one HSET of every update, in order.
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         let updates = std::mem::take(&mut self.updates);
         if updates.is_empty() {
             return;
@@ -195,7 +195,7 @@ impl<'a> Run<'a> {
     }
 
     /// The prelude's `make_ready`.
-    pub fn make_ready(&mut self, gen: u32, chunks: u32) {
+    pub(crate) fn make_ready(&mut self, gen: u32, chunks: u32) {
         self.emit(
             &format!("ready/{gen}"),
             Event::GenerationReady(crate::events::GenerationReady { gen, chunks }),
