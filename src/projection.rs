@@ -25,6 +25,10 @@
 //! | `registered`, `failed`, `done`, `sent_success`, `sent_failed` | batch totals |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //!
+//! The Rust side spells these names only in [`field`] (and the event keys it
+//! looks up in [`event_key`]); handlers read them through [`Projection`]'s
+//! typed accessors ([`Projection::group_of`], [`Projection::is_loaded`], ...).
+//!
 //! Every update is a set of a value fixed by the event, an increment, or a
 //! maximum, and every event has a unique key: so the fold gives the same state
 //! for any order and any duplication of the same events.
