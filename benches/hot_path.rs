@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use groupcast::events::chunk::{ChunkRef, KakaoTemplate};
 use groupcast::events::{Chunk, Recipient, Template};
 use groupcast::provider::model::{AddMessagesRequest, AddMessagesResponse, AddSummary};
-use groupcast::provider::Registration;
-use groupcast::worker::ops::load_chunk;
+use groupcast::provider::{add_body, Registration};
 use sha2::{Digest, Sha256};
 
 #[global_allocator]
@@ -117,13 +116,13 @@ fn main() {
         let big_bytes = big.encode();
         let big_view = ChunkRef::decode(&big_bytes).unwrap();
         measure("add body 10,000 (ChunkRef)", m, || {
-            load_chunk::add_body(&big_view.template, &big_view.recipients)
+            add_body::add_body(&big_view.template, &big_view.recipients)
         });
         measure("add body 10,000 (Chunk)", m, || {
-            load_chunk::add_body(&big.template.view(), &big.recipients)
+            add_body::add_body(&big.template.view(), &big.recipients)
         });
         measure("old: messages + serde_json body", m, || {
-            let msgs = load_chunk::messages(&big);
+            let msgs = add_body::messages(&big);
             serde_json::to_vec(&AddMessagesRequest { messages: &msgs }).unwrap()
         });
     }
@@ -148,7 +147,7 @@ fn main() {
         let c = ChunkRef::decode(&bytes).unwrap();
         c.validate().unwrap();
         let d = c.digest();
-        let body = load_chunk::add_body(&c.template, &c.recipients);
+        let body = add_body::add_body(&c.template, &c.recipients);
         let s = AddSummary::from_json(&a).unwrap();
         (d, body.len(), s.registered)
     });
@@ -156,7 +155,7 @@ fn main() {
         let c = Chunk::decode(&bytes).unwrap();
         c.validate().unwrap();
         let d = c.digest();
-        let body = load_chunk::add_body(&c.template.view(), &c.recipients);
+        let body = add_body::add_body(&c.template.view(), &c.recipients);
         let s = AddSummary::from_json(&a).unwrap();
         (d, body.len(), s.registered)
     });
@@ -164,7 +163,7 @@ fn main() {
         let c: Chunk = rmp_serde::from_slice(&bytes).unwrap();
         c.validate().unwrap();
         let d = hex::encode(&Sha256::digest(c.encode())[..8]);
-        let msgs = load_chunk::messages(&c);
+        let msgs = add_body::messages(&c);
         let body = serde_json::to_vec(&AddMessagesRequest { messages: &msgs }).unwrap();
         let r: AddMessagesResponse = serde_json::from_slice(&a).unwrap();
         let regs: Vec<Registration> = r

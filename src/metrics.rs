@@ -6,8 +6,8 @@
 //!
 //! [`METRICS`] is the single list: [`describe`] registers its help texts,
 //! [`install`] its histogram buckets, `docs/observability.md` documents it
-//! and `tests/metrics.rs` checks that every entry is emitted somewhere in the
-//! code and that nothing else is.
+//! and `tests/metrics.rs` scrapes a worker to check that what it emits and
+//! the catalogue agree.
 //!
 //! Where the values come from:
 //! - counters and histograms are recorded on the path that does the work

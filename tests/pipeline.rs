@@ -97,7 +97,7 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
         log.record_group(0, &group.group_id).await.expect("record"),
         GroupRecord::Won
     );
-    let msgs = groupcast::worker::ops::load_chunk::messages(&chunk);
+    let msgs = groupcast::provider::add_body::messages(&chunk);
     rig.provider
         .add_messages(&group.group_id, &msgs)
         .await
@@ -216,7 +216,7 @@ async fn a_worker_killed_between_add_and_loaded_is_reclaimed_into_the_same_group
         .provider
         .add_messages(
             &group.group_id,
-            &groupcast::worker::ops::load_chunk::messages(&chunk),
+            &groupcast::provider::add_body::messages(&chunk),
         )
         .await
         .expect("add");

@@ -15,9 +15,10 @@ use axum::{Json, Router};
 use clap::Args;
 
 use super::CliError;
-use crate::events::{Recipient, Template};
+use crate::events::{Chunk, Recipient, Template};
 use crate::keys::Keyspace;
-use crate::mock::{self, Faults, MockConfig};
+use crate::mock::invariants::LedgerCheck;
+use crate::mock::{self, Faults, MockConfig, MockHandle};
 use crate::projection::field;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::redis_server::{RedisServer, ServerError};
@@ -62,21 +63,43 @@ pub struct DemoArgs {
     pub timeout_secs: u64,
 }
 
+/// One report the demo's webhook received.
+#[derive(Debug, Clone)]
+struct Delivery {
+    /// The `Idempotency-Key` header.
+    idempotency_key: String,
+    /// The report.
+    body: serde_json::Value,
+}
+
+/// Every report the demo's webhook received.
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<(String, serde_json::Value)>>>);
+struct Received(Arc<Mutex<Vec<Delivery>>>);
+
+impl Received {
+    fn count(&self) -> usize {
+        self.0.lock().map(|v| v.len()).unwrap_or(0)
+    }
+    fn all(&self) -> Vec<Delivery> {
+        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
 
 async fn receive(
     State(r): State<Received>,
     headers: HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> &'static str {
-    let key = headers
+    let idempotency_key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
     if let Ok(mut v) = r.0.lock() {
-        v.push((key, body));
+        v.push(Delivery {
+            idempotency_key,
+            body,
+        });
     }
     "ok"
 }
@@ -101,8 +124,8 @@ fn demo_recipients(k: usize, n: usize) -> Vec<Recipient> {
         .collect()
 }
 
-/// Runs the demo.
-pub async fn run(args: DemoArgs) -> Result<(), CliError> {
+/// Refuses settings the demo cannot run with.
+fn check_args(args: &DemoArgs) -> Result<(), CliError> {
     if args.recipients == 0 || args.batches == 0 || args.workers == 0 {
         return Err(CliError::Usage(
             "--recipients, --batches and --workers must be at least 1".into(),
@@ -118,8 +141,12 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             "at most 10,000,000 recipients in all".into(),
         ));
     }
-    let started = Instant::now();
-    // 1. Redis.
+    Ok(())
+}
+
+/// The Redis the demo uses: `--redis`, else the local server if one
+/// answers, else a private `redis-server` (kept alive by the returned handle).
+async fn demo_redis(args: &DemoArgs) -> Result<(Store, Option<RedisServer>, String), CliError> {
     let mut private: Option<RedisServer> = None;
     let url = match &args.redis {
         Some(u) => u.clone(),
@@ -152,8 +179,11 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             "existing server"
         }
     ));
+    Ok((store, private, prefix))
+}
 
-    // 2. The mock provider, 3. a report receiver.
+/// The mock provider, with the demo's faults, and a client for it.
+async fn demo_provider(args: &DemoArgs) -> Result<(MockHandle, ProviderClient), CliError> {
     let key = format!("demo-key-{}", ulid::Ulid::new());
     let secret = format!("demo-secret-{}", ulid::Ulid::new());
     let mock = mock::start(
@@ -180,11 +210,23 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         args.error_rate * 100.0,
         args.drop_rate * 100.0
     ));
+    let provider = ProviderClient::new(ProviderConfig {
+        base_url: mock.base_url(),
+        api_key: key,
+        api_secret: secret,
+        ..ProviderConfig::default()
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    Ok((mock, provider))
+}
+
+/// A webhook that records every report it receives; returns its URL.
+async fn report_receiver() -> Result<(Received, String), CliError> {
     let received = Received::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| CliError::Failed(format!("cannot start the report receiver: {e}")))?;
-    let receiver_url = format!(
+    let url = format!(
         "http://{}/reports",
         listener
             .local_addr()
@@ -196,16 +238,12 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
+    Ok((received, url))
+}
 
-    // 4. Workers.
-    let provider = ProviderClient::new(ProviderConfig {
-        base_url: mock.base_url(),
-        api_key: key,
-        api_secret: secret,
-        ..ProviderConfig::default()
-    })
-    .map_err(|e| CliError::Failed(e.to_string()))?;
-    let config = WorkerConfig {
+/// Quick retries and polls: the demo's provider is on loopback.
+fn worker_config(args: &DemoArgs, report_webhook: String) -> WorkerConfig {
+    WorkerConfig {
         group_cap: args.group_cap,
         rate_limit: 0,
         poll_interval: Duration::from_millis(100),
@@ -214,22 +252,14 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         visibility_timeout: Duration::from_secs(10),
         max_attempts: 20,
         block: Duration::from_millis(500),
-        report_webhook: Some(receiver_url.clone()),
+        report_webhook: Some(report_webhook),
         retention: Duration::from_secs(3600),
         ..WorkerConfig::default()
-    };
-    let mut workers = Vec::new();
-    for _ in 0..args.workers {
-        let w = Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone())).await?;
-        workers.push(w);
     }
-    say(format!(
-        "{} workers running (group cap {})",
-        args.workers, args.group_cap
-    ));
+}
 
-    // 5. Submit, shuffled, some chunks twice.
-    let template = Template {
+fn demo_template() -> Template {
+    Template {
         kind: "ATA".into(),
         from: "0212345678".into(),
         text: "#{name}님, 주문하신 #{order} 상품이 출발했습니다.".into(),
@@ -237,10 +267,24 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             pf_id: "KA01PF-demo".into(),
             template_id: "ORDER_SHIPPED".into(),
         }),
-    };
+    }
+}
+
+/// What the demo submits: every batch cut into chunks, some of them twice,
+/// all shuffled.
+struct Submission {
+    batches: Vec<String>,
+    chunks: Vec<Chunk>,
+    /// Chunks before the duplicates were added.
+    originals: usize,
+}
+
+fn submission(args: &DemoArgs, rng: &mut impl rand::Rng) -> Submission {
+    use rand::seq::SliceRandom;
     let batches: Vec<String> = (0..args.batches)
         .map(|k| format!("demo-campaign-{k}"))
         .collect();
+    let template = demo_template();
     let mut chunks = Vec::new();
     for (k, b) in batches.iter().enumerate() {
         chunks.extend(crate::producer::cut(
@@ -251,24 +295,29 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         ));
     }
     let originals = chunks.len();
-    let dups: Vec<_> = chunks
+    let dups: Vec<Chunk> = chunks
         .iter()
-        .filter(|_| rand::random::<f64>() < args.duplicates)
+        .filter(|_| rng.random::<f64>() < args.duplicates)
         .cloned()
         .collect();
     chunks.extend(dups);
-    use rand::seq::SliceRandom;
-    chunks.shuffle(&mut rand::rng());
-    crate::producer::append_chunks(&store, &chunks).await?;
-    say(format!(
-        "submitted {} batch(es): {} recipients in {originals} chunks, plus {} duplicate deliveries, in random order",
-        batches.len(),
-        args.recipients * batches.len(),
-        chunks.len() - originals
-    ));
+    chunks.shuffle(rng);
+    Submission {
+        batches,
+        chunks,
+        originals,
+    }
+}
 
-    // 6. Progress until every report is delivered.
-    let total = (args.recipients * batches.len()) as u64;
+/// Progress until every batch reported and every report was delivered.
+async fn wait_for_reports(
+    store: &Store,
+    batches: &[String],
+    received: &Received,
+    total: u64,
+    timeout: Duration,
+    prefix: &str,
+) -> Result<(), CliError> {
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
@@ -279,12 +328,12 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         );
         b
     });
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let deadline = Instant::now() + timeout;
     let mut last_line = Instant::now();
     loop {
         let mut loaded = 0u64;
         let mut reported = 0;
-        for b in &batches {
+        for b in batches {
             let p = store
                 .batch(b)
                 .read(&[
@@ -296,7 +345,6 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             loaded += (p.int(field::REGISTERED) + p.int(field::FAILED)).max(0) as u64;
             reported += usize::from(p.report().is_some());
         }
-        let delivered = received.0.lock().map(|v| v.len()).unwrap_or(0);
         let msg = format!("{reported}/{} reported", batches.len());
         match &bar {
             Some(b) => {
@@ -309,8 +357,11 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             }
             None => {}
         }
-        if reported == batches.len() && delivered >= batches.len() {
-            break;
+        if reported == batches.len() && received.count() >= batches.len() {
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            return Ok(());
         }
         if Instant::now() > deadline {
             if let Some(b) = &bar {
@@ -318,47 +369,122 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             }
             return Err(CliError::Failed(format!(
                 "not finished after {}s: {loaded}/{total} loaded, {reported} reported; see `groupcast status --prefix {prefix}`",
-                args.timeout_secs
+                timeout.as_secs()
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if let Some(b) = bar {
-        b.finish_and_clear();
+}
+
+/// What the demo found about one batch.
+struct BatchFindings {
+    batch: String,
+    /// The reports the webhook received for it.
+    reports: Vec<serde_json::Value>,
+    /// `verify`'s failed checks, as (invariant, detail).
+    failed_checks: Vec<(u8, String)>,
+    /// Recipients the provider's ledger registered for it.
+    registered: u64,
+}
+
+/// Every broken rule the findings show: one report per batch, every check
+/// held, every recipient registered at the provider, the ledger's own rules.
+fn judge(findings: &[BatchFindings], ledger: &LedgerCheck, recipients: u64) -> Vec<String> {
+    let mut failures = Vec::new();
+    for f in findings {
+        let b = &f.batch;
+        if f.reports.len() != 1 {
+            failures.push(format!(
+                "{b}: the webhook received {} report(s)",
+                f.reports.len()
+            ));
+        }
+        for (invariant, detail) in &f.failed_checks {
+            failures.push(format!("{b}: invariant {invariant}: {detail}"));
+        }
+        if f.registered != recipients {
+            failures.push(format!(
+                "{b}: {} of {recipients} recipients registered at the provider",
+                f.registered
+            ));
+        }
     }
+    failures.extend(ledger.violations.iter().cloned());
+    failures
+}
+
+/// Runs the demo.
+pub async fn run(args: DemoArgs) -> Result<(), CliError> {
+    check_args(&args)?;
+    let started = Instant::now();
+    // 1. Redis, 2. the mock provider, 3. a report receiver, 4. workers.
+    let (store, private, prefix) = demo_redis(&args).await?;
+    let (mock, provider) = demo_provider(&args).await?;
+    let (received, receiver_url) = report_receiver().await?;
+    let config = worker_config(&args, receiver_url);
+    let mut workers = Vec::new();
+    for _ in 0..args.workers {
+        let w = Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone())).await?;
+        workers.push(w);
+    }
+    say(format!(
+        "{} workers running (group cap {})",
+        args.workers, args.group_cap
+    ));
+
+    // 5. Submit, shuffled, some chunks twice.
+    let sub = submission(&args, &mut rand::rng());
+    crate::producer::append_chunks(&store, &sub.chunks).await?;
+    say(format!(
+        "submitted {} batch(es): {} recipients in {} chunks, plus {} duplicate deliveries, in random order",
+        sub.batches.len(),
+        args.recipients * sub.batches.len(),
+        sub.originals,
+        sub.chunks.len() - sub.originals
+    ));
+
+    // 6. Progress until every report is delivered.
+    let total = (args.recipients * sub.batches.len()) as u64;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    wait_for_reports(&store, &sub.batches, &received, total, timeout, &prefix).await?;
     let elapsed = started.elapsed();
     for w in workers {
         w.stop().await;
     }
 
     // 7. Report, verification, ledger.
-    let mut failures = Vec::new();
-    let deliveries = received.0.lock().map(|v| v.clone()).unwrap_or_default();
-    for b in &batches {
+    let deliveries = received.all();
+    let ledger = mock::invariants::check(&mock.ledger_summary(), args.group_cap);
+    let mut findings = Vec::new();
+    for b in &sub.batches {
         let key = format!("{b}:report");
-        let mine: Vec<_> = deliveries.iter().filter(|(k, _)| *k == key).collect();
-        if let Some((_, body)) = mine.first() {
+        let reports: Vec<serde_json::Value> = deliveries
+            .iter()
+            .filter(|d| d.idempotency_key == key)
+            .map(|d| d.body.clone())
+            .collect();
+        if let Some(body) = reports.first() {
             println!("report for {b} (received by the webhook with Idempotency-Key {key}):");
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default());
         }
-        if mine.len() != 1 {
-            failures.push(format!(
-                "{b}: the webhook received {} report(s)",
-                mine.len()
-            ));
-        }
         let v = verify_batch(&store, Some(&provider), b, args.group_cap).await?;
-        let failed = v.failures();
+        let failed_checks: Vec<(u8, String)> = v
+            .failures()
+            .into_iter()
+            .map(|c| (c.invariant, c.detail.clone()))
+            .collect();
         println!(
             "verify {b}: {} checks from our events and the provider's view, {} failed",
             v.checks.len(),
-            failed.len()
+            failed_checks.len()
         );
-        for f in failed {
-            failures.push(format!("{b}: invariant {}: {}", f.invariant, f.detail));
-        }
+        findings.push(BatchFindings {
+            batch: b.clone(),
+            reports,
+            failed_checks,
+            registered: ledger.registered.get(b).copied().unwrap_or(0),
+        });
     }
-    let ledger = mock::invariants::check(&mock.ledger_summary(), args.group_cap);
     let summary = mock.ledger_summary();
     println!(
         "provider ledger: {} group(s) used, {} deleted, {} orphaned, {} recipients registered, {} requests, faults injected: {} errors, {} dropped answers",
@@ -370,17 +496,8 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         summary.totals.faults.errors,
         summary.totals.faults.drops,
     );
-    failures.extend(ledger.violations.iter().cloned());
-    for b in &batches {
-        let got = ledger.registered.get(b).copied().unwrap_or(0);
-        if got != args.recipients as u64 {
-            failures.push(format!(
-                "{b}: {got} of {} recipients registered at the provider",
-                args.recipients
-            ));
-        }
-    }
-    let dead = crate::verify::count_dead_letters(&store, &batches[0]).await?;
+    let failures = judge(&findings, &ledger, args.recipients as u64);
+    let dead = crate::verify::count_dead_letters(&store, &sub.batches[0]).await?;
     println!(
         "{} recipients in {:.1}s ({:.0} recipients/s end to end), {dead} dead letter(s)",
         total,
@@ -396,5 +513,97 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
             "invariants broken:\n  {}",
             failures.join("\n  ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> DemoArgs {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            demo: DemoArgs,
+        }
+        let mut argv = vec!["demo"];
+        argv.extend_from_slice(extra);
+        Wrap::try_parse_from(argv).unwrap().demo
+    }
+
+    #[test]
+    fn settings_the_demo_cannot_run_with_are_refused() {
+        assert!(check_args(&args(&[])).is_ok());
+        for bad in [
+            &["--recipients", "0"][..],
+            &["--workers", "0"],
+            &["--chunk-size", "0"],
+            &["--chunk-size", "10001"],
+            &["--recipients", "6000000", "--batches", "2"],
+        ] {
+            assert!(
+                matches!(check_args(&args(bad)), Err(CliError::Usage(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_submission_holds_every_recipient_once_plus_duplicate_chunks() {
+        use rand::SeedableRng;
+        let a = args(&[
+            "--recipients",
+            "2500",
+            "--batches",
+            "2",
+            "--chunk-size",
+            "1000",
+            "--duplicates",
+            "0.5",
+        ]);
+        let sub = submission(&a, &mut rand::rngs::StdRng::seed_from_u64(7));
+        assert_eq!(sub.batches, ["demo-campaign-0", "demo-campaign-1"]);
+        assert_eq!(sub.originals, 6);
+        assert!(sub.chunks.len() > sub.originals, "some chunks twice");
+        let distinct: std::collections::BTreeSet<(String, String)> = sub
+            .chunks
+            .iter()
+            .flat_map(|c| c.recipients.iter().map(|r| (c.batch.clone(), r.to.clone())))
+            .collect();
+        assert_eq!(distinct.len(), 5000);
+    }
+
+    #[test]
+    fn judge_names_every_broken_rule() {
+        let ok = |b: &str| BatchFindings {
+            batch: b.into(),
+            reports: vec![serde_json::json!({"outcome": "completed"})],
+            failed_checks: vec![],
+            registered: 10,
+        };
+        let ledger = LedgerCheck::default();
+        assert!(judge(&[ok("a"), ok("b")], &ledger, 10).is_empty());
+
+        let mut twice = ok("a");
+        twice.reports.push(serde_json::json!({}));
+        let mut short = ok("b");
+        short.registered = 9;
+        short
+            .failed_checks
+            .push((2, "gen 0: 2 send event(s)".into()));
+        let ledger = LedgerCheck {
+            violations: vec!["0101 registered more than once".into()],
+            ..LedgerCheck::default()
+        };
+        assert_eq!(
+            judge(&[twice, short], &ledger, 10),
+            [
+                "a: the webhook received 2 report(s)",
+                "b: invariant 2: gen 0: 2 send event(s)",
+                "b: 9 of 10 recipients registered at the provider",
+                "0101 registered more than once",
+            ]
+        );
     }
 }

@@ -2,10 +2,12 @@
 //! API (`docs/provider-api.md`, a subset of Solapi Message API v4).
 //!
 //! - [`model`]: the JSON objects.
+//! - [`add_body`]: the add request's body, written straight from a chunk.
 //! - [`auth`]: request signing (and verification, for the mock).
 //! - [`error`]: failures with their retry decision as data.
 //! - [`client`]: [`ProviderClient`] and its [`ProviderConfig`].
 
+pub mod add_body;
 pub mod auth;
 pub mod client;
 pub mod error;

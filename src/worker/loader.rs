@@ -4,7 +4,7 @@
 use tracing::Instrument;
 
 use crate::events::chunk::ChunkRef;
-use crate::events::{clip, Chunk, Event, InputRejected, ENVELOPE_VERSION, QUOTE_MAX};
+use crate::events::{clip, Event, InputRejected, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::batch::{Accepted, Parked};
 use crate::store::queue::Entry;
@@ -38,16 +38,10 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
     };
     // Read in place (no allocation per recipient) when the chunk has the
     // usual shape; otherwise decoded, or refused with the decoder's reason.
-    let owned: Chunk;
-    let chunk = match ChunkRef::decode(data) {
-        Some(c) => c,
-        None => match Chunk::decode(data) {
-            Ok(c) => {
-                owned = c;
-                owned.view()
-            }
-            Err(e) => return dead(format!("undecodable chunk: {e}")),
-        },
+    let mut fallback = None;
+    let chunk = match ChunkRef::decode_any(data, &mut fallback) {
+        Ok(c) => c,
+        Err(e) => return dead(format!("undecodable chunk: {e}")),
     };
     if let Err(e) = validate_batch_id(chunk.batch) {
         return dead(format!("invalid batch id: {e}"));

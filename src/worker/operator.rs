@@ -3,7 +3,7 @@
 use tracing::Instrument;
 
 use crate::events::chunk::ChunkRef;
-use crate::events::{clip, decode_payload, Chunk, QUOTE_MAX};
+use crate::events::{clip, decode_payload, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::store::queue::Entry;
 use crate::worker::ops::{self, Op, OpError, Outcome, WorkItem};
@@ -61,16 +61,10 @@ async fn run(
             else {
                 return dead("load item without seq, group or chunk".into());
             };
-            let owned: Chunk;
-            let chunk = match ChunkRef::decode(bytes) {
-                Some(c) => c,
-                None => match Chunk::decode(bytes) {
-                    Ok(c) => {
-                        owned = c;
-                        owned.view()
-                    }
-                    Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
-                },
+            let mut fallback = None;
+            let chunk = match ChunkRef::decode_any(bytes, &mut fallback) {
+                Ok(c) => c,
+                Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
             };
             let log = ctx.store.batch(&item.batch);
             // A retried load may find its chunk loaded meanwhile: look before
