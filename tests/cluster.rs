@@ -463,6 +463,17 @@ async fn run_every_script(store: &Store, round: u32) {
     limiter.acquire(1).await.expect("rate_limit");
 }
 
+/// A provider client for contexts that never call the provider.
+fn unreachable_provider() -> groupcast::provider::ProviderClient {
+    groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
+        base_url: "http://127.0.0.1:9".into(),
+        api_key: KEY.into(),
+        api_secret: SECRET.into(),
+        ..groupcast::provider::ProviderConfig::default()
+    })
+    .expect("provider client")
+}
+
 /// How many `TIME` commands node `i` has answered.
 fn time_calls(cluster: &RedisCluster, i: usize) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -488,13 +499,7 @@ async fn the_durability_wait_reads_the_clock_of_the_batchs_master() {
     // must compare with that master's clock, never with another's.
     let cluster = cluster();
     let store = store_on(&cluster, 6).await;
-    let provider = groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
-        base_url: "http://127.0.0.1:9".into(),
-        api_key: KEY.into(),
-        api_secret: SECRET.into(),
-        ..groupcast::provider::ProviderConfig::default()
-    })
-    .expect("provider client");
+    let provider = unreachable_provider();
     let config = WorkerConfig {
         durable_after: Duration::from_secs(60),
         ..test_config()
@@ -590,13 +595,7 @@ async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
             .expect("age the heartbeat");
         quiet.insert(b);
     }
-    let provider = groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
-        base_url: "http://127.0.0.1:9".into(),
-        api_key: KEY.into(),
-        api_secret: SECRET.into(),
-        ..groupcast::provider::ProviderConfig::default()
-    })
-    .expect("provider client");
+    let provider = unreachable_provider();
     let ctx = groupcast::worker::Ctx::new(store.clone(), provider, test_config());
     let report = groupcast::worker::watchdog::scan(&ctx)
         .await
