@@ -172,7 +172,7 @@ pub const METRICS: &[Metric] = &[
     counter(
         "groupcast_retries_total",
         &["op", "reason"],
-        "Retries scheduled, by op and reason (transient, rate_limited, not_finished, webhook)",
+        "Retries scheduled, by op and reason (transient, rate_limited, not_finished, webhook, durability, limiter)",
     ),
     counter(
         "groupcast_dead_letters_total",

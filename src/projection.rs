@@ -24,6 +24,7 @@
 //! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress |
 //! | `registered`, `failed`, `done`, `sent_success`, `sent_failed` | batch totals |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
+//! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //!
 //! The Rust side spells these names only in [`field`] (and the event keys it
 //! looks up in [`event_key`]); handlers read them through [`Projection`]'s
@@ -52,6 +53,9 @@ pub enum Update {
 pub mod field {
     /// The heartbeat: ms of the last event (stalls excluded).
     pub const HEARTBEAT: &str = "hb";
+    /// Ms of the last wait that showed the batch progressing (not an event;
+    /// see [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const ALIVE: &str = "alive";
     /// ms of the first chunk's acceptance.
     pub const FIRST_ACCEPTED: &str = "t0";
     /// The batch's report outcome, once decided.
@@ -196,6 +200,11 @@ pub fn updates(event: &Event) -> Vec<Update> {
         | Event::GroupDiscarded(_) => vec![],
     }
 }
+
+/// State fields kept by the live copy only, not derived from events: the
+/// `alive` heartbeat (stamped by waits that append no event). A rebuild keeps
+/// them; a comparison with a replay ignores them.
+pub const LIVE_ONLY: &[&str] = &[field::ALIVE];
 
 /// Whether an event refreshes the batch's heartbeat.
 pub fn touches_heartbeat(event: &Event) -> bool {
@@ -347,10 +356,14 @@ impl Projection {
         Some((gen, count, it.next()?.to_string()))
     }
 
-    /// The differences between two projections, as readable lines.
+    /// The differences between two projections, as readable lines. The
+    /// [`LIVE_ONLY`] fields, which no event defines, are not compared.
     pub fn diff(&self, other: &Projection) -> Vec<String> {
         let mut out = Vec::new();
         for (k, v) in &self.fields {
+            if LIVE_ONLY.contains(&k.as_str()) {
+                continue;
+            }
             match other.fields.get(k) {
                 None => out.push(format!("{k}: {v:?} vs missing")),
                 Some(w) if w != v => out.push(format!("{k}: {v:?} vs {w:?}")),
@@ -358,7 +371,7 @@ impl Projection {
             }
         }
         for (k, w) in &other.fields {
-            if !self.fields.contains_key(k) {
+            if !self.fields.contains_key(k) && !LIVE_ONLY.contains(&k.as_str()) {
                 out.push(format!("{k}: missing vs {w:?}"));
             }
         }

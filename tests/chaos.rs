@@ -12,6 +12,10 @@
 //!   since adds and sends wait until what they rely on is on disk, the ledger
 //!   must be clean, every batch reported, and `verify_batch` may only say that
 //!   writes were lost. Findings: `docs/durability.md`.
+//! - `chaos_provider_outage`: as `always`, plus a 30 s provider outage (every
+//!   request 5xx, longer than the old attempt-counted retry budget) starting
+//!   mid-run: every batch must still end with one report, 0 violations, no
+//!   dead letter (retries are budgeted in time: `--retry-for`).
 //!
 //! Rerun a failure with `CHAOS_SEED=<seed> cargo test --release --test chaos`.
 
@@ -62,6 +66,9 @@ async fn run(rig: &mut Rig, redis_kill_kinds: &[bool]) -> bool {
     let mut last_redis_kill: Option<Instant> = None;
     let mut quiet_since: Option<Instant> = None;
     let mut kills = plan.redis_kills_at.iter().zip(redis_kill_kinds).peekable();
+    // The planned provider outage: when it began, and whether it is over.
+    let mut outage_began: Option<Instant> = None;
+    let mut outage_over = plan.outage.is_none();
     loop {
         rig.check_workers_alive().await;
         let now = Instant::now();
@@ -81,6 +88,19 @@ async fn run(rig: &mut Rig, redis_kill_kinds: &[bool]) -> bool {
             rig.spawn_worker(slot);
         }
         let progress = rig.progress().await;
+        if let Some((at, lasts)) = plan.outage {
+            match outage_began {
+                None if progress.is_some_and(|p| p >= at) => {
+                    rig.provider_outage(true);
+                    outage_began = Some(Instant::now());
+                }
+                Some(t) if !outage_over && t.elapsed() >= lasts => {
+                    rig.provider_outage(false);
+                    outage_over = true;
+                }
+                _ => {}
+            }
+        }
         let all_in = submitted.iter().all(|s| *s);
         if let (Some(p), Some((at, power_loss))) = (progress, kills.peek().copied()) {
             // A power loss must not eat the input itself: it comes at least
@@ -99,7 +119,7 @@ async fn run(rig: &mut Rig, redis_kill_kinds: &[bool]) -> bool {
                 continue;
             }
         }
-        if all_in && kills.peek().is_none() {
+        if all_in && kills.peek().is_none() && outage_over {
             if let Some(pending) = rig.unreported().await {
                 if pending.is_empty() {
                     break;
@@ -372,16 +392,43 @@ fn summary_line(rig: &Rig, violations: usize, extra: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_appendfsync_always() {
+    always("chaos_appendfsync_always", |rng| {
+        Plan::random(Durability::Always, rng, 2)
+    })
+    .await;
+}
+
+/// A provider outage (every request 5xx) of 30 s, longer than the old retry
+/// budget (8 attempts, spent in 13-25 s), in the middle of the chaos: every
+/// batch still ends with one report, with no violation and no dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_provider_outage() {
+    always("chaos_provider_outage", |rng| {
+        let mut plan = Plan::random(Durability::Always, rng, 1);
+        let lasts = Duration::from_secs(30);
+        plan.outage = Some((rng.random_range(0.2..0.6), lasts));
+        plan.deadline += lasts;
+        plan
+    })
+    .await;
+}
+
+/// The `appendfsync always` checks: every invariant, one report per batch,
+/// no dead letter, no acknowledged write lost.
+async fn always(name: &str, plan: impl FnOnce(&mut rand::rngs::StdRng) -> Plan) {
     let seed = harness::seed();
-    eprintln!("chaos: seed={seed} (rerun: CHAOS_SEED={seed} cargo test --release --test chaos chaos_appendfsync_always)");
+    eprintln!(
+        "chaos: seed={seed} (rerun: CHAOS_SEED={seed} cargo test --release --test chaos {name})"
+    );
     let mut rng = harness::rng(seed);
-    let plan = Plan::random(Durability::Always, &mut rng, 2);
+    let plan = plan(&mut rng);
+    let kinds = vec![false; plan.redis_kills_at.len()];
     let mut rig = Rig::start(seed, rng, plan).await;
     rig.log(format!("plan: {:?}", rig.plan));
     // The start-up check finds nothing to say about this server.
     let warnings = check_server(&rig.store, CliDurability::Always).await;
     assert!(warnings.is_empty(), "{warnings:?}");
-    let finished = run(&mut rig, &[false, false]).await;
+    let finished = run(&mut rig, &kinds).await;
     assert!(
         finished,
         "chaos: seed={seed}: the run did not finish (dump above)"
@@ -405,7 +452,17 @@ async fn chaos_appendfsync_always() {
             "seed={seed}: appendfsync always lost {lost} acknowledged canary writes on a {kind}"
         );
     }
-    let line = summary_line(&rig, violations, "");
+    let extra = match rig.plan.outage {
+        Some((_, lasts)) => {
+            assert_eq!(
+                rig.stats.outages, 1,
+                "seed={seed}: the planned outage did not happen"
+            );
+            format!(" outage={}s", lasts.as_secs())
+        }
+        None => String::new(),
+    };
+    let line = summary_line(&rig, violations, &extra);
     shout(&line);
     if violations > 0 {
         eprintln!("{}", rig.dump().await);

@@ -290,6 +290,17 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("dead_letter", vec![keys.dead_letters(s), keys.work(s)]),
         ("retry_later", vec![keys.delayed(s), keys.ingest(s)]),
         ("retry_later", vec![keys.delayed(s), keys.work(s)]),
+        (
+            "retry_later with a heartbeat",
+            vec![keys.delayed(s), keys.work(s), k.state.clone()],
+        ),
+        (
+            "retry_later with a heartbeat",
+            vec![keys.delayed(s), keys.ingest(s), k.state.clone()],
+        ),
+        ("renew_lease", vec![keys.work(s)]),
+        ("renew_lease", vec![keys.ingest(s)]),
+        ("restore", vec![k.state.clone(), k.events.clone()]),
         ("promote", vec![keys.delayed(s), keys.work(s)]),
         ("rate_limit", vec![keys.limiter()]),
         // watchdog.rs.
@@ -453,9 +464,29 @@ async fn run_every_script(store: &Store, round: u32) {
             c: None,
         };
         store
-            .retry_later(&k.delayed, &work, OPERATORS_GROUP, "0-1", 0, &entry)
+            .retry_later(&k.delayed, &work, OPERATORS_GROUP, "0-1", 0, &entry, None)
             .await
             .expect("retry_later");
+        store
+            .retry_later(
+                &k.delayed,
+                &work,
+                OPERATORS_GROUP,
+                "0-2",
+                60_000,
+                &entry,
+                Some(&k.state),
+            )
+            .await
+            .expect("retry_later with a heartbeat");
+        store
+            .renew_lease(&work, OPERATORS_GROUP, "nobody", "0-1")
+            .await
+            .expect("renew_lease");
+        assert!(matches!(
+            log.rebuild(3).await.expect("restore"),
+            groupcast::store::batch::Rebuilt::Replaced { .. }
+        ));
         // This retry is due at once (by the node's clock, as promote reads
         // it); the poll sent() scheduled is a minute away.
         assert_eq!(store.promote(shard, 10).await.expect("promote"), 1);

@@ -122,6 +122,7 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
         seq: None,
         group_id: None,
         attempt: 0,
+        since: 0,
     };
     let a = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
     let b = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());

@@ -6,6 +6,7 @@ use super::{human_time, outln, print_table, CliError, RedisArgs};
 use crate::events::entry_millis;
 use crate::store::queue::Entry;
 use crate::store::Store;
+use crate::worker::ops::WorkItem;
 
 /// Dead-letter flags.
 #[derive(Debug, Args)]
@@ -35,7 +36,8 @@ pub enum DlqAction {
         json: bool,
     },
     /// Put dead letters back on the stream they came from (after fixing the
-    /// cause), and remove them from the dead letters.
+    /// cause), and remove them from the dead letters. A work item starts a
+    /// fresh retry budget (--retry-for counts again from its next failure).
     Redrive {
         /// Dead letter ids.
         ids: Vec<String>,
@@ -130,11 +132,15 @@ pub async fn run(args: DlqArgs) -> Result<(), CliError> {
                 let Some(source) = e.text("source") else {
                     continue;
                 };
-                let fields: Vec<(String, Vec<u8>)> = e
-                    .fields
-                    .iter()
-                    .filter_map(|(k, v)| k.strip_prefix("f:").map(|k| (k.to_string(), v.clone())))
-                    .collect();
+                // A redriven work item starts a fresh retry budget.
+                let fields = WorkItem::fresh_budget(
+                    e.fields
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            k.strip_prefix("f:").map(|k| (k.to_string(), v.clone()))
+                        })
+                        .collect(),
+                );
                 // Put back and remove in one transaction: never both, never neither.
                 store
                     .redrive(&store.keys.dead_letters(*shard), &e.id, &source, &fields)

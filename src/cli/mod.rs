@@ -44,7 +44,8 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a worker: loaders, provider operations, retries, watchdog.
-    Worker(worker::WorkerArgs),
+    /// (Boxed: its many settings would make every command as large.)
+    Worker(Box<worker::WorkerArgs>),
     /// Cut a recipients file into chunks and append them.
     Submit(submit::SubmitArgs),
     /// A batch's full event history as a timeline.
@@ -364,7 +365,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         init_logging(cli.log_format);
     }
     let result = match cli.command {
-        Command::Worker(a) => worker::run(a).await,
+        Command::Worker(a) => worker::run(*a).await,
         Command::Submit(a) => submit::run(a).await,
         Command::Audit(a) => audit::run(a).await,
         Command::Replay(a) => replay::run(a).await,

@@ -66,15 +66,30 @@ pub struct WorkerFlags {
     /// Requests allowed at once above the rate.
     #[arg(long, env = "GROUPCAST_RATE_BURST", default_value_t = WorkerConfig::RATE_BURST)]
     pub rate_burst: u32,
-    /// Attempts per work item before it is dead-lettered.
+    /// How long a work item retries transient provider trouble (5xx,
+    /// dropped answers, timeouts, 429, refused connections) before it is
+    /// dead-lettered, counted from its first failure.
+    #[arg(long, env = "GROUPCAST_RETRY_FOR", default_value_t = WorkerConfig::RETRY_FOR.into(), value_parser = duration)]
+    pub retry_for: humantime::Duration,
+    /// How long delivering a decided report retries a failing webhook.
+    #[arg(long, env = "GROUPCAST_REPORT_RETRY_FOR", default_value_t = WorkerConfig::REPORT_RETRY_FOR.into(), value_parser = duration)]
+    pub report_retry_for: humantime::Duration,
+    /// Also dead-letter a work item after this many attempts (0: no cap;
+    /// only --retry-for counts).
     #[arg(long, env = "GROUPCAST_MAX_ATTEMPTS", default_value_t = WorkerConfig::MAX_ATTEMPTS)]
     pub max_attempts: u32,
-    /// First retry delay (doubles per attempt, with jitter).
+    /// First retry delay (doubles per attempt, with equal jitter).
     #[arg(long, env = "GROUPCAST_BACKOFF_BASE", default_value_t = WorkerConfig::BACKOFF_BASE.into(), value_parser = duration)]
     pub backoff_base: humantime::Duration,
     /// Longest retry delay.
-    #[arg(long, env = "GROUPCAST_BACKOFF_MAX", default_value_t = WorkerConfig::BACKOFF_MAX.into(), value_parser = duration)]
+    #[arg(long, alias = "retry-max-delay", env = "GROUPCAST_BACKOFF_MAX", default_value_t = WorkerConfig::BACKOFF_MAX.into(), value_parser = duration)]
     pub backoff_max: humantime::Duration,
+    /// How long one provider request may take (connect to last byte) before
+    /// it counts as a transient failure. A handler renews its entry's lease
+    /// every third of --visibility-timeout while it runs, so a slow call is
+    /// never mistaken for a crashed worker and run twice.
+    #[arg(long, env = "GROUPCAST_PROVIDER_TIMEOUT", default_value_t = ProviderConfig::REQUEST_TIMEOUT.into(), value_parser = duration)]
+    pub provider_timeout: humantime::Duration,
     /// Unacknowledged entries idle this long are reclaimed.
     #[arg(long, env = "GROUPCAST_VISIBILITY_TIMEOUT", default_value_t = WorkerConfig::VISIBILITY_TIMEOUT.into(), value_parser = duration)]
     pub visibility_timeout: humantime::Duration,
@@ -130,8 +145,15 @@ impl WorkerFlags {
         if self.group_cap == 0 {
             return Err(CliError::Usage("--group-cap must be at least 1".into()));
         }
-        if self.max_attempts == 0 {
-            return Err(CliError::Usage("--max-attempts must be at least 1".into()));
+        if self.retry_for.is_zero() || self.report_retry_for.is_zero() {
+            return Err(CliError::Usage(
+                "--retry-for and --report-retry-for must be longer than 0".into(),
+            ));
+        }
+        if self.provider_timeout.is_zero() {
+            return Err(CliError::Usage(
+                "--provider-timeout must be longer than 0".into(),
+            ));
         }
         Ok(WorkerConfig {
             roles,
@@ -139,6 +161,8 @@ impl WorkerFlags {
             group_cap: self.group_cap,
             rate_limit: self.rate_limit,
             rate_burst: self.rate_burst,
+            retry_for: self.retry_for.into(),
+            report_retry_for: self.report_retry_for.into(),
             max_attempts: self.max_attempts,
             backoff_base: self.backoff_base.into(),
             backoff_max: self.backoff_max.into(),
@@ -169,6 +193,7 @@ impl WorkerFlags {
             base_url: self.provider_url.clone(),
             api_key,
             api_secret,
+            request_timeout: self.provider_timeout.into(),
             ..ProviderConfig::default()
         })
         .map_err(|e| CliError::Usage(format!("--provider-url: {e}")))

@@ -52,13 +52,19 @@ pub struct ProviderConfig {
     pub pool_max_idle_per_host: usize,
 }
 
+impl ProviderConfig {
+    /// Default of [`ProviderConfig::request_timeout`] (and of the worker's
+    /// `--provider-timeout`).
+    pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
 impl Default for ProviderConfig {
     fn default() -> Self {
         ProviderConfig {
             base_url: "https://api.solapi.com".to_owned(),
             api_key: String::new(),
             api_secret: String::new(),
-            request_timeout: Duration::from_secs(30),
+            request_timeout: Self::REQUEST_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
             pool_max_idle_per_host: 32,
         }

@@ -66,6 +66,27 @@ pub enum Appended {
     Duplicate(String),
 }
 
+/// How [`BatchLog::rebuild`] went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebuilt {
+    /// The state was replaced by the fold of every event, with no event
+    /// appended in between; `retries`: how many times events appended while
+    /// it read made it fold them in and try again.
+    Replaced {
+        /// Fields of the rebuilt state.
+        fields: usize,
+        /// Tries lost to concurrent appends.
+        retries: u32,
+    },
+    /// Some events do not decode (entry id, why): nothing was written.
+    Undecodable(Vec<(String, String)>),
+    /// Events kept being appended through every try: nothing was written.
+    Busy {
+        /// Tries made.
+        tries: u32,
+    },
+}
+
 /// What the watchdog's stalled append did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stalled {
@@ -494,8 +515,17 @@ impl BatchLog {
     /// Every event, in order. Entries that do not decode are returned as errors
     /// in place (an audit shows them; replay refuses to guess).
     pub async fn events(&self) -> StoreResult<Vec<Result<Recorded, (String, String)>>> {
+        self.events_from("-").await
+    }
+
+    /// The events from `start` (an `XRANGE` start: `-`, an id, or `(id` for
+    /// those after it), in order, as [`events`](Self::events).
+    async fn events_from(
+        &self,
+        start: &str,
+    ) -> StoreResult<Vec<Result<Recorded, (String, String)>>> {
         let mut out = Vec::new();
-        let mut start = "-".to_string();
+        let mut start = start.to_string();
         loop {
             let v: Value = redis::cmd("XRANGE")
                 .arg(&self.keys.events)
@@ -533,20 +563,49 @@ impl BatchLog {
         Ok(if bad.is_empty() { Ok(p) } else { Err(bad) })
     }
 
-    /// Replaces the live state with a rebuilt one (keeping its TTL).
-    pub async fn restore(&self, p: &Projection) -> StoreResult<()> {
-        let mut conn = self.conn.clone();
-        let ttl: i64 = conn.pttl(&self.keys.state).await?;
-        let mut pipe = redis::pipe();
-        pipe.atomic().del(&self.keys.state);
-        if !p.fields.is_empty() {
-            let pairs: Vec<(&String, &String)> = p.fields.iter().collect();
-            pipe.hset_multiple(&self.keys.state, &pairs);
-            if ttl > 0 {
-                pipe.pexpire(&self.keys.state, ttl);
+    /// Replaces the live state with one rebuilt from the events, atomically
+    /// with respect to running workers: the replacement (`restore.lua`) only
+    /// happens if no event was appended since the last one folded; otherwise
+    /// the new events are folded in and it tries again, up to `tries` times.
+    /// The TTL and the `alive` heartbeat are kept.
+    pub async fn rebuild(&self, tries: u32) -> StoreResult<Rebuilt> {
+        let mut p = Projection::default();
+        let mut last = String::new();
+        for attempt in 0..tries.max(1) {
+            let start = if last.is_empty() {
+                "-".to_string()
+            } else {
+                format!("({last}")
+            };
+            let mut bad = Vec::new();
+            for r in self.events_from(&start).await? {
+                match r {
+                    Ok(r) => {
+                        last.clone_from(&r.id);
+                        p.apply(&r);
+                    }
+                    Err(e) => {
+                        last.clone_from(&e.0);
+                        bad.push(e);
+                    }
+                }
+            }
+            if !bad.is_empty() {
+                return Ok(Rebuilt::Undecodable(bad));
+            }
+            let mut inv = SCRIPTS.restore.prepare_invoke();
+            inv.key(&self.keys.state).key(&self.keys.events).arg(&last);
+            for (k, v) in &p.fields {
+                inv.arg(k).arg(v);
+            }
+            let replaced: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+            if replaced == 1 {
+                return Ok(Rebuilt::Replaced {
+                    fields: p.fields.len(),
+                    retries: attempt,
+                });
             }
         }
-        pipe.query_async::<()>(&mut conn).await?;
-        Ok(())
+        Ok(Rebuilt::Busy { tries })
     }
 }

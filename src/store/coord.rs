@@ -49,21 +49,21 @@ impl Store {
 
     /// Reserves `cost` requests from the shared rate limiter at `key`
     /// (`rate` per second, `burst`; see `rate_limit.lua`). Returns how many
-    /// milliseconds to wait before they may go.
+    /// milliseconds to wait before they may go; with `max_wait_ms`, a wait
+    /// longer than that reserves nothing and comes back negative (`-wait`).
     pub async fn reserve_rate(
         &self,
         key: &str,
         rate: u32,
         burst: u32,
         cost: u32,
-    ) -> StoreResult<u64> {
-        Ok(SCRIPTS
-            .rate_limit
-            .key(key)
-            .arg(rate)
-            .arg(burst)
-            .arg(cost)
-            .invoke_async(&mut self.conn.clone())
-            .await?)
+        max_wait_ms: Option<u64>,
+    ) -> StoreResult<i64> {
+        let mut inv = SCRIPTS.rate_limit.prepare_invoke();
+        inv.key(key).arg(rate).arg(burst).arg(cost);
+        if let Some(max) = max_wait_ms {
+            inv.arg(max);
+        }
+        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
 }

@@ -234,7 +234,11 @@ impl Store {
     }
 
     /// Puts a work entry in the delayed set and acknowledges the delivery that
-    /// failed, in one step.
+    /// failed, in one step. With `alive` (a batch's state key, in the same
+    /// slot), the same step stamps the batch's `alive` field with the
+    /// server's clock: a heartbeat without an event, for waits that show the
+    /// batch is progressing (see `worker::watchdog`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn retry_later(
         &self,
         delayed: &str,
@@ -243,15 +247,39 @@ impl Store {
         id: &str,
         delay_ms: u64,
         entry: &DelayedEntry,
+        alive: Option<&str>,
     ) -> StoreResult<()> {
-        SCRIPTS
-            .retry_later
-            .key(delayed)
+        let mut inv = SCRIPTS.retry_later.prepare_invoke();
+        inv.key(delayed)
             .key(source)
             .arg(group)
             .arg(id)
             .arg(delay_ms)
-            .arg(entry.encode())
+            .arg(entry.encode());
+        if let Some(state) = alive {
+            inv.key(state);
+        }
+        inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
+    /// Renews this consumer's lease on a pending entry it is still handling:
+    /// resets the entry's idle time (without counting a delivery), so that it
+    /// is not reclaimed as a crashed consumer's. An entry no longer pending,
+    /// or no longer this consumer's, is left alone.
+    pub async fn renew_lease(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        id: &str,
+    ) -> StoreResult<()> {
+        SCRIPTS
+            .renew_lease
+            .key(stream)
+            .arg(group)
+            .arg(consumer)
+            .arg(id)
             .invoke_async::<i64>(&mut self.conn.clone())
             .await?;
         Ok(())

@@ -46,6 +46,10 @@ pub struct Scripts {
     pub lease: Script,
     /// `release.lua`.
     pub release: Script,
+    /// `renew_lease.lua`.
+    pub renew_lease: Script,
+    /// `restore.lua`.
+    pub restore: Script,
 }
 
 /// The scripts.
@@ -67,4 +71,6 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     )),
     lease: Script::new(include_str!("../../streams/scripts/lease.lua")),
     release: Script::new(include_str!("../../streams/scripts/release.lua")),
+    renew_lease: Script::new(include_str!("../../streams/scripts/renew_lease.lua")),
+    restore: Script::new(include_str!("../../streams/scripts/restore.lua")),
 });

@@ -47,11 +47,23 @@ pub struct WorkerConfig {
     pub rate_limit: u32,
     /// Requests allowed at once above the rate. Default 50.
     pub rate_burst: u32,
-    /// Attempts of one work item before it is dead-lettered. Default 8.
+    /// How long a work item keeps retrying transient failures (5xx, dropped
+    /// answers, timeouts, 429, refused connections) before it is
+    /// dead-lettered, measured from its first failure (a time carried in the
+    /// item, so a worker restart does not reset it). A poll starts over
+    /// whenever the provider answers. Default 1 h.
+    pub retry_for: Duration,
+    /// The same for delivering a decided report to the webhook: a receiver
+    /// that is down for a deploy must not cost the upstream its report.
+    /// Default 24 h.
+    pub report_retry_for: Duration,
+    /// Also dead-letter a work item after this many attempts (0: no cap, only
+    /// `retry_for` counts). Default 0.
     pub max_attempts: u32,
-    /// First retry delay; doubles each attempt, with full jitter. Default 200 ms.
+    /// First retry delay; doubles each attempt, with equal jitter (half
+    /// fixed, half random). Default 200 ms.
     pub backoff_base: Duration,
-    /// Longest retry delay. Default 30 s.
+    /// Longest retry delay (`--retry-max-delay`). Default 30 s.
     pub backoff_max: Duration,
     /// An entry unacknowledged this long is reclaimed by another consumer.
     /// Default 30 s.
@@ -100,8 +112,12 @@ impl WorkerConfig {
     pub const RATE_LIMIT: u32 = 300;
     /// Default of [`WorkerConfig::rate_burst`].
     pub const RATE_BURST: u32 = 50;
-    /// Default of [`WorkerConfig::max_attempts`].
-    pub const MAX_ATTEMPTS: u32 = 8;
+    /// Default of [`WorkerConfig::retry_for`].
+    pub const RETRY_FOR: Duration = Duration::from_secs(3600);
+    /// Default of [`WorkerConfig::report_retry_for`].
+    pub const REPORT_RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
+    /// Default of [`WorkerConfig::max_attempts`] (no cap).
+    pub const MAX_ATTEMPTS: u32 = 0;
     /// Default of [`WorkerConfig::backoff_base`].
     pub const BACKOFF_BASE: Duration = Duration::from_millis(200);
     /// Default of [`WorkerConfig::backoff_max`].
@@ -134,6 +150,8 @@ impl Default for WorkerConfig {
             group_cap: Self::GROUP_CAP,
             rate_limit: Self::RATE_LIMIT,
             rate_burst: Self::RATE_BURST,
+            retry_for: Self::RETRY_FOR,
+            report_retry_for: Self::REPORT_RETRY_FOR,
             max_attempts: Self::MAX_ATTEMPTS,
             backoff_base: Self::BACKOFF_BASE,
             backoff_max: Self::BACKOFF_MAX,
@@ -153,8 +171,10 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// The delay before retry number `attempt` (1-based): exponential with
-    /// full jitter, so that workers that failed together do not retry together.
+    /// The delay before retry number `attempt` (1-based): exponential, capped
+    /// at `backoff_max`, with equal jitter (a uniformly random delay between
+    /// half the capped value and all of it), so that workers that failed
+    /// together do not retry together while no retry comes back at once.
     pub fn backoff(&self, attempt: u32) -> Duration {
         let exp = self.backoff_base.saturating_mul(
             1u32.checked_shl(attempt.saturating_sub(1).min(20))
@@ -163,5 +183,20 @@ impl WorkerConfig {
         let cap = exp.min(self.backoff_max);
         let jitter: f64 = rand::random::<f64>();
         cap.mul_f64(0.5 + jitter * 0.5)
+    }
+
+    /// The longest wait for the shared rate limiter that a handler holds its
+    /// entry for: a quarter of the visibility timeout. A longer wait gives
+    /// the entry back (to the delayed set, without reserving a slot), so that
+    /// it is never reclaimed and reserved a second time while it waits.
+    pub fn max_limiter_wait(&self) -> Duration {
+        self.visibility_timeout / 4
+    }
+
+    /// How often a long-running handler renews its entry's lease: a third of
+    /// the visibility timeout, so that a slow provider call is not mistaken
+    /// for a crashed consumer and run twice.
+    pub fn lease_renewal(&self) -> Duration {
+        (self.visibility_timeout / 3).max(Duration::from_millis(50))
     }
 }

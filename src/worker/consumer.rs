@@ -11,8 +11,8 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, DelayedEntry, Entry};
-use crate::worker::ops::{Op, Outcome};
-use crate::worker::{loader, operator, Ctx, Handled};
+use crate::worker::ops::Outcome;
+use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,10 +237,13 @@ pub async fn process(
         return;
     }
     ctx.in_flight(source.label(), 1);
-    let handled = match source {
-        Source::Ingest => loader::handle(ctx, shard, &entry).await,
-        Source::Work => operator::handle(ctx, &entry).await,
+    let handling = async {
+        match source {
+            Source::Ingest => loader::handle(ctx, shard, &entry).await,
+            Source::Work => operator::handle(ctx, &entry).await,
+        }
     };
+    let handled = renewing_lease(ctx, stream, group, &entry.id, handling).await;
     ctx.in_flight(source.label(), -1);
     match handled {
         Ok(h) => settle(ctx, acker, source, shard, stream, &entry, h, deliveries).await,
@@ -250,6 +253,33 @@ pub async fn process(
             tracing::warn!(%stream, id = %entry.id, error = %e, group, "entry left pending");
             metrics::counter!("groupcast_entries_left_pending_total", "stream" => source.label())
                 .increment(1);
+        }
+    }
+}
+
+/// Runs `handling` while renewing the entry's lease every
+/// [`lease_renewal`](crate::worker::WorkerConfig::lease_renewal): a slow
+/// provider call (up to its request timeout, several in a row for a big
+/// chunk) must not leave the entry idle past the visibility timeout, or
+/// another consumer would reclaim it and run it a second time meanwhile.
+/// Entries handled quicker than that cost nothing more.
+async fn renewing_lease<T>(
+    ctx: &Ctx,
+    stream: &str,
+    group: &str,
+    id: &str,
+    handling: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(handling);
+    let every = ctx.config.lease_renewal();
+    loop {
+        tokio::select! {
+            out = &mut handling => return out,
+            _ = tokio::time::sleep(every) => {
+                if let Err(e) = ctx.store.renew_lease(stream, group, &ctx.consumer, id).await {
+                    tracing::warn!(%stream, %id, error = %e, "could not renew the entry's lease");
+                }
+            }
         }
     }
 }
@@ -282,39 +312,59 @@ async fn settle(
             reason,
         } => match handled.retry_as {
             Some((op, mut item, chunk)) => {
-                if spend {
-                    item.attempt += 1;
-                }
-                // A decided report is delivered until the webhook accepts it
-                // (the backoff caps the pace at one try per `backoff_max`).
-                let limit = if op == Op::Report {
-                    u32::MAX
+                let now = if retry::needs_clock(cause) {
+                    // The shard server's clock: the one that started the
+                    // item's budget, whichever worker that was.
+                    match ctx.store.time_ms_at(&keys.delayed(shard)).await {
+                        Ok(now) => Some(now),
+                        Err(e) => {
+                            tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
+                            return;
+                        }
+                    }
                 } else {
-                    ctx.config.max_attempts
+                    None
                 };
-                if spend && item.attempt >= limit {
-                    let reason = format!("gave up after {} attempts: {reason}", item.attempt);
-                    dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
-                } else {
-                    let delay = delay.unwrap_or_else(|| ctx.config.backoff(item.attempt));
-                    metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
-                        .increment(1);
-                    tracing::debug!(op = op.name(), attempt = item.attempt, ?delay, %reason, "retry later");
-                    let delayed = DelayedEntry {
-                        op: op.name().into(),
-                        d: encode_payload(&item),
-                        c: chunk,
-                    };
-                    ctx.store
-                        .retry_later(
-                            &keys.delayed(shard),
-                            stream,
-                            group,
-                            &entry.id,
-                            delay.as_millis() as u64,
-                            &delayed,
-                        )
-                        .await
+                match retry::decide(
+                    &ctx.config,
+                    op,
+                    &mut item,
+                    delay,
+                    spend,
+                    cause,
+                    &reason,
+                    now,
+                ) {
+                    retry::Decision::GiveUp(reason) => {
+                        dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
+                    }
+                    retry::Decision::Retry(delay) => {
+                        metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
+                            .increment(1);
+                        tracing::debug!(op = op.name(), attempt = item.attempt, ?delay, %reason, "retry later");
+                        // A wait that shows the batch alive (a poll, a limiter
+                        // or durability wait) refreshes its heartbeat in the
+                        // same step, so the watchdog does not call it stalled.
+                        let alive = cause
+                            .is_heartbeat()
+                            .then(|| ctx.store.batch(&item.batch).keys.state);
+                        let delayed = DelayedEntry {
+                            op: op.name().into(),
+                            d: encode_payload(&item),
+                            c: chunk,
+                        };
+                        ctx.store
+                            .retry_later(
+                                &keys.delayed(shard),
+                                stream,
+                                group,
+                                &entry.id,
+                                delay.as_millis() as u64,
+                                &delayed,
+                                alive.as_deref(),
+                            )
+                            .await
+                    }
                 }
             }
             None => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,

@@ -140,6 +140,7 @@ async fn handle_chunk(
         seq: Some(chunk.seq),
         group_id: Some(group),
         attempt: 0,
+        since: 0,
     };
     Ok(Handled {
         outcome,

@@ -4,6 +4,7 @@
 //! - [`loader`]: ingest entry → accepted chunk → parked or loaded.
 //! - [`operator`] and [`ops`]: work items, one file per provider operation.
 //! - [`consumer`]: reading, reclaiming, and settling every entry.
+//! - [`retry`]: the time budget of retries, and the backoff.
 //! - [`maintenance`]: delayed retries back to their streams; stream trimming.
 //! - [`watchdog`]: batches that went quiet before their report.
 //! - [`limiter`]: the provider rate limiter shared by every process.
@@ -18,6 +19,7 @@ pub mod loader;
 pub mod maintenance;
 pub mod operator;
 pub mod ops;
+pub mod retry;
 pub mod watchdog;
 
 use std::sync::Arc;

@@ -1,7 +1,11 @@
 //! The watchdog: batches that went quiet before their report.
 //!
 //! Every event refreshes its batch's heartbeat (`hb` in the state hash, the
-//! entry id's milliseconds; `batch_stalled` itself excepted). One scanner at
+//! entry id's milliseconds; `batch_stalled` itself excepted). Waits that
+//! append no event but show the batch progressing (a poll of a group the
+//! provider is still sending, a rate-limiter or durability wait) stamp
+//! `alive` instead, in the same step that schedules the retry; the batch's
+//! last sign of life is the later of the two. One scanner at
 //! a time goes over each shard's set of active batches: the scanner holds a
 //! *lease* (a key with a TTL, renewed by its holder on every scan and released
 //! on shutdown, so a crashed scanner's lease simply expires and another
@@ -146,7 +150,11 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
 
 async fn check(log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
     let p = log
-        .read(&[field::HEARTBEAT.into(), field::REPORT.into()])
+        .read(&[
+            field::HEARTBEAT.into(),
+            field::REPORT.into(),
+            field::ALIVE.into(),
+        ])
         .await?;
     if p.report().is_some() {
         return Ok(Check::Healed);
@@ -154,7 +162,10 @@ async fn check(log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
     let Some(hb_text) = p.heartbeat() else {
         return heal_without_state(log).await;
     };
-    let hb: u64 = hb_text.parse().unwrap_or(0);
+    let ms = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // The last sign of life: an event, or a wait that showed progress.
+    let hb = ms(Some(hb_text)).max(ms(p.get(field::ALIVE)));
+    let hb_text = hb.to_string();
     let quiet = now.saturating_sub(hb);
     if quiet <= threshold {
         return Ok(Check::Fine);
@@ -163,7 +174,7 @@ async fn check(log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
         quiet_since_ms: hb,
         quiet_for_ms: quiet,
     });
-    match log.append_stalled(hb_text, &event).await? {
+    match log.append_stalled(&hb_text, &event).await? {
         Stalled::Appended(_) => {
             metrics::counter!("groupcast_batch_stalls_total").increment(1);
             tracing::warn!(

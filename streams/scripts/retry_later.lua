@@ -1,9 +1,16 @@
 -- Schedule a work entry to come back after a delay, and acknowledge the
 -- delivery that failed, in one step (nothing lost in between).
--- KEYS: delayed set, source stream
+-- KEYS: delayed set, source stream, and optionally a batch's state hash
 -- ARGV: consumer group, entry id, delay ms, delayed entry
+-- With the state hash, the batch's `alive` field (a heartbeat without an
+-- event: a poll, a limiter or durability wait) is stamped with the server's
+-- clock, unless the batch has reported or its state is gone.
 local t = redis.call('TIME')
-local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = now + tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], due, ARGV[4])
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 and redis.call('HEXISTS', KEYS[3], 'report') == 0 then
+  redis.call('HSET', KEYS[3], 'alive', now)
+end
 return due

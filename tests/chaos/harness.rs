@@ -60,6 +60,9 @@ pub struct Plan {
     pub redis_kills_at: Vec<f64>,
     /// How long the run may take before it is declared stuck.
     pub deadline: Duration,
+    /// A provider outage (every request answered 5xx): the progress point at
+    /// which it starts, and how long it lasts.
+    pub outage: Option<(f64, Duration)>,
 }
 
 impl Plan {
@@ -96,6 +99,7 @@ impl Plan {
             batches,
             redis_kills_at,
             deadline: Duration::from_secs(150),
+            outage: None,
         }
     }
 
@@ -123,6 +127,9 @@ pub fn seed() -> u64 {
     }
 }
 
+/// The share of provider requests answered 5xx outside an outage.
+const NORMAL_ERROR_RATE: f64 = 0.04;
+
 /// One `groupcast worker` process.
 pub struct WorkerProc {
     pub slot: usize,
@@ -137,6 +144,7 @@ pub struct Stats {
     pub redis_restarts: u32,
     pub power_losses: u32,
     pub stalls_opened: u32,
+    pub outages: u32,
     /// Per Redis kill: (kind, canary increments acknowledged but lost).
     pub redis_losses: Vec<(&'static str, u64)>,
 }
@@ -198,7 +206,7 @@ impl Rig {
             .await
             .expect("connect to the private redis-server");
         let base_faults = Faults {
-            error_rate: 0.04,
+            error_rate: NORMAL_ERROR_RATE,
             drop_rate: 0.04,
             latency_ms: 2,
             rate_limit_per_sec: Some(20),
@@ -322,7 +330,7 @@ impl Rig {
             .args(["--visibility-timeout", "2s"])
             .args(["--poll-interval", "100ms"])
             .args(["--backoff-base", "50ms", "--backoff-max", "1s"])
-            .args(["--max-attempts", "1000", "--max-deliveries", "1000"])
+            .args(["--max-deliveries", "1000"])
             .args(["--metrics-listen", "off"])
             .args(["--durability", self.plan.durability.appendfsync()])
             .args(["--group-cap", &self.plan.cap.to_string()])
@@ -398,6 +406,21 @@ impl Rig {
         });
         self.stats.stalls_opened += 1;
         self.log(format!("provider stall window of {ms} ms"));
+    }
+
+    /// Starts (`true`) or ends a provider outage: every request answered
+    /// 5xx, stall windows included, until it ends.
+    pub fn provider_outage(&mut self, on: bool) {
+        self.base_faults.error_rate = if on { 1.0 } else { NORMAL_ERROR_RATE };
+        self.mock.set_faults(self.base_faults);
+        if on {
+            self.stats.outages += 1;
+        }
+        self.log(if on {
+            "provider outage begins: every request answers 5xx"
+        } else {
+            "provider outage ends"
+        });
     }
 
     /// Turns every provider fault off (the chaos is over; what follows are

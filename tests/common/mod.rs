@@ -47,7 +47,7 @@ pub fn test_config() -> WorkerConfig {
         poll_interval: Duration::from_millis(30),
         block: Duration::from_millis(200),
         drain_timeout: Duration::from_secs(2),
-        max_attempts: 30,
+        max_attempts: 0,
         ..WorkerConfig::default()
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::store::batch::GroupRecord;
-use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a create item.
@@ -15,7 +15,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     if log.group_of(gen).await?.is_some() {
         return Ok(Outcome::Done);
     }
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let fields = BTreeMap::from([
         ("batchId".to_string(), item.batch.clone()),
         ("generation".to_string(), gen.to_string()),
@@ -36,6 +38,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
                 seq: None,
                 group_id: Some(group.group_id),
                 attempt: 0,
+                since: 0,
             };
             ctx.enqueue(&log.keys.work, Op::Delete, &delete, None)
                 .await?;

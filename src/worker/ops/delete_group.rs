@@ -3,7 +3,7 @@
 use crate::events::{Event, GroupDiscarded};
 use crate::projection::event_key;
 use crate::provider::{GroupStatus, ProviderErrorKind};
-use crate::worker::ops::{OpError, Outcome, WorkItem};
+use crate::worker::ops::{provider_slots, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a delete item.
@@ -16,7 +16,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     if log.appended(&key).await?.is_some() {
         return Ok(Outcome::Done);
     }
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     match ctx.provider.delete_group(group_id).await {
         Ok(()) => {}
         // Already gone: a retried delete whose first answer was lost.
@@ -25,7 +27,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             // A retried delete whose first answer was lost finds the group
             // DELETED, which the provider refuses to delete again (400
             // NotOperationalStatus): look before giving up.
-            ctx.limiter.acquire(1).await?;
+            if let Some(back) = provider_slots(ctx, 1).await? {
+                return Ok(back);
+            }
             match ctx.provider.get_group(group_id).await {
                 Ok(g) if g.status == GroupStatus::Deleted => {}
                 Ok(_) => {

@@ -9,7 +9,7 @@ use crate::provider::add_body::add_body;
 use crate::provider::model::AddSummary;
 use crate::provider::{ProviderError, MAX_MESSAGES_PER_REQUEST};
 use crate::store::batch::BatchLog;
-use crate::worker::ops::{durability_wait, wait_for_disk, OpError, Outcome};
+use crate::worker::ops::{durability_wait, provider_slots, wait_for_disk, OpError, Outcome};
 use crate::worker::Ctx;
 
 /// Adds every recipient, one request per [`MAX_MESSAGES_PER_REQUEST`], and
@@ -127,7 +127,9 @@ async fn load<R: RecipientFields + Sync>(
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
-    ctx.limiter.acquire(requests).await?;
+    if let Some(back) = provider_slots(ctx, requests).await? {
+        return Ok(back);
+    }
     let summary = match add_all(ctx, group_id, template, recipients).await {
         Ok(s) => s,
         Err(e) => {

@@ -80,6 +80,40 @@ pub struct WorkItem {
     /// Attempts already spent.
     #[serde(default)]
     pub attempt: u32,
+    /// When its retry budget started (ms since the epoch, by the clock of the
+    /// Redis server holding its shard): its first failure, or the provider's
+    /// last answer for a poll. 0 (absent) until it first fails. Carried in
+    /// the item, so the budget survives worker restarts and moves between
+    /// workers; `dlq redrive` sets it back to 0 (a fresh budget).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub since: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl WorkItem {
+    /// A dead-lettered work entry's fields (`op`, `d`, `c`, ...) with a fresh
+    /// retry budget, for `dlq redrive`: attempts and budget start over, as if
+    /// the item had never failed. Fields of anything that is not a readable
+    /// work item (an ingest entry) come back unchanged.
+    pub fn fresh_budget(mut fields: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+        if !fields.iter().any(|(k, _)| k == "op") {
+            return fields;
+        }
+        for (k, v) in fields.iter_mut() {
+            if k != "d" {
+                continue;
+            }
+            if let Ok(mut item) = crate::events::decode_payload::<WorkItem>("work item", v) {
+                item.attempt = 0;
+                item.since = 0;
+                *v = crate::events::encode_payload(&item);
+            }
+        }
+        fields
+    }
 }
 
 /// How a handler settled an entry.
@@ -116,6 +150,9 @@ pub enum RetryCause {
     Webhook,
     /// Waiting until Redis has made the facts a send relies on durable.
     Durability,
+    /// The shared rate limiter asked for a wait too long to hold the entry
+    /// through: given back, no slot reserved.
+    Limiter,
 }
 
 impl RetryCause {
@@ -127,7 +164,55 @@ impl RetryCause {
             RetryCause::NotFinished => "not_finished",
             RetryCause::Webhook => "webhook",
             RetryCause::Durability => "durability",
+            RetryCause::Limiter => "limiter",
         }
+    }
+
+    /// Whether waiting out this cause spends the item's time budget
+    /// (`--retry-for`): trouble at the provider or the webhook does; waiting
+    /// on our own pace (the limiter, durability) or on a group the provider
+    /// is still sending does not.
+    pub fn spends_budget(self) -> bool {
+        matches!(
+            self,
+            RetryCause::Transient | RetryCause::RateLimited | RetryCause::Webhook
+        )
+    }
+
+    /// Whether this wait shows the batch is alive (a heartbeat for the
+    /// watchdog although no event is appended): a poll of a group still
+    /// sending, a limiter or a durability wait.
+    pub fn is_heartbeat(self) -> bool {
+        matches!(
+            self,
+            RetryCause::NotFinished | RetryCause::Durability | RetryCause::Limiter
+        )
+    }
+}
+
+/// Takes `requests` slots of the shared rate limiter, waiting for them when
+/// the wait is short. A wait longer than [`WorkerConfig::max_limiter_wait`]
+/// reserves nothing and returns the outcome that gives the entry back until
+/// then: holding it that long would let the visibility timeout hand it to a
+/// second consumer, which would reserve (and call) again.
+///
+/// [`WorkerConfig::max_limiter_wait`]: crate::worker::WorkerConfig::max_limiter_wait
+pub async fn provider_slots(
+    ctx: &crate::worker::Ctx,
+    requests: u32,
+) -> Result<Option<Outcome>, StoreError> {
+    match ctx
+        .limiter
+        .reserve_within(requests, ctx.config.max_limiter_wait())
+        .await?
+    {
+        Ok(_) => Ok(None),
+        Err(wait) => Ok(Some(Outcome::Retry {
+            delay: Some(wait),
+            spend: false,
+            cause: RetryCause::Limiter,
+            reason: format!("the rate limiter asks for a {wait:?} wait: entry given back"),
+        })),
     }
 }
 

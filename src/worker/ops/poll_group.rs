@@ -4,7 +4,7 @@
 use crate::projection::{event_key, field};
 use crate::provider::GroupStatus;
 use crate::store::batch::Completion;
-use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
+use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a poll item.
@@ -17,7 +17,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(group_id) = item.group_id.as_deref() else {
         return Ok(Outcome::Dead("poll item without a group id".into()));
     };
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let group = match ctx.provider.get_group(group_id).await {
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),

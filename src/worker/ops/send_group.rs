@@ -16,7 +16,9 @@ use crate::events::{Event, SendRefused};
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{durability_wait, wait_for_disk, Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::{
+    durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
+};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -62,13 +64,16 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             seq: None,
             group_id: Some(group_id.clone()),
             attempt: 0,
+            since: 0,
         }),
         c: None,
     }
     .encode();
     let poll_ms = ctx.config.poll_interval.as_millis() as u64;
 
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let group = match ctx.provider.get_group(&group_id).await {
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),
@@ -93,7 +98,9 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
-    ctx.limiter.acquire(1).await?;
+    if let Some(back) = provider_slots(ctx, 1).await? {
+        return Ok(back);
+    }
     let outcome = match ctx.provider.send_group(&group_id).await {
         Ok(_) => "sent",
         Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",

@@ -1,0 +1,35 @@
+-- Replace a batch's state with one rebuilt from its events, only if no event
+-- was appended since the rebuild read them: every append updates the state
+-- in the same script, so checking the stream's last entry id here makes the
+-- rebuild atomic with respect to running workers (a replay never drops an
+-- idempotency key or a count that a live append just wrote).
+-- KEYS: state, events
+-- ARGV: the last event id the rebuild read ('' for none), then field/value pairs
+-- Returns 1 when replaced, 0 when events were appended meanwhile (read again).
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local id = ''
+if last[1] then
+  id = last[1][1]
+end
+if id ~= ARGV[1] then
+  return 0
+end
+local ttl = redis.call('PTTL', KEYS[1])
+-- `alive` is a heartbeat without an event (not derived from events): kept.
+local alive = redis.call('HGET', KEYS[1], 'alive')
+redis.call('DEL', KEYS[1])
+-- In slices: Lua's unpack has a limit on how many values it returns.
+local n = #ARGV
+local i = 2
+while i <= n do
+  local j = math.min(i + 1999, n)
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, j))
+  i = j + 1
+end
+if alive then
+  redis.call('HSET', KEYS[1], 'alive', alive)
+end
+if ttl > 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1

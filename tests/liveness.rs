@@ -1,0 +1,9 @@
+//! Liveness: every batch ends in exactly one truthful report, whatever its
+//! input and the provider do. One end-to-end test per situation, on real
+//! redis-server processes, asserting from the mock provider's ledger and the
+//! webhook's receipts.
+
+mod common;
+
+#[path = "liveness/retry.rs"]
+mod retry;
