@@ -26,6 +26,10 @@
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //!
+//! The Rust side spells these names only in [`field`] (and the event keys it
+//! looks up in [`event_key`]); handlers read them through [`Projection`]'s
+//! typed accessors ([`Projection::group_of`], [`Projection::is_loaded`], ...).
+//!
 //! Every update is a set of a value fixed by the event, an increment, or a
 //! maximum, and every event has a unique key: so the fold gives the same state
 //! for any order and any duplication of the same events.

@@ -383,7 +383,6 @@ fn every_script_call_keeps_its_keys_on_one_slot() {
 /// Runs every script through its real call site, for a batch on every shard
 /// of the cluster.
 async fn run_every_script(store: &Store, round: u32) {
-    let mut conn = store.raw_conn();
     let limiter = Limiter::new(store.clone(), 100_000, 1_000);
     for shard in 0..store.keys.shards() {
         let b = (0..)
@@ -445,12 +444,8 @@ async fn run_every_script(store: &Store, round: u32) {
             .ensure_group(&work, OPERATORS_GROUP)
             .await
             .expect("group");
-        let id: String = redis::cmd("XADD")
-            .arg(&ingest)
-            .arg("*")
-            .arg("v")
-            .arg("0")
-            .query_async(&mut conn)
+        let id = store
+            .append_entry(&ingest, &[("v".into(), b"0".to_vec())])
             .await
             .expect("xadd");
         store
@@ -497,6 +492,80 @@ async fn run_every_script(store: &Store, round: u32) {
         assert_eq!(store.promote(shard, 10).await.expect("promote"), 1);
     }
     limiter.acquire(1).await.expect("rate_limit");
+}
+
+/// A provider client for contexts that never call the provider.
+fn unreachable_provider() -> groupcast::provider::ProviderClient {
+    groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
+        base_url: "http://127.0.0.1:9".into(),
+        api_key: KEY.into(),
+        api_secret: SECRET.into(),
+        ..groupcast::provider::ProviderConfig::default()
+    })
+    .expect("provider client")
+}
+
+/// How many `TIME` commands node `i` has answered.
+fn time_calls(cluster: &RedisCluster, i: usize) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut node_conn(cluster, i))
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("cmdstat_time:")?
+                .split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_durability_wait_reads_the_clock_of_the_batchs_master() {
+    // Entry ids carry the clock of the master that appended them: the wait
+    // must compare with that master's clock, never with another's.
+    let cluster = cluster();
+    let store = store_on(&cluster, 6).await;
+    let provider = unreachable_provider();
+    let config = WorkerConfig {
+        durable_after: Duration::from_secs(60),
+        ..test_config()
+    };
+    let ctx = groupcast::worker::Ctx::new(store.clone(), provider, config);
+    let stall = Event::BatchStalled(BatchStalled {
+        quiet_since_ms: 1,
+        quiet_for_ms: 2,
+    });
+    for b in batches_on_every_master(&cluster, &store.keys, "clock", 2) {
+        let log = store.batch(&b);
+        let Appended::New(id) = log.append("stalled/1", &stall).await.expect("append") else {
+            panic!("{b}: appended before");
+        };
+        let owner = cluster.owner_of_key(&log.keys.events).expect("owner");
+        let before: Vec<u64> = (0..cluster.len())
+            .map(|n| time_calls(&cluster, n))
+            .collect();
+        let wait = groupcast::worker::ops::durability_wait(&ctx, &log, &[&id])
+            .await
+            .expect("durability wait");
+        // Just appended: nearly the whole minute is left to wait.
+        assert!(
+            wait.is_some_and(|w| w > Duration::from_secs(50)),
+            "{b}: {wait:?}"
+        );
+        let asked: Vec<u64> = (0..cluster.len())
+            .map(|n| time_calls(&cluster, n) - before[n])
+            .collect();
+        let expected: Vec<u64> = (0..cluster.len()).map(|n| u64::from(n == owner)).collect();
+        assert_eq!(
+            asked, expected,
+            "{b}: TIME per node (its master is {owner})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -557,13 +626,7 @@ async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
             .expect("age the heartbeat");
         quiet.insert(b);
     }
-    let provider = groupcast::provider::ProviderClient::new(groupcast::provider::ProviderConfig {
-        base_url: "http://127.0.0.1:9".into(),
-        api_key: KEY.into(),
-        api_secret: SECRET.into(),
-        ..groupcast::provider::ProviderConfig::default()
-    })
-    .expect("provider client");
+    let provider = unreachable_provider();
     let ctx = groupcast::worker::Ctx::new(store.clone(), provider, test_config());
     let report = groupcast::worker::watchdog::scan(&ctx)
         .await
