@@ -467,6 +467,11 @@ async fn run_every_script(store: &Store, round: u32) {
             .retry_later(&k.delayed, &work, OPERATORS_GROUP, "0-1", 0, &entry, None)
             .await
             .expect("retry_later");
+        // A different member: the delayed set keeps one score per member.
+        let later = DelayedEntry {
+            d: b"item-2".to_vec(),
+            ..entry.clone()
+        };
         store
             .retry_later(
                 &k.delayed,
@@ -474,7 +479,7 @@ async fn run_every_script(store: &Store, round: u32) {
                 OPERATORS_GROUP,
                 "0-2",
                 60_000,
-                &entry,
+                &later,
                 Some(&k.state),
             )
             .await
