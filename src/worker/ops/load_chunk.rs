@@ -3,7 +3,7 @@
 //! recovery logic) and evaluate the generation's completion.
 
 use crate::events::chunk::{ChunkRef, RecipientFields, TemplateRef};
-use crate::events::{Chunk, ChunkLoaded, RegistrationFailure};
+use crate::events::{ChunkLoaded, RegistrationFailure};
 use crate::projection::{event_key, field};
 use crate::provider::add_body::add_body;
 use crate::provider::model::AddSummary;
@@ -39,28 +39,8 @@ async fn add_all<R: RecipientFields>(
     Ok(total)
 }
 
-/// Loads `chunk` into `group_id` and records it.
-pub async fn run(
-    ctx: &Ctx,
-    log: &BatchLog,
-    chunk: &Chunk,
-    gen: u32,
-    group_id: &str,
-) -> Result<Outcome, OpError> {
-    let template = chunk.template.view();
-    load(
-        ctx,
-        log,
-        chunk.seq,
-        &template,
-        &chunk.recipients,
-        gen,
-        group_id,
-    )
-    .await
-}
-
-/// [`run`] for a chunk read in place ([`ChunkRef::decode`]).
+/// Loads `chunk`, read in place ([`ChunkRef::decode`]), into `group_id` and
+/// records it.
 pub async fn run_ref(
     ctx: &Ctx,
     log: &BatchLog,
