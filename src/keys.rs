@@ -130,6 +130,13 @@ impl Keyspace {
     pub fn active(&self, shard: u32) -> String {
         self.shard_key(shard, "active")
     }
+    /// The tombstones of a shard: a sorted set of reported (or closed)
+    /// batch ids, scored by when they reported (ms). A batch id is kept
+    /// after its events expire, for `--remember`, so that late copies of its
+    /// chunks are refused instead of sent again.
+    pub fn reported(&self, shard: u32) -> String {
+        self.shard_key(shard, "reported")
+    }
 
     /// The keys of one batch.
     pub fn batch(&self, batch: &str) -> BatchKeys {
@@ -140,6 +147,8 @@ impl Keyspace {
             state: base.clone(),
             events: format!("{base}:events"),
             parked_prefix: format!("{base}:parked:"),
+            dedupe: format!("{base}:dedupe"),
+            reported: self.reported(shard),
             work: self.work(shard),
             delayed: self.delayed(shard),
             active: self.active(shard),
@@ -172,6 +181,11 @@ pub struct BatchKeys {
     pub events: String,
     /// Prefix of the per-generation hashes of parked chunk payloads.
     pub parked_prefix: String,
+    /// The numbers given to the batch so far (batch-wide dedupe; see
+    /// `accept.lua`), until its report.
+    pub dedupe: String,
+    /// The shard's tombstones (see [`Keyspace::reported`]).
+    pub reported: String,
     /// The shard's work stream.
     pub work: String,
     /// The shard's delayed retries.
@@ -219,6 +233,8 @@ mod tests {
             &k.delayed,
             &k.active,
             &k.reports,
+            &k.dedupe,
+            &k.reported,
         ] {
             assert!(key.contains(&tag), "{key} lacks {tag}");
         }

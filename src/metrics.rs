@@ -135,7 +135,7 @@ pub const METRICS: &[Metric] = &[
     counter(
         "groupcast_chunks_total",
         &["outcome"],
-        "Ingest chunks by what happened to them: accepted, duplicate, parked, loaded, rejected",
+        "Ingest chunks by what happened to them: accepted, duplicate, parked, loaded, rejected, refused (their batch had ended), given_up",
     ),
     counter(
         "groupcast_recipients_registered_total",
@@ -146,6 +146,11 @@ pub const METRICS: &[Metric] = &[
         "groupcast_recipients_failed_total",
         &[],
         "Recipients the provider refused at registration, counted once per loaded chunk",
+    ),
+    counter(
+        "groupcast_recipients_duplicate_total",
+        &[],
+        "Copies of a number a batch already had: recorded, not sent",
     ),
     counter(
         "groupcast_provider_requests_total",
@@ -346,6 +351,8 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
             "parked",
             "loaded",
             "rejected",
+            "refused",
+            "given_up",
             "stale",
         ]),
         ("groupcast_work_items_total", "outcome") => strs(&["done", "retry", "dead"]),

@@ -23,6 +23,11 @@
 //! | `g:<g>:reg`, `g:<g>:fail` | recipients registered / refused in it |
 //! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress |
 //! | `registered`, `failed`, `done`, `sent_success`, `sent_failed` | batch totals |
+//! | `g:<g>:unsure` | recipients of given-up chunks: maybe registered, maybe not |
+//! | `duplicates`, `x:<seq>` | copies of numbers already given to the batch; their positions in chunk `seq` |
+//! | `r:<seq>`, `holes`, `rmax` | `1` while refused seq `seq` has no data (a hole; `0` once a corrected copy is assigned); how many; the highest |
+//! | `fr:<code>` | recipients refused for that reason (a provider code, or `given_up`) |
+//! | `closed`, `missing` | why the batch was closed; seqs it gave up on |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //!
@@ -32,7 +37,9 @@
 //!
 //! Every update is a set of a value fixed by the event, an increment, or a
 //! maximum, and every event has a unique key: so the fold gives the same state
-//! for any order and any duplication of the same events.
+//! for any order and any duplication of the same events. One exception reads
+//! the state: a hole (`r:<seq>`) is filled when its seq is assigned later,
+//! which the scripts only ever record in that order.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +96,33 @@ pub mod field {
     pub fn registered_in(gen: u32) -> String {
         self::gen(gen, "reg")
     }
+
+    /// `g:<gen>:unsure`: recipients of generation `gen` in chunks given up
+    /// on, whose registration is unknown.
+    pub fn unsure_in(gen: u32) -> String {
+        self::gen(gen, "unsure")
+    }
+
+    /// `r:<seq>`: `1` while refused seq `seq` is a hole.
+    pub fn hole(seq: u32) -> String {
+        format!("r:{seq}")
+    }
+
+    /// `fr:<code>`: recipients refused for reason `code`.
+    pub fn failed_for(code: &str) -> String {
+        format!("fr:{code}")
+    }
+
+    /// Copies of numbers already given to the batch.
+    pub const DUPLICATES: &str = "duplicates";
+    /// Chunks refused.
+    pub const REJECTED: &str = "rejected";
+    /// Seqs given up on by `close`.
+    pub const MISSING: &str = "missing";
+    /// Why the batch was closed.
+    pub const CLOSED: &str = "closed";
+    /// How many holes.
+    pub const HOLES: &str = "holes";
 }
 
 /// The idempotency keys of the events appended outside the batch scripts,
@@ -167,23 +201,39 @@ pub fn updates(event: &Event) -> Vec<Update> {
             if e.last {
                 u.push(Set("last".into(), e.seq.to_string()));
             }
+            if !e.duplicates.is_empty() {
+                let positions: Vec<String> = e.duplicates.iter().map(u32::to_string).collect();
+                u.push(Set(format!("x:{}", e.seq), positions.join(",")));
+                u.push(Incr(field::DUPLICATES.into(), e.duplicates.len() as i64));
+            }
             u
         }
         Event::GenerationClosed(e) => vec![Set(g(e.gen, "closed"), e.reason.clone())],
         Event::GroupCreated(e) => vec![Set(g(e.gen, "group"), e.group_id.clone())],
         Event::ChunkLoaded(e) => {
             let failed = e.failed.len() as i64;
-            vec![
+            let mut u = vec![
                 Incr(g(e.gen, "l"), 1),
                 Incr(g(e.gen, "reg"), i64::from(e.registered)),
                 Incr(g(e.gen, "fail"), failed),
                 Incr(field::REGISTERED.into(), i64::from(e.registered)),
                 Incr(field::FAILED.into(), failed),
-            ]
+            ];
+            if e.given_up.is_some() && failed > 0 {
+                u.push(Incr(field::unsure_in(e.gen), failed));
+            }
+            for f in &e.failed {
+                u.push(Incr(field::failed_for(&f.code), 1));
+            }
+            u
         }
         Event::GenerationReady(e) => vec![Set(g(e.gen, "ready"), "1".into())],
         Event::SendTriggered(e) => vec![Set(g(e.gen, "sent"), e.outcome.clone())],
         Event::SendRefused(e) => vec![Set(g(e.gen, "refused"), e.reason.clone())],
+        Event::BatchClosed(e) => vec![
+            Set(field::CLOSED.into(), e.reason.clone()),
+            Set(field::MISSING.into(), e.missing.len().to_string()),
+        ],
         Event::GroupCompleted(e) => vec![
             Set(g(e.gen, "done"), e.status.clone()),
             Incr("done".into(), 1),
@@ -192,7 +242,15 @@ pub fn updates(event: &Event) -> Vec<Update> {
         ],
         Event::BatchReported(e) => vec![Set(field::REPORT.into(), e.outcome.clone())],
         Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
-        Event::InputRejected(_) => vec![Incr("rejected".into(), 1)],
+        Event::InputRejected(e) => {
+            let mut u = vec![Incr(field::REJECTED.into(), 1)];
+            if let (true, Some(seq)) = (e.hole, e.seq) {
+                u.push(Set(field::hole(seq), "1".into()));
+                u.push(Incr(field::HOLES.into(), 1));
+                u.push(Max("rmax".into(), u64::from(seq)));
+            }
+            u
+        }
         Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
         Event::ChunkParked(_)
         | Event::GroupRequested(_)
@@ -238,12 +296,18 @@ impl Projection {
         if touches_heartbeat(&r.event) {
             self.max(field::HEARTBEAT, r.millis());
         }
-        if let Event::ChunkAssigned(_) = r.event {
+        if let Event::ChunkAssigned(e) = &r.event {
             // When the batch's first chunk was accepted.
             let t0 = self.first_accepted_ms();
             if t0.is_none_or(|t| r.millis() < t) {
                 self.fields
                     .insert(field::FIRST_ACCEPTED.into(), r.millis().to_string());
+            }
+            // A corrected copy of a seq refused earlier fills its hole.
+            if self.get(&field::hole(e.seq)) == Some("1") {
+                self.fields.insert(field::hole(e.seq), "0".into());
+                let holes = self.int(field::HOLES) - 1;
+                self.fields.insert(field::HOLES.into(), holes.to_string());
             }
         }
         for u in updates(&r.event) {
@@ -327,7 +391,14 @@ impl Projection {
             .unwrap_or(0)
     }
 
-    /// Whether chunk `seq` was recorded loaded into generation `gen`.
+    /// Recipients of generation `gen` in given-up chunks (maybe registered).
+    pub fn unsure_in(&self, gen: u32) -> u64 {
+        self.get(&field::unsure_in(gen))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether chunk `seq` is recorded loaded into generation `gen`.
     pub fn is_loaded(&self, gen: u32, seq: u32) -> bool {
         self.appended(&event_key::loaded(gen, seq)).is_some()
     }

@@ -85,8 +85,26 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.gen, e.group_id, e.status, e.sent_success, e.sent_failed
         ),
         Event::BatchReported(e) => format!(
-            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered",
-            e.outcome, e.generations, e.recipients, e.registered, e.failed, e.sent_success
+            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing",
+            e.outcome,
+            e.generations,
+            e.recipients,
+            e.registered,
+            e.failed,
+            e.sent_success,
+            e.duplicates,
+            e.rejected,
+            e.missing
+        ),
+        Event::BatchClosed(e) => format!(
+            "CLOSED ({}): {} missing seq(s){}",
+            e.reason,
+            e.missing.len(),
+            match e.missing.len() {
+                0 => String::new(),
+                n if n <= 20 => format!(" {:?}", e.missing),
+                _ => format!(" {:?}...", &e.missing[..20]),
+            }
         ),
         Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
         Event::InputRejected(e) => match e.seq {

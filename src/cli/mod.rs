@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod close;
 pub mod demo;
 pub mod dlq;
 pub mod mock_provider;
@@ -56,6 +57,8 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Inspect and redrive dead letters.
     Dlq(dlq::DlqArgs),
+    /// Stop waiting for a batch's missing seqs: send what was loaded, report.
+    Close(close::CloseArgs),
     /// Check the six invariants for a batch.
     Verify(verify::VerifyArgs),
     /// Run everything on this machine: workers, a mock provider, a batch.
@@ -80,6 +83,7 @@ impl Command {
             Command::Replay(a) => Some(&a.redis),
             Command::Status(a) => Some(&a.redis),
             Command::Dlq(a) => Some(&a.redis),
+            Command::Close(a) => Some(&a.redis),
             Command::Verify(a) => Some(&a.redis),
             Command::Board(a) => Some(&a.redis),
             Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
@@ -411,6 +415,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Replay(a) => replay::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Dlq(a) => dlq::run(a).await,
+        Command::Close(a) => close::run(a).await,
         Command::Verify(a) => verify::run(a).await,
         Command::Demo(a) => demo::run(a).await,
         Command::MockProvider(a) => mock_provider::run(a).await,

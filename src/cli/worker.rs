@@ -10,7 +10,7 @@ use crate::provider::{ProviderClient, ProviderConfig};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, Role, Worker, WorkerConfig};
 
-fn duration(s: &str) -> Result<humantime::Duration, String> {
+pub(crate) fn duration(s: &str) -> Result<humantime::Duration, String> {
     s.parse::<humantime::Duration>()
         .map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
@@ -107,6 +107,14 @@ pub struct WorkerFlags {
     /// How long a finished batch's events are kept.
     #[arg(long, env = "GROUPCAST_RETENTION", default_value_t = WorkerConfig::RETENTION.into(), value_parser = duration)]
     pub retention: humantime::Duration,
+    /// How long a reported batch's id is remembered after its events
+    /// expire: later chunks of it are dead-lettered, never sent again.
+    #[arg(long, env = "GROUPCAST_REMEMBER", default_value_t = WorkerConfig::REMEMBER.into(), value_parser = duration)]
+    pub remember: humantime::Duration,
+    /// Close a batch that has had no event for this long before its report
+    /// (as `groupcast close` does). Off unless given.
+    #[arg(long, env = "GROUPCAST_GIVE_UP_AFTER", value_parser = duration)]
+    pub give_up_after: Option<humantime::Duration>,
     /// A batch quiet this long before its report is reported stalled.
     #[arg(long, env = "GROUPCAST_STALL_AFTER", default_value_t = WorkerConfig::STALL_AFTER.into(), value_parser = duration)]
     pub stall_after: humantime::Duration,
@@ -152,6 +160,12 @@ impl WorkerFlags {
                 "--retry-for and --report-retry-for must be longer than 0".into(),
             ));
         }
+        if self.give_up_after.is_some_and(|d| d.is_zero()) {
+            return Err(CliError::Usage(
+                "--give-up-after must be longer than 0 (leave it out to wait for an operator)"
+                    .into(),
+            ));
+        }
         if self.provider_timeout.is_zero() {
             return Err(CliError::Usage(
                 "--provider-timeout must be longer than 0".into(),
@@ -173,6 +187,8 @@ impl WorkerFlags {
             poll_interval: self.poll_interval.into(),
             report_webhook: self.report_webhook.clone(),
             retention: self.retention.into(),
+            remember: self.remember.into(),
+            give_up_after: self.give_up_after.map(Into::into),
             stall_after: self.stall_after.into(),
             watchdog_interval: self.watchdog_interval.into(),
             gauge_interval: self.gauge_interval.into(),

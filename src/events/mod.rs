@@ -155,6 +155,8 @@ events! {
     InputRejected(InputRejected) = "input_rejected",
     /// The watchdog found the batch quiet before its report.
     BatchStalled(BatchStalled) = "batch_stalled",
+    /// An operator (or `--give-up-after`) stopped waiting for missing seqs.
+    BatchClosed(BatchClosed) = "batch_closed",
 }
 
 /// See [`Event::ChunkAssigned`]. Key `assign/<seq>`.
@@ -164,12 +166,22 @@ pub struct ChunkAssigned {
     pub seq: u32,
     /// The generation (provider group) it joins.
     pub gen: u32,
-    /// Recipients in the chunk.
+    /// Recipients of the chunk the batch had not been given before: the
+    /// ones it sends to.
     pub count: u32,
     /// Whether the producer flagged it as the last chunk.
     pub last: bool,
     /// Digest of the chunk's content; a repeat with another digest is a conflict.
     pub digest: String,
+    /// Positions (0-based, in the chunk) of recipients whose number the
+    /// batch was already given, in this chunk or an earlier one: recorded,
+    /// not sent (the first copy wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub duplicates: Vec<u32>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// See [`Event::GenerationClosed`]. Key `close/<gen>`.
@@ -177,7 +189,8 @@ pub struct ChunkAssigned {
 pub struct GenerationClosed {
     /// The generation.
     pub gen: u32,
-    /// `full` (the next chunk would pass the cap) or `final` (every seq is assigned).
+    /// `full` (the next chunk would pass the cap), `final` (every seq is
+    /// assigned, or refused for good) or `closed` (the batch was closed).
     pub reason: String,
     /// Chunks assigned to it.
     pub chunks: u32,
@@ -254,6 +267,12 @@ pub struct ChunkLoaded {
     pub duplicates: u32,
     /// Recipients the provider refused, with their codes.
     pub failed: Vec<RegistrationFailure>,
+    /// Set when groupcast gave up loading the chunk (the add was refused
+    /// for good, or failed for longer than `--retry-for`): why. Every
+    /// recipient is then in `failed` (code `given_up`), and whether the
+    /// provider registered some of them before it gave up is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_up: Option<String>,
 }
 
 /// See [`Event::GenerationReady`]. Key `ready/<gen>`.
@@ -305,7 +324,8 @@ pub struct GroupCompleted {
 /// See [`Event::BatchReported`]. Key `report`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchReported {
-    /// `completed`.
+    /// `completed` (every expected recipient registered, nothing refused or
+    /// given up), `partial`, or `failed` (nobody registered).
     pub outcome: String,
     /// Generations (provider groups) used.
     pub generations: u32,
@@ -321,6 +341,28 @@ pub struct BatchReported {
     pub sent_success: u64,
     /// Messages not delivered, by the provider.
     pub sent_failed: u64,
+    /// Copies of a number already given to the batch: recorded, not sent.
+    #[serde(default)]
+    pub duplicates: u64,
+    /// Chunks refused (invalid, conflicting, beyond the last seq, ...).
+    #[serde(default)]
+    pub rejected: u64,
+    /// Seqs given up on by `close` (never arrived).
+    #[serde(default)]
+    pub missing: u64,
+    /// `failed`, by reason (the provider's code, or `given_up`).
+    #[serde(default)]
+    pub failed_by_reason: std::collections::BTreeMap<String, u64>,
+}
+
+/// See [`Event::BatchClosed`]. Key `closed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchClosed {
+    /// Why (the operator's `--reason`, or the quiet time).
+    pub reason: String,
+    /// The seqs that never arrived.
+    #[serde(default)]
+    pub missing: Vec<u32>,
 }
 
 /// See [`Event::ReportDelivered`]. Key `delivered`.
@@ -337,6 +379,10 @@ pub struct InputRejected {
     pub seq: Option<u32>,
     /// Why.
     pub reason: String,
+    /// Whether the refusal left its seq without data (not assigned, not
+    /// beyond the last seq): the batch ends without it (see `settle.lua`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub hole: bool,
 }
 
 /// See [`Event::BatchStalled`]. Key `stalled/<last heartbeat ms>`.

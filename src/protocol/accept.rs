@@ -116,6 +116,7 @@ pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
             count: a.count,
             last: a.last,
             digest: a.digest.to_string(),
+            duplicates: Vec::new(),
         }),
         true,
     );

@@ -66,6 +66,10 @@ pub fn completed(db: &mut Db, batch: &str, a: &CompletedArgs) -> Vec<String> {
             failed: failed as u64,
             sent_success: ss as u64,
             sent_failed: sf as u64,
+            duplicates: 0,
+            rejected: 0,
+            missing: 0,
+            failed_by_reason: Default::default(),
         };
         r.emit("report", Event::BatchReported(report.clone()), true);
         r.put("report", "completed");

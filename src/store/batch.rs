@@ -9,6 +9,71 @@ use crate::events::{ChunkLoaded, Event, Recorded};
 use crate::keys::BatchKeys;
 use crate::projection::{self, event_key, field, Projection, Update};
 
+/// How a batch ends, for the scripts that can end one (`settle.lua`): how
+/// long its events live after the report, and whether the report is queued
+/// for the webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// How long a reported batch's events and state are kept.
+    pub retention: std::time::Duration,
+    /// Whether a decided report gets a `report` work item (a webhook is
+    /// configured).
+    pub deliver: bool,
+}
+
+impl BatchPolicy {
+    /// Default of [`BatchPolicy::retention`]: 7 days.
+    pub const RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+    /// The scripts' policy argument: `<retention s>|<deliver 0|1>`.
+    fn arg(&self) -> String {
+        format!("{}|{}", self.retention.as_secs(), u8::from(self.deliver))
+    }
+}
+
+impl Default for BatchPolicy {
+    fn default() -> Self {
+        BatchPolicy {
+            retention: Self::RETENTION,
+            deliver: false,
+        }
+    }
+}
+
+/// Bytes per number in `accept.lua`'s dedupe records.
+const RECORD: usize = 5;
+
+/// A recipient number as `accept.lua`'s dedupe record, 5 bytes big-endian.
+/// Up to 11 ASCII digits (every number the provider accepts: see
+/// [`crate::phone`]) it is exact: the digits read as one integer after a
+/// leading `1` (so that leading zeros count), below 2·10¹¹. Anything else
+/// (the provider refuses it with `1062` anyway) is a 39-bit FNV-1a hash
+/// placed above 2³⁹: it can never match a valid number, and two such strings
+/// that collide only count the second as a duplicate instead of a failure.
+pub fn dedupe_record(to: &str) -> [u8; RECORD] {
+    let exact = !to.is_empty() && to.len() <= 11 && to.bytes().all(|b| b.is_ascii_digit());
+    let v = match exact {
+        true => to
+            .bytes()
+            .fold(1u64, |v, d| v * 10 + u64::from(d - b'0')),
+        false => {
+            let h = to.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            });
+            (1 << 39) | (h & ((1 << 39) - 1))
+        }
+    };
+    let b = v.to_be_bytes();
+    let mut r = [0u8; RECORD];
+    r.copy_from_slice(&b[8 - RECORD..]);
+    r
+}
+
+/// The dedupe records of a chunk's numbers, in order (see [`dedupe_record`]).
+pub fn dedupe_records<'a>(numbers: impl IntoIterator<Item = &'a str>) -> Vec<u8> {
+    numbers.into_iter().flat_map(dedupe_record).collect()
+}
+
 /// What `accept` decided for a chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
@@ -18,6 +83,9 @@ pub enum Accepted {
         gen: u32,
         /// Its group, if recorded.
         group: Option<String>,
+        /// Positions of recipients whose number the batch already had: not
+        /// to be sent.
+        duplicates: Vec<u32>,
     },
     /// Seen before with the same content.
     Duplicate {
@@ -27,11 +95,40 @@ pub enum Accepted {
         group: Option<String>,
         /// Whether its loaded event exists.
         loaded: bool,
+        /// As for [`Accepted::Assigned`].
+        duplicates: Vec<u32>,
     },
-    /// Seen before with other content.
+    /// Seen before with other content (recorded as `input_rejected`).
     Conflict(String),
-    /// Refused against the batch's state (beyond the last seq, ...).
+    /// Refused against the batch's state (beyond the last seq, ...;
+    /// recorded as `input_rejected`).
     Rejected(String),
+    /// The batch has ended (reported, closed, or settled without this seq):
+    /// nothing recorded; the chunk goes to the dead letters.
+    Refused(String),
+}
+
+/// What `reject` did with a chunk refused before acceptance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// Recorded as `input_rejected` (once).
+    Recorded,
+    /// The batch has ended: nothing recorded.
+    Refused(String),
+}
+
+/// What `close` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closing {
+    /// Closed (now or before): `missing` seqs were given up on.
+    Closed {
+        /// Seqs that never arrived.
+        missing: u64,
+    },
+    /// The batch had already reported: nothing to close.
+    AlreadyReported(String),
+    /// No chunk of the batch was ever recorded (or its events expired).
+    Unknown,
 }
 
 /// What `park` found.
@@ -116,6 +213,7 @@ pub enum Completion {
 pub struct BatchLog {
     conn: RedisConn,
     witnesses: std::sync::Arc<super::witness::Witnesses>,
+    policy: BatchPolicy,
     /// The batch id.
     pub batch: String,
     /// Its keys.
@@ -167,12 +265,21 @@ fn opt(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
+/// `accept.lua`'s duplicate positions, `1,7`.
+fn positions(s: &str) -> Option<Vec<u32>> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse().ok())
+        .collect()
+}
+
 impl Store {
     /// The log of a batch (the id must have been validated).
     pub fn batch(&self, batch: &str) -> BatchLog {
         BatchLog {
             conn: self.conn.clone(),
             witnesses: self.witnesses.clone(),
+            policy: self.policy,
             batch: batch.to_string(),
             keys: self.keys.batch(batch),
         }
@@ -191,7 +298,27 @@ impl BatchLog {
         Ok(r)
     }
 
-    /// Accepts chunk `seq` and assigns it to a generation (see `accept.lua`).
+    /// The keys and leading arguments of a script that can end the batch
+    /// (`settle.lua`'s layout).
+    fn settling<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let k = &self.keys;
+        let mut inv = script.prepare_invoke();
+        inv.key(&k.state)
+            .key(&k.events)
+            .key(&k.work)
+            .key(&k.active)
+            .key(&k.reports)
+            .key(&k.dedupe)
+            .key(&k.reported)
+            .arg(&self.batch)
+            .arg(self.policy.arg());
+        inv
+    }
+
+    /// Accepts chunk `seq` of `count` recipients, each a number of its own
+    /// that no other chunk of these calls shares: for callers that hold no
+    /// recipient numbers (tests, tools). See [`accept_with_hint`](Self::accept_with_hint).
+    #[doc(hidden)]
     pub async fn accept(
         &self,
         seq: u32,
@@ -200,53 +327,96 @@ impl BatchLog {
         digest: &str,
         cap: u64,
     ) -> StoreResult<Accepted> {
-        self.accept_with_hint(seq, last, count, digest, cap, 0)
+        let base = 100_000_000_000u64 + u64::from(seq % 100_000) * 1_000_000;
+        let records: Vec<u8> = (0..u64::from(count))
+            .flat_map(|k| (base + k % 1_000_000).to_be_bytes()[8 - RECORD..].to_vec())
+            .collect();
+        self.accept_with_hint(seq, last, &records, digest, cap, 0)
             .await
     }
 
-    /// [`accept`](Self::accept), reading generation `hint`'s counters in the
-    /// same round of reads: one command less when the hint is right (the
-    /// caller passes the generation it last saw for the batch).
+    /// Accepts chunk `seq` and assigns it to a generation (see `accept.lua`):
+    /// `records` are its recipients' numbers ([`dedupe_records`]), in order;
+    /// those the batch already had come back as duplicates. `hint`: the
+    /// generation the caller last saw for the batch, whose counters are read
+    /// in the same round of reads (one command less when it is right).
     pub async fn accept_with_hint(
         &self,
         seq: u32,
         last: bool,
-        count: u32,
+        records: &[u8],
         digest: &str,
         cap: u64,
         hint: u32,
     ) -> StoreResult<Accepted> {
-        let k = &self.keys;
-        let v: Value = SCRIPTS
-            .accept
-            .key(&k.state)
-            .key(&k.events)
-            .key(&k.work)
-            .key(&k.active)
-            .arg(&self.batch)
+        let v: Value = self
+            .settling(&SCRIPTS.accept)
             .arg(seq)
             .arg(if last { "1" } else { "0" })
-            .arg(count)
+            .arg(records.len() / RECORD)
             .arg(digest)
             .arg(cap)
             .arg(hint)
+            .arg(records)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = self.reply("accept", v)?;
         let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
+        let dups = |s: &str| positions(s).ok_or_else(|| unexpected("accept", &r));
         match r.as_slice() {
-            [t, g, group, _] if t == "assigned" => Ok(Accepted::Assigned {
+            [t, g, group, _, d] if t == "assigned" => Ok(Accepted::Assigned {
                 gen: gen(g)?,
                 group: opt(group),
+                duplicates: dups(d)?,
             }),
-            [t, g, group, l] if t == "duplicate" => Ok(Accepted::Duplicate {
+            [t, g, group, l, d] if t == "duplicate" => Ok(Accepted::Duplicate {
                 gen: gen(g)?,
                 group: opt(group),
                 loaded: l == "1",
+                duplicates: dups(d)?,
             }),
             [t, why] if t == "conflict" => Ok(Accepted::Conflict(why.clone())),
             [t, why] if t == "rejected" => Ok(Accepted::Rejected(why.clone())),
+            [t, why] if t == "refused" => Ok(Accepted::Refused(why.clone())),
             _ => Err(unexpected("accept", &r)),
+        }
+    }
+
+    /// Records chunk `seq` (content `digest`) as refused before it could be
+    /// accepted (see `reject.lua`): its seq becomes a hole the batch can end
+    /// without.
+    pub async fn reject(&self, seq: u32, digest: &str, reason: &str) -> StoreResult<Rejection> {
+        let v: Value = self
+            .settling(&SCRIPTS.reject)
+            .arg(seq)
+            .arg(digest)
+            .arg(reason)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("reject", v)?;
+        match r.as_slice() {
+            [t] if t == "rejected" => Ok(Rejection::Recorded),
+            [t, why] if t == "refused" => Ok(Rejection::Refused(why.clone())),
+            _ => Err(unexpected("reject", &r)),
+        }
+    }
+
+    /// Closes the batch: stops waiting for seqs that never arrived (see
+    /// `close.lua`). Idempotent.
+    pub async fn close(&self, reason: &str) -> StoreResult<Closing> {
+        let v: Value = self
+            .settling(&SCRIPTS.close)
+            .arg(reason)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("close", v)?;
+        match r.as_slice() {
+            [t, n] if t == "closed" => Ok(Closing::Closed {
+                missing: n.parse().map_err(|_| unexpected("close", &r))?,
+            }),
+            [t, outcome] if t == "reported" => Ok(Closing::AlreadyReported(outcome.clone())),
+            [t] if t == "unknown" => Ok(Closing::Unknown),
+            _ => Err(unexpected("close", &r)),
         }
     }
 
@@ -300,19 +470,22 @@ impl BatchLog {
     /// Records a loaded chunk and evaluates completion (see `loaded.lua`).
     /// Returns `Some(ready)` when appended, `None` when it already was.
     pub async fn loaded(&self, e: &ChunkLoaded) -> StoreResult<Option<bool>> {
-        let k = &self.keys;
         let data = Event::ChunkLoaded(e.clone()).encode_data();
-        let v: Value = SCRIPTS
-            .loaded
-            .key(&k.state)
-            .key(&k.events)
-            .key(&k.work)
-            .arg(&self.batch)
+        let mut by_reason = std::collections::BTreeMap::<&str, u64>::new();
+        for f in &e.failed {
+            *by_reason.entry(f.code.as_str()).or_default() += 1;
+        }
+        let reasons: Vec<String> = by_reason.iter().map(|(c, n)| format!("{c}={n}")).collect();
+        let unsure = if e.given_up.is_some() { e.failed.len() } else { 0 };
+        let v: Value = self
+            .settling(&SCRIPTS.loaded)
             .arg(e.gen)
             .arg(e.seq)
             .arg(e.registered)
             .arg(e.failed.len())
             .arg(data)
+            .arg(reasons.join(","))
+            .arg(unsure)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = self.reply("loaded", v)?;
@@ -355,9 +528,8 @@ impl BatchLog {
         }
     }
 
-    /// Records a finished group; decides the report when it is the last one
-    /// (see `completed.lua`).
-    #[allow(clippy::too_many_arguments)]
+    /// Records a finished group; decides the report when it is the last
+    /// thing the batch waited for (see `completed.lua`).
     pub async fn completed(
         &self,
         gen: u32,
@@ -365,25 +537,14 @@ impl BatchLog {
         status: &str,
         sent_success: u64,
         sent_failed: u64,
-        retention_secs: u64,
-        deliver: bool,
     ) -> StoreResult<Completion> {
-        let k = &self.keys;
-        let v: Value = SCRIPTS
-            .completed
-            .key(&k.state)
-            .key(&k.events)
-            .key(&k.active)
-            .key(&k.reports)
-            .key(&k.work)
-            .arg(&self.batch)
+        let v: Value = self
+            .settling(&SCRIPTS.completed)
             .arg(gen)
             .arg(group_id)
             .arg(status)
             .arg(sent_success)
             .arg(sent_failed)
-            .arg(retention_secs)
-            .arg(if deliver { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = self.reply("completed", v)?;

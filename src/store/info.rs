@@ -101,6 +101,37 @@ impl Store {
         Ok(matches!(groups, Value::Array(ref a) if !a.is_empty()))
     }
 
+    /// Removes the tombstones of shard `shard` older than `remember` (by
+    /// the shard's clock); returns how many.
+    pub async fn forget_tombstones(
+        &self,
+        shard: u32,
+        remember: std::time::Duration,
+    ) -> StoreResult<u64> {
+        let key = self.keys.reported(shard);
+        let now = self.time_ms_at(&key).await?;
+        let before = now.saturating_sub(remember.as_millis() as u64);
+        let n: u64 = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(format!("({before}"))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n)
+    }
+
+    /// Whether batch `batch` has a tombstone (it reported, and is
+    /// remembered).
+    pub async fn is_tombstoned(&self, batch: &str) -> StoreResult<bool> {
+        let key = self.keys.reported(self.keys.shard_of(batch));
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&key)
+            .arg(batch)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(score.is_some())
+    }
+
     /// Trims `stream` below the oldest entry `group` still needs: the oldest
     /// pending one, or else the first not yet delivered.
     pub async fn trim_acknowledged(&self, stream: &str, group: &str) -> StoreResult<()> {

@@ -403,6 +403,8 @@ pub struct Store {
     pub target: RedisTarget,
     /// The events this process appended, until they are read back.
     pub witnesses: std::sync::Arc<witness::Witnesses>,
+    /// How the batches this process ends end (see [`batch::BatchPolicy`]).
+    policy: batch::BatchPolicy,
 }
 
 impl Store {
@@ -415,6 +417,7 @@ impl Store {
             keys,
             target,
             witnesses: Default::default(),
+            policy: Default::default(),
         })
     }
 
@@ -431,7 +434,14 @@ impl Store {
             keys,
             target,
             witnesses: Default::default(),
+            policy: Default::default(),
         })
+    }
+
+    /// The same store, ending batches by `policy`.
+    pub fn with_policy(mut self, policy: batch::BatchPolicy) -> Store {
+        self.policy = policy;
+        self
     }
 
     /// The command connection itself, for tests that inspect or damage

@@ -9,10 +9,16 @@ use std::sync::LazyLock;
 use redis::Script;
 
 const PRELUDE: &str = include_str!("../../streams/scripts/prelude.lua");
+const SETTLE: &str = include_str!("../../streams/scripts/settle.lua");
 const APPEND: &str = include_str!("../../streams/scripts/append.lua");
 
 fn batch_script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+/// A script that can end a batch: it shares `settle.lua` (and its keys).
+fn settling_script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{SETTLE}\n{body}"))
 }
 
 /// Every script, compiled once.
@@ -25,6 +31,10 @@ pub struct Scripts {
     pub record_group: Script,
     /// `loaded.lua`.
     pub loaded: Script,
+    /// `reject.lua`.
+    pub reject: Script,
+    /// `close.lua`.
+    pub close: Script,
     /// `sent.lua`.
     pub sent: Script,
     /// `completed.lua`.
@@ -54,12 +64,14 @@ pub struct Scripts {
 
 /// The scripts.
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    accept: batch_script(include_str!("../../streams/scripts/accept.lua")),
+    accept: settling_script(include_str!("../../streams/scripts/accept.lua")),
     park: batch_script(include_str!("../../streams/scripts/park.lua")),
     record_group: batch_script(include_str!("../../streams/scripts/record_group.lua")),
-    loaded: batch_script(include_str!("../../streams/scripts/loaded.lua")),
+    loaded: settling_script(include_str!("../../streams/scripts/loaded.lua")),
+    reject: settling_script(include_str!("../../streams/scripts/reject.lua")),
+    close: settling_script(include_str!("../../streams/scripts/close.lua")),
     sent: batch_script(include_str!("../../streams/scripts/sent.lua")),
-    completed: batch_script(include_str!("../../streams/scripts/completed.lua")),
+    completed: settling_script(include_str!("../../streams/scripts/completed.lua")),
     append: batch_script(APPEND),
     dead_letter: Script::new(include_str!("../../streams/scripts/dead_letter.lua")),
     retry_later: Script::new(include_str!("../../streams/scripts/retry_later.lua")),

@@ -77,6 +77,15 @@ pub struct WorkerConfig {
     pub report_webhook: Option<String>,
     /// How long a finished batch's events and state are kept. Default 7 days.
     pub retention: Duration,
+    /// How long a reported batch's id is remembered (a tombstone, a few
+    /// dozen bytes) after its events expire: later chunks of it are
+    /// dead-lettered as "already reported", never sent. Default 180 days.
+    pub remember: Duration,
+    /// Close batches that have had no event for this long before their
+    /// report, as `groupcast close` does: the seqs that never came are given
+    /// up on and everything loaded is sent. None (the default): wait for an
+    /// operator.
+    pub give_up_after: Option<Duration>,
     /// A batch with no event for this long before its report is stalled.
     /// Default 5 min.
     pub stall_after: Duration,
@@ -129,7 +138,9 @@ impl WorkerConfig {
     /// Default of [`WorkerConfig::poll_interval`].
     pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
     /// Default of [`WorkerConfig::retention`].
-    pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+    pub const RETENTION: Duration = crate::store::batch::BatchPolicy::RETENTION;
+    /// Default of [`WorkerConfig::remember`].
+    pub const REMEMBER: Duration = Duration::from_secs(180 * 24 * 3600);
     /// Default of [`WorkerConfig::stall_after`].
     pub const STALL_AFTER: Duration = Duration::from_secs(300);
     /// Default of [`WorkerConfig::watchdog_interval`].
@@ -160,6 +171,8 @@ impl Default for WorkerConfig {
             poll_interval: Self::POLL_INTERVAL,
             report_webhook: None,
             retention: Self::RETENTION,
+            remember: Self::REMEMBER,
+            give_up_after: None,
             stall_after: Self::STALL_AFTER,
             watchdog_interval: Self::WATCHDOG_INTERVAL,
             gauge_interval: Self::GAUGE_INTERVAL,
@@ -183,6 +196,15 @@ impl WorkerConfig {
         let cap = exp.min(self.backoff_max);
         let jitter: f64 = rand::random::<f64>();
         cap.mul_f64(0.5 + jitter * 0.5)
+    }
+
+    /// How the batches this worker ends end: its retention, and whether
+    /// reports are queued for the webhook.
+    pub fn batch_policy(&self) -> crate::store::batch::BatchPolicy {
+        crate::store::batch::BatchPolicy {
+            retention: self.retention,
+            deliver: self.report_webhook.is_some(),
+        }
     }
 
     /// The longest wait for the shared rate limiter that a handler holds its

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, DelayedEntry, Entry};
-use crate::worker::ops::Outcome;
+use crate::worker::ops::{load_chunk, Op, Outcome, WorkItem};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -336,6 +336,10 @@ async fn settle(
                     now,
                 ) {
                     retry::Decision::GiveUp(reason) => {
+                        if let Err(e) = give_up_load(ctx, op, &item, chunk.as_deref(), &reason).await {
+                            tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
+                            return;
+                        }
                         dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
                     }
                     retry::Decision::Retry(delay) => {
@@ -370,11 +374,33 @@ async fn settle(
             None => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,
         },
         Outcome::Dead(reason) => {
+            if let Some((op, item, chunk)) = &handled.retry_as {
+                if let Err(e) = give_up_load(ctx, *op, item, chunk.as_deref(), &reason).await {
+                    tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
+                    return;
+                }
+            }
             dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
         }
     };
     if let Err(e) = result {
         tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
+    }
+}
+
+/// A load that ends in the dead letters also ends its chunk: recorded as
+/// given up (see [`load_chunk::give_up`]) before the entry is dead-lettered,
+/// so that the generation and the batch still end.
+async fn give_up_load(
+    ctx: &Ctx,
+    op: Op,
+    item: &WorkItem,
+    chunk: Option<&[u8]>,
+    reason: &str,
+) -> Result<(), crate::worker::ops::OpError> {
+    match (op, chunk) {
+        (Op::Load, Some(bytes)) => load_chunk::give_up(ctx, item, bytes, reason).await,
+        _ => Ok(()),
     }
 }
 

@@ -4,9 +4,9 @@
 use tracing::Instrument;
 
 use crate::events::chunk::ChunkRef;
-use crate::events::{clip, Event, InputRejected, ENVELOPE_VERSION, QUOTE_MAX};
+use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
-use crate::store::batch::{Accepted, Parked};
+use crate::store::batch::{dedupe_records, Accepted, Parked, Rejection};
 use crate::store::queue::Entry;
 use crate::worker::ops::{load_chunk, Op, OpError, Outcome, WorkItem};
 use crate::worker::{Ctx, Handled};
@@ -76,54 +76,83 @@ async fn handle_chunk(
     }
     let log = ctx.store.batch(chunk.batch);
     let digest = chunk.digest();
-    let reject = |reason: String| {
-        let log = log.clone();
-        let key = format!("reject/{}/{}", chunk.seq, digest);
-        let e = Event::InputRejected(InputRejected {
-            seq: Some(chunk.seq),
-            reason: reason.clone(),
-        });
-        async move {
-            log.append(&key, &e).await?;
-            metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);
-            tracing::warn!(%reason, "chunk rejected");
-            Ok::<_, OpError>(Handled::new(Outcome::Dead(reason)))
-        }
-    };
     if let Err(e) = chunk.validate() {
-        return reject(e.to_string()).await;
+        // Recorded (its seq becomes a hole the batch can end without), then
+        // dead-lettered with the reason.
+        let reason = e.to_string();
+        return Ok(Handled::new(Outcome::Dead(
+            match log.reject(chunk.seq, &digest, &reason).await? {
+                Rejection::Recorded => {
+                    metrics::counter!("groupcast_chunks_total", "outcome" => "rejected")
+                        .increment(1);
+                    tracing::warn!(%reason, "chunk rejected");
+                    reason
+                }
+                Rejection::Refused(why) => refused(&why),
+            },
+        )));
     }
-    let count = chunk.recipients.len() as u32;
+    let records = dedupe_records(chunk.recipients.iter().map(|r| r.to));
     let accepted = log
         .accept_with_hint(
             chunk.seq,
             chunk.last,
-            count,
+            &records,
             &digest,
             ctx.config.group_cap,
             ctx.gen_hint(chunk.batch),
         )
         .await?;
-    let (gen, group) = match accepted {
-        Accepted::Conflict(reason) | Accepted::Rejected(reason) => return reject(reason).await,
+    let (gen, group, duplicates) = match accepted {
+        Accepted::Conflict(reason) | Accepted::Rejected(reason) => {
+            metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);
+            tracing::warn!(%reason, "chunk rejected");
+            return dead(reason);
+        }
+        Accepted::Refused(why) => return dead(refused(&why)),
         Accepted::Duplicate { loaded: true, .. } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
             return Ok(Handled::new(Outcome::Done));
         }
-        Accepted::Assigned { gen, group } => {
+        Accepted::Assigned {
+            gen,
+            group,
+            duplicates,
+        } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "accepted").increment(1);
-            (gen, group)
+            (gen, group, duplicates)
         }
-        Accepted::Duplicate { gen, group, .. } => {
+        Accepted::Duplicate {
+            gen,
+            group,
+            duplicates,
+            ..
+        } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
-            (gen, group)
+            (gen, group, duplicates)
         }
     };
     tracing::Span::current().record("gen", gen);
     ctx.remember_gen(chunk.batch, gen);
+    // Numbers the batch already had are recorded (in the assignment), not
+    // sent: what is parked or loaded is the chunk without them.
+    let (chunk, payload) = if duplicates.is_empty() {
+        (chunk.clone(), data.to_vec())
+    } else {
+        metrics::counter!("groupcast_recipients_duplicate_total")
+            .increment(duplicates.len() as u64);
+        let rest = chunk.without(&duplicates);
+        let bytes = rest.to_chunk().encode();
+        (rest, bytes)
+    };
+    if chunk.recipients.is_empty() {
+        // Every number was a copy: nothing to add, the chunk is done.
+        load_chunk::record_nothing_to_load(&log, chunk.seq, gen, group.as_deref()).await?;
+        return Ok(Handled::new(Outcome::Done));
+    }
     let group = match group {
         Some(g) => g,
-        None => match log.park(chunk.seq, gen, data).await? {
+        None => match log.park(chunk.seq, gen, &payload).await? {
             Parked::Parked => {
                 metrics::counter!("groupcast_chunks_total", "outcome" => "parked").increment(1);
                 return Ok(Handled::new(Outcome::Done));
@@ -132,7 +161,7 @@ async fn handle_chunk(
             Parked::Group(g) => g,
         },
     };
-    let outcome = load_chunk::run_ref(ctx, &log, chunk, gen, &group).await?;
+    let outcome = load_chunk::run_ref(ctx, &log, &chunk, gen, &group).await?;
     // Should the add fail, the retry is a `load` work item carrying the chunk.
     let retry = WorkItem {
         batch: chunk.batch.to_string(),
@@ -144,6 +173,13 @@ async fn handle_chunk(
     };
     Ok(Handled {
         outcome,
-        retry_as: Some((Op::Load, retry, Some(data.to_vec()))),
+        retry_as: Some((Op::Load, retry, Some(payload))),
     })
+}
+
+/// The dead-letter reason of a chunk of a batch that has ended.
+fn refused(why: &str) -> String {
+    metrics::counter!("groupcast_chunks_total", "outcome" => "refused").increment(1);
+    tracing::warn!(reason = %why, "chunk refused: its batch has ended");
+    why.to_string()
 }

@@ -55,6 +55,9 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
             if let Err(e) = trim_all(&ctx.store).await {
                 tracing::warn!(error = %e, "trimming failed");
             }
+            if let Err(e) = forget_old_tombstones(&ctx.store, ctx.config.remember).await {
+                tracing::warn!(error = %e, "forgetting old tombstones failed");
+            }
         }
         if last_sample.is_none_or(|t| t.elapsed() >= ctx.config.gauge_interval) {
             last_sample = Some(Instant::now());
@@ -92,6 +95,16 @@ pub async fn trim_all(store: &Store) -> StoreResult<()> {
             .await?;
     }
     Ok(())
+}
+
+/// Forgets the ids of batches reported longer than `remember` ago (their
+/// tombstones), by each shard's own clock.
+pub async fn forget_old_tombstones(store: &Store, remember: Duration) -> StoreResult<u64> {
+    let mut forgotten = 0;
+    for shard in 0..store.keys.shards() {
+        forgotten += store.forget_tombstones(shard, remember).await?;
+    }
+    Ok(forgotten)
 }
 
 /// Samples stream lengths (ingest, work, dead letters, reports), the

@@ -20,6 +20,9 @@
 //!   was decided meanwhile. A stall that lasts many scans is one event; a
 //!   batch that wakes up and stalls again is a second one.
 //!
+//! - with `--give-up-after`, a batch quiet for longer than that is closed as
+//!   `groupcast close` does (the seqs that never came are given up on).
+//!
 //! "Quiet" is measured against the Redis server's clock (`TIME`), the same
 //! clock that stamped the heartbeat (on a cluster, the clock of the master
 //! holding the shard), so a skewed worker clock cannot invent or hide a stall.
@@ -44,6 +47,9 @@ pub struct ScanReport {
     pub stalled: Vec<String>,
     /// Stalls newly recorded by this scan.
     pub newly_stalled: Vec<String>,
+    /// Batches this scan closed because they were quiet for longer than
+    /// `--give-up-after`.
+    pub closed: Vec<String>,
     /// Entries removed from the active sets because their batch had
     /// reported (or was gone).
     pub healed: u64,
@@ -111,6 +117,8 @@ enum Check {
     /// In flight, quiet past the threshold; `true` when this check recorded
     /// the stall.
     Stalled(bool),
+    /// Quiet past `--give-up-after`: closed by this check.
+    Closed,
 }
 
 /// One scan, if this process holds the scanner lease (None otherwise).
@@ -129,12 +137,16 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
         let batches = store.active_batches(shard).await?;
         for batch in batches {
             let log = store.batch(&batch);
-            match check(&log, now, threshold).await? {
+            match check(&log, now, threshold, ctx.config.give_up_after).await? {
                 Check::Healed => {
                     store.forget_active(shard, &batch).await?;
                     report.healed += 1;
                 }
                 Check::Fine => report.in_flight += 1,
+                Check::Closed => {
+                    report.in_flight += 1;
+                    report.closed.push(batch);
+                }
                 Check::Stalled(new) => {
                     report.in_flight += 1;
                     if new {
@@ -148,12 +160,18 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
     Ok(Some(report))
 }
 
-async fn check(log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
+async fn check(
+    log: &BatchLog,
+    now: u64,
+    threshold: u64,
+    give_up_after: Option<Duration>,
+) -> StoreResult<Check> {
     let p = log
         .read(&[
             field::HEARTBEAT.into(),
             field::REPORT.into(),
             field::ALIVE.into(),
+            field::CLOSED.into(),
         ])
         .await?;
     if p.report().is_some() {
@@ -167,6 +185,18 @@ async fn check(log: &BatchLog, now: u64, threshold: u64) -> StoreResult<Check> {
     let hb = ms(Some(hb_text)).max(ms(p.get(field::ALIVE)));
     let hb_text = hb.to_string();
     let quiet = now.saturating_sub(hb);
+    if let Some(limit) = give_up_after {
+        if quiet > limit.as_millis() as u64 && p.get(field::CLOSED).is_none() {
+            let reason = format!(
+                "no event for {} (--give-up-after {})",
+                humantime::format_duration(Duration::from_millis(quiet / 1000 * 1000)),
+                humantime::format_duration(limit)
+            );
+            let closing = log.close(&reason).await?;
+            tracing::warn!(batch = %log.batch, %reason, ?closing, "batch closed: gave up waiting");
+            return Ok(Check::Closed);
+        }
+    }
     if quiet <= threshold {
         return Ok(Check::Fine);
     }

@@ -1,49 +1,207 @@
--- Accept a chunk and assign it to a generation, in one step.
--- KEYS: state, events, work, active
--- ARGV: batch, seq, last (0|1), count, digest, cap, generation hint
+-- Accept a chunk and assign it to a generation, in one step; a number gets
+-- the batch's message at most once (batch-wide dedupe, below).
+-- KEYS, ARGV[1..2]: see settle.lua
+-- ARGV: 3 seq, 4 last (0|1), 5 count, 6 digest, 7 cap, 8 generation hint,
+--       9 numbers: each recipient's number, 5 bytes big-endian (the number
+--       `0XXXXXXXX..` read as the integer `10XXXXXXXX..`), in chunk order
 -- The hint is the generation the caller last saw for this batch: its fields
 -- are read in the same HMGET, which saves a second read on the common path
 -- (a wrong hint only costs that second read).
--- Returns {'assigned'|'duplicate', gen, group id or '', loaded 0|1}
---      or {'conflict'|'rejected', reason}
-local WORK, ACTIVE = KEYS[3], KEYS[4]
-local seq, is_last, count, digest, cap, hint =
-  tonumber(ARGV[2]), ARGV[3] == '1', tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]) or 0
+-- Returns {'assigned'|'duplicate', gen, group id or '', loaded 0|1,
+--          positions of recipients already given to the batch ('1,7')}
+--      or {'conflict'|'rejected'|'refused', reason}
+--  (rejected and conflict are recorded as input_rejected; refused, for a
+--   batch that has ended or takes no more chunks, records nothing)
+local seq, is_last, count, digest, cap, hint, numbers = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5]),
+  ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]) or 0, ARGV[9]
 
 local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
-  hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed')
+  hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
+  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates')
+
+local function refused(why)
+  return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
+end
+local function rejected(kind, why, may_hole)
+  reject(seq, digest, why, may_hole)
+  return reply({kind, why})
+end
+
 if f[1] then
   -- A repeat delivery: same content is a no-op, other content a conflict.
   local g, d = string.match(f[1], '^(%d+)|%d+|(.*)$')
-  if d ~= digest then
-    return reply({'conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d .. ', this one ' .. digest .. ')'})
+  if d == digest then
+    local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
+    return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0', f[13] or ''})
   end
-  local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
-  return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0'})
+  if f[14] or f[15] then
+    return refused('has ended: seq ' .. seq .. ' came again with other content')
+  end
+  return rejected('conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d ..
+    ', this one ' .. digest .. ')', false)
+end
+if f[14] then
+  return refused('was already reported (' .. f[14] .. '): it takes no more chunks')
+end
+if f[15] then
+  return refused('was closed (' .. f[15] .. '): it takes no more chunks')
+end
+if tombstoned(not f[5] and not f[16] and not f[19]) then
+  return refused('was already reported (its events have expired): it takes no more chunks')
 end
 
-local last, max = tonumber(f[2]), tonumber(f[3])
+local last, max, rmax = tonumber(f[2]), tonumber(f[3]), tonumber(f[17])
+local seqs, holes = num(f[5]), num(f[16])
 if last and seq > last then
-  return reply({'rejected', 'seq ' .. seq .. ' is beyond the last seq ' .. last})
+  return rejected('rejected', 'seq ' .. seq .. ' is beyond the last seq ' .. last, false)
+end
+if settled(false, last, seqs, holes) then
+  -- Every seq 0..last is assigned or a hole: this one was refused before.
+  return refused('went on without seq ' .. seq .. ' (refused earlier): it takes no more chunks')
 end
 if is_last and last and last ~= seq then
-  return reply({'rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. last .. ' already was'})
+  return rejected('rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. last .. ' already was', true)
 end
 if is_last and max and max > seq then
-  return reply({'rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. max .. ' was already accepted'})
+  return rejected('rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. max .. ' was already accepted', true)
+end
+if is_last and rmax and rmax > seq then
+  return rejected('rejected', 'seq ' .. seq .. ' is flagged last, but seq ' .. rmax .. ' was already received', true)
 end
 if count > cap then
-  return reply({'rejected', 'chunk has ' .. count .. ' recipients, more than the group cap ' .. cap})
+  return rejected('rejected', 'chunk has ' .. count .. ' recipients, more than the group cap ' .. cap, true)
 end
 
-local gen, seqs, recipients = num(f[4]), num(f[5]), num(f[6])
+-- Batch-wide dedupe. The numbers given so far live in the hash DEDUPE as
+-- 5-byte records, spread over buckets by linear hashing on the number: about
+-- PER_BUCKET records a bucket, so a lookup scans ~160 bytes and a number
+-- costs ~7 bytes of Redis memory. The bucket count is a pure function of the
+-- numbers kept (`recipients`: every assigned chunk's new numbers), so no
+-- other bookkeeping is stored. Looked up under the current buckets, then
+-- buckets are split for the numbers added; one read and one write.
+local PER_BUCKET = 32
+local recipients = num(f[6])
+local function bucket_count(n)
+  return math.max(1, math.ceil(n / PER_BUCKET))
+end
+local function layout(b) -- b = 2^i + p, 0 <= p < 2^i
+  local i = 0
+  while 2 ^ (i + 1) <= b do
+    i = i + 1
+  end
+  return i, b - 2 ^ i
+end
+local function value(rec)
+  local a, b, c, d, e = string.byte(rec, 1, 5)
+  return (((a * 256 + b) * 256 + c) * 256 + d) * 256 + e
+end
+local function bucket_of(v, i, p)
+  local b = v % 2 ^ i
+  if b < p then
+    b = v % 2 ^ (i + 1)
+  end
+  return b
+end
+local function holds(s, rec) -- an aligned occurrence of rec in s
+  local at = string.find(s, rec, 1, true)
+  while at do
+    if (at - 1) % 5 == 0 then
+      return true
+    end
+    at = string.find(s, rec, at + 1, true)
+  end
+  return false
+end
+
+local b0 = bucket_count(recipients)
+local i0, p0 = layout(b0)
+local content, dirty, pending, fresh = {}, {}, {}, {}
+local recs, where = {}, {}
+local wanted, names = {}, {}
+for k = 1, count do
+  local rec = string.sub(numbers, 5 * k - 4, 5 * k)
+  local b = bucket_of(value(rec), i0, p0)
+  recs[k], where[k] = rec, b
+  if not wanted[b] then
+    wanted[b] = true
+    names[#names + 1] = b
+  end
+end
+-- Buckets that growing by `count` numbers could split (existing ones only).
+do
+  local i, p = i0, p0
+  for _ = b0, bucket_count(recipients + count) - 1 do
+    if p < b0 and not wanted[p] then
+      wanted[p] = true
+      names[#names + 1] = p
+    end
+    p = p + 1
+    if p == 2 ^ i then
+      i, p = i + 1, 0
+    end
+  end
+end
+if recipients > 0 then
+  local got = redis.call('HMGET', DEDUPE, unpack(names))
+  for k, b in ipairs(names) do
+    content[b] = got[k] or ''
+  end
+end
+local dups, added = {}, 0
+for k = 1, count do
+  local rec, b = recs[k], where[k]
+  if fresh[rec] or holds(content[b] or '', rec) then
+    dups[#dups + 1] = k - 1
+  else
+    fresh[rec] = true
+    pending[b] = pending[b] or {}
+    table.insert(pending[b], rec)
+    added = added + 1
+  end
+end
+for b, list in pairs(pending) do
+  content[b] = (content[b] or '') .. table.concat(list)
+  dirty[b] = true
+end
+do
+  local i, p = i0, p0
+  for _ = b0, bucket_count(recipients + added) - 1 do
+    local s, stay, move = content[p] or '', {}, {}
+    local high = p + 2 ^ i
+    for at = 1, #s, 5 do
+      local rec = string.sub(s, at, at + 4)
+      if value(rec) % 2 ^ (i + 1) == p then
+        stay[#stay + 1] = rec
+      else
+        move[#move + 1] = rec
+      end
+    end
+    content[p], content[high] = table.concat(stay), table.concat(move)
+    dirty[p], dirty[high] = true, true
+    p = p + 1
+    if p == 2 ^ i then
+      i, p = i + 1, 0
+    end
+  end
+end
+local writes = {}
+for b in pairs(dirty) do
+  writes[#writes + 1] = b
+  writes[#writes + 1] = content[b]
+end
+if #writes > 0 then
+  redis.call('HSET', DEDUPE, unpack(writes))
+end
+count = added
+
+local gen = num(f[4])
 local gk = 'g:' .. gen .. ':'
 local g
 if gen == hint then
-  g = {f[7], f[8], f[9], f[10], f[11]}
+  g = {f[7], f[8], f[9], f[10], f[11], f[12]}
 else
-  g = redis.call('HMGET', STATE, gk .. 'n', gk .. 'c', gk .. 'l', gk .. 'group', gk .. 'closed')
+  g = redis.call('HMGET', STATE, gk .. 'n', gk .. 'c', gk .. 'l', gk .. 'group', gk .. 'closed', gk .. 'reg')
 end
 local n, c, l, group = num(g[1]), num(g[2]), num(g[3]), g[4]
 
@@ -55,16 +213,28 @@ if g[5] or (n > 0 and n + count > cap) then
     emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = 'full', chunks = c, recipients = n}))
     put(gk .. 'closed', 'full')
     if l == c then
-      make_ready(WORK, gen, c)
+      make_ready(gen, c, num(g[6]))
     end
   end
-  gen, n, c, group = gen + 1, 0, 0, false
+  gen, n, c, l, group = gen + 1, 0, 0, 0, false
   gk = 'g:' .. gen .. ':'
 end
 
 n, c, seqs, recipients = n + count, c + 1, seqs + 1, recipients + count
-local assigned_id = emit('assign/' .. seq, 'chunk_assigned',
-  cmsgpack.pack({seq = seq, gen = gen, count = count, last = is_last, digest = digest}))
+local assigned = {seq = seq, gen = gen, count = count, last = is_last, digest = digest}
+local positions = table.concat(dups, ',')
+if #dups > 0 then
+  assigned.duplicates = dups
+  put('x:' .. seq, positions)
+  put('duplicates', num(f[20]) + #dups)
+end
+if f[18] == '1' then
+  -- A corrected copy of a seq refused earlier: no longer a hole.
+  put('r:' .. seq, 0)
+  holes = holes - 1
+  put('holes', holes)
+end
+local assigned_id = emit('assign/' .. seq, 'chunk_assigned', cmsgpack.pack(assigned))
 put('s:' .. seq, gen .. '|' .. count .. '|' .. digest)
 put(gk .. 'n', n)
 put(gk .. 'c', c)
@@ -83,10 +253,10 @@ if seqs == 1 then
   put('t0', string.match(assigned_id, '^(%d+)'))
   redis.call('SADD', ACTIVE, BATCH)
 end
--- Every seq 0..last is assigned: this generation is the final one.
-if last and seqs == last + 1 then
+-- Every seq 0..last is assigned (or a hole): this generation is the final one.
+if settled(false, last, seqs, holes) then
   emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = 'final', chunks = c, recipients = n}))
   put(gk .. 'closed', 'final')
 end
 flush()
-return reply({'assigned', tostring(gen), group or '', '0'})
+return reply({'assigned', tostring(gen), group or '', '0', positions})

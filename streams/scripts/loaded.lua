@@ -1,28 +1,37 @@
--- Record that every message of a chunk was accepted by the provider, and
--- evaluate the generation's completion equation:
+-- Record that a chunk is done at the provider (every message accepted, or
+-- given up on with failures), and evaluate the generation's completion
+-- equation:
 --   closed and loaded == assigned  =>  ready (one send work item)
--- KEYS: state, events, work
--- ARGV: batch, gen, seq, registered, failed, event data
+-- KEYS, ARGV[1..2]: see settle.lua
+-- ARGV: 3 gen, 4 seq, 5 registered, 6 failed, 7 event data,
+--       8 failed by reason (`code=n` pairs joined by `,`, or ''),
+--       9 unsure: recipients whose registration is unknown (a given-up add
+--         may have registered some before it failed)
 -- Returns {'loaded', ready 0|1} or {'duplicate'}
-local WORK = KEYS[3]
-local gen, seq, reg, failed = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local gen, seq, reg, failed, unsure = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[9])
 local gk = 'g:' .. gen .. ':'
 local key = 'loaded/' .. gen .. '/' .. seq
 local f = redis.call('HMGET', STATE, 'k:' .. key, gk .. 'l', gk .. 'c', gk .. 'closed', gk .. 'reg', gk .. 'fail',
-  'registered', 'failed', gk .. 'ready')
+  'registered', 'failed', gk .. 'ready', gk .. 'unsure')
 if f[1] then
   return reply({'duplicate'})
 end
-emit(key, 'chunk_loaded', ARGV[6])
-local l, c = num(f[2]) + 1, num(f[3])
+emit(key, 'chunk_loaded', ARGV[7])
+local l, c, greg = num(f[2]) + 1, num(f[3]), num(f[5]) + reg
 put(gk .. 'l', l)
-put(gk .. 'reg', num(f[5]) + reg)
+put(gk .. 'reg', greg)
 put(gk .. 'fail', num(f[6]) + failed)
 put('registered', num(f[7]) + reg)
 put('failed', num(f[8]) + failed)
+if unsure > 0 then
+  put(gk .. 'unsure', num(f[10]) + unsure)
+end
+for code, n in string.gmatch(ARGV[8], '([^,=]+)=(%d+)') do
+  redis.call('HINCRBY', STATE, 'fr:' .. code, n)
+end
 local ready = f[4] and l == c and not f[9]
-if ready then
-  make_ready(WORK, gen, c)
+if ready and make_ready(gen, c, greg) then
+  try_report()
 end
 flush()
 return reply({'loaded', ready and '1' or '0'})

@@ -38,9 +38,12 @@ local function emit(key, etype, data, touch)
   return id
 end
 
+-- Writes what put() collected (and forgets it: a script may flush, read
+-- what it wrote, and put more).
 local function flush()
   if #updates > 0 then
     redis.call('HSET', STATE, unpack(updates))
+    updates = {}
   end
 end
 
@@ -51,12 +54,4 @@ local function reply(t)
     t[#t + 1] = 'w=' .. last_key .. '|' .. last_id
   end
   return t
-end
-
--- A generation whose every assigned chunk is loaded, and which takes no more
--- chunks, is ready: record it and enqueue its one send work item.
-local function make_ready(work, gen, chunks)
-  emit('ready/' .. gen, 'generation_ready', cmsgpack.pack({gen = gen, chunks = chunks}))
-  put('g:' .. gen .. ':ready', 1)
-  redis.call('XADD', work, '*', 'op', 'send', 'd', cmsgpack.pack({batch = BATCH, gen = gen, attempt = 0}))
 end

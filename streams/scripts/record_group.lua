@@ -2,10 +2,15 @@
 -- release every chunk parked for it, in the same step (no lost wake-ups).
 -- KEYS: state, events, parked(gen), work
 -- ARGV: batch, gen, group id
--- Returns {'won', id} or {'lost', kept id}
+-- Returns {'won', id} or {'lost', kept id}; run again with the same group id
+-- (a request resent after a dropped connection), it answers 'won' again and
+-- changes nothing.
 local PARKED, WORK = KEYS[3], KEYS[4]
 local gen, group = tonumber(ARGV[2]), ARGV[3]
 local kept = redis.call('HGET', STATE, 'g:' .. gen .. ':group')
+if kept == group then
+  return reply({'won', group})
+end
 if kept then
   return reply({'lost', kept})
 end

@@ -122,13 +122,10 @@ def check_chunk(chunk: dict) -> bytes:
             f"chunk has {len(recipients)} recipients; at most {MAX_CHUNK_RECIPIENTS} are allowed"
         )
     names = placeholders(t["text"])
-    seen = set()
+    # A repeated number is not an error: groupcast sends it once per batch.
     for i, r in enumerate(recipients):
         if not r["to"] or len(r["to"]) > MAX_NUMBER_LEN:
             raise ProducerError(f"recipient {i} has an unusable number {r['to']!r}")
-        if r["to"] in seen:
-            raise ProducerError(f"recipient {i} repeats the number {r['to']!r}")
-        seen.add(r["to"])
         vars_ = r.get("vars", {})
         for n in names:
             if n not in vars_:

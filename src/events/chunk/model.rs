@@ -353,6 +353,22 @@ impl<'a> ChunkRef<'a> {
         }
     }
 
+    /// The chunk without the recipients at `positions` (0-based): those the
+    /// batch-wide dedupe found the batch already had.
+    pub fn without(&self, positions: &[u32]) -> ChunkRef<'a> {
+        let drop: std::collections::HashSet<u32> = positions.iter().copied().collect();
+        ChunkRef {
+            recipients: self
+                .recipients
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !drop.contains(&(*i as u32)))
+                .map(|(_, r)| r.clone())
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     /// The chunk, owned.
     pub fn to_chunk(&self) -> Chunk {
         Chunk {

@@ -1,7 +1,6 @@
 //! What a chunk may be: the limits, and the checks that need nothing but
 //! the chunk (the batch's state decides the rest, in the accept script).
 
-use std::collections::HashSet;
 
 use thiserror::Error;
 
@@ -66,14 +65,6 @@ pub enum ChunkError {
         /// Position in the chunk.
         index: usize,
         /// The number as given.
-        to: String,
-    },
-    /// The same number twice in one chunk.
-    #[error("recipient {index} repeats the number {:?}", clip(.to, QUOTE_MAX))]
-    DuplicateRecipient {
-        /// Position in the chunk.
-        index: usize,
-        /// The repeated number.
         to: String,
     },
     /// A placeholder without a value.
@@ -178,17 +169,12 @@ impl<R: RecipientFields> Parts<'_, R> {
             return Err(ChunkError::TooLarge(bytes));
         }
         let names = placeholders(template.text);
-        let mut seen = HashSet::with_capacity(recipients.len());
+        // A number repeated (in this chunk or across chunks) is not an
+        // error: the batch-wide dedupe in `accept.lua` sends it once.
         for (index, r) in recipients.iter().enumerate() {
             let to = r.to();
             if to.is_empty() || to.len() > 32 {
                 return Err(ChunkError::BadNumber {
-                    index,
-                    to: to.to_string(),
-                });
-            }
-            if !seen.insert(to) {
-                return Err(ChunkError::DuplicateRecipient {
                     index,
                     to: to.to_string(),
                 });

@@ -126,7 +126,9 @@ async fn load<R: RecipientFields + Sync>(
         }
     };
     // 1026 counts as registered: already in this group, i.e. an earlier
-    // attempt of this very add registered it (the response was lost).
+    // attempt of this very add registered it (the response was lost). No
+    // other chunk of the batch can have put the number there: the
+    // batch-wide dedupe gives each number to one chunk only.
     let duplicates = summary.duplicates;
     let registered = summary.registered + duplicates;
     // Each failure's position is that of a result, and there is exactly one
@@ -147,6 +149,7 @@ async fn load<R: RecipientFields + Sync>(
         registered,
         duplicates,
         failed,
+        given_up: None,
     };
     if let Some(ready) = log.loaded(&event).await? {
         // Counted only when the loaded event is new: a chunk loaded twice
@@ -160,4 +163,73 @@ async fn load<R: RecipientFields + Sync>(
         }
     }
     Ok(Outcome::Done)
+}
+
+/// Records chunk `seq` of generation `gen` as loaded with nobody to add:
+/// every number in it was a copy of one the batch already had.
+pub async fn record_nothing_to_load(
+    log: &BatchLog,
+    seq: u32,
+    gen: u32,
+    group_id: Option<&str>,
+) -> Result<(), OpError> {
+    let event = ChunkLoaded {
+        gen,
+        seq,
+        group_id: group_id.unwrap_or_default().to_string(),
+        registered: 0,
+        duplicates: 0,
+        failed: Vec::new(),
+        given_up: None,
+    };
+    log.loaded(&event).await?;
+    Ok(())
+}
+
+/// The failure code of recipients whose chunk was given up on.
+pub const GIVEN_UP: &str = "given_up";
+
+/// Gives up loading a chunk (its add was refused for good, or kept failing
+/// past `--retry-for`): records it as loaded with every recipient failed
+/// (code [`GIVEN_UP`]) and the reason, so that its generation can still be
+/// sent and the batch can report. Whether the provider registered some of
+/// them before giving up is unknown; the send's count check allows for
+/// that (`g:<gen>:unsure`). A chunk already recorded loaded stays as it is.
+pub async fn give_up(
+    ctx: &Ctx,
+    item: &crate::worker::ops::WorkItem,
+    chunk_bytes: &[u8],
+    reason: &str,
+) -> Result<(), OpError> {
+    let Some(seq) = item.seq else {
+        return Ok(());
+    };
+    let mut fallback = None;
+    let recipients: Vec<String> = match ChunkRef::decode_any(chunk_bytes, &mut fallback) {
+        Ok(c) => c.recipients.iter().map(|r| r.to.to_string()).collect(),
+        // Not a chunk: nothing a give-up could list (the dead letter keeps it).
+        Err(_) => return Ok(()),
+    };
+    let log = ctx.store.batch(&item.batch);
+    let event = ChunkLoaded {
+        gen: item.gen,
+        seq,
+        group_id: item.group_id.clone().unwrap_or_default(),
+        registered: 0,
+        duplicates: 0,
+        failed: recipients
+            .into_iter()
+            .map(|to| RegistrationFailure {
+                to,
+                code: GIVEN_UP.to_string(),
+            })
+            .collect(),
+        given_up: Some(crate::events::clip(reason, 4 * crate::events::QUOTE_MAX)),
+    };
+    if log.loaded(&event).await?.is_some() {
+        metrics::counter!("groupcast_chunks_total", "outcome" => "given_up").increment(1);
+        metrics::counter!("groupcast_recipients_failed_total").increment(event.failed.len() as u64);
+        tracing::warn!(batch = %item.batch, gen = item.gen, seq, %reason, "chunk given up: its recipients are recorded as failed");
+    }
+    Ok(())
 }

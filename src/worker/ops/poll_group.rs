@@ -44,8 +44,6 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             status,
             group.count.sent_success,
             group.count.sent_failed,
-            ctx.config.retention.as_secs(),
-            ctx.config.report_webhook.is_some(),
         )
         .await?;
     if r == Completion::Reported {

@@ -31,6 +31,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             field::key(&send_key),
             field::group(gen),
             field::registered_in(gen),
+            field::unsure_in(gen),
             field::key(&ready_key),
         ])
         .await?;
@@ -56,6 +57,10 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         )));
     };
     let registered = p.registered_in(gen);
+    // Recipients of chunks given up on may or may not have been registered
+    // before the add failed for good: the provider may hold up to that many
+    // more than our events count.
+    let unsure = p.unsure_in(gen);
     let poll = DelayedEntry {
         op: Op::Poll.name().into(),
         d: crate::events::encode_payload(&WorkItem {
@@ -83,10 +88,14 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             .await?;
         return Ok(Outcome::Done);
     }
-    if group.count.registered_success != registered {
+    let held = group.count.registered_success;
+    if held < registered || held > registered + unsure {
+        let expected = match unsure {
+            0 => registered.to_string(),
+            _ => format!("{registered} (up to {} with given-up chunks)", registered + unsure),
+        };
         let reason = format!(
-            "provider has {} registered messages in group {group_id}, our events say {registered}: not sending",
-            group.count.registered_success
+            "provider has {held} registered messages in group {group_id}, our events say {expected}: not sending"
         );
         tracing::error!(batch = %item.batch, gen, %reason, "send refused");
         metrics::counter!("groupcast_sends_refused_total").increment(1);

@@ -1,0 +1,61 @@
+//! `groupcast close`: stop waiting for a batch's seqs that never arrived.
+//!
+//! Every generation with loaded recipients is sent, the others are closed,
+//! and the batch reports (`partial`, with the missing seqs counted). Later
+//! chunks of it are dead-lettered. Running it again changes nothing.
+
+use clap::Args;
+
+use super::{CliError, RedisArgs};
+use crate::keys::validate_batch_id;
+use crate::store::batch::{BatchPolicy, Closing};
+use crate::worker::WorkerConfig;
+
+/// Close flags.
+#[derive(Debug, Args)]
+pub struct CloseArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// The batch to close.
+    pub batch: String,
+    /// Why, recorded in the batch's `batch_closed` event.
+    #[arg(long, default_value = "closed by an operator")]
+    pub reason: String,
+    /// How long the batch's events are kept once it reports (use the
+    /// workers' `--retention`).
+    #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = super::worker::duration)]
+    pub retention: humantime::Duration,
+}
+
+/// Runs `groupcast close`.
+pub async fn run(args: CloseArgs) -> Result<(), CliError> {
+    validate_batch_id(&args.batch)
+        .map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
+    // The report is queued for delivery whether or not the workers have a
+    // webhook: a worker without one acknowledges it.
+    let store = args.redis.connect().await?.with_policy(BatchPolicy {
+        retention: args.retention.into(),
+        deliver: true,
+    });
+    match store.batch(&args.batch).close(&args.reason).await? {
+        Closing::Closed { missing } => {
+            println!(
+                "batch {}: closed ({}); {missing} missing seq(s) given up on; what was loaded is sent, then it reports",
+                args.batch, args.reason
+            );
+            Ok(())
+        }
+        Closing::AlreadyReported(outcome) => {
+            println!(
+                "batch {}: already reported ({outcome}); nothing to close",
+                args.batch
+            );
+            Ok(())
+        }
+        Closing::Unknown => Err(CliError::Failed(format!(
+            "batch {}: no chunk of it was ever recorded (or its events expired); check the batch id and --prefix",
+            args.batch
+        ))),
+    }
+}

@@ -1,0 +1,20 @@
+-- Record a chunk refused before it could be accepted (it does not validate:
+-- bad numbers, too large, ...). Its seq becomes a hole the batch can end
+-- without (see settle.lua), unless a corrected copy is accepted later.
+-- KEYS, ARGV[1..2]: see settle.lua
+-- ARGV: 3 seq, 4 digest, 5 reason
+-- Returns {'rejected'} or {'refused', why} (the batch has ended: nothing is
+-- recorded)
+local seq, digest, reason = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local f = redis.call('HMGET', STATE, 'report', 'closed', 'seqs', 'holes', 'rejected')
+if f[1] then
+  return reply({'refused', 'batch ' .. BATCH .. ' was already reported (' .. f[1] .. '): it takes no more chunks'})
+end
+if f[2] then
+  return reply({'refused', 'batch ' .. BATCH .. ' was closed (' .. f[2] .. '): it takes no more chunks'})
+end
+if tombstoned(not f[3] and not f[4] and not f[5]) then
+  return reply({'refused', 'batch ' .. BATCH .. ' was already reported (its events have expired): it takes no more chunks'})
+end
+reject(seq, digest, reason, true)
+return reply({'rejected'})

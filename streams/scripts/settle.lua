@@ -1,0 +1,165 @@
+-- Prepended (after prelude.lua) to the scripts that can end a batch:
+-- accept, reject, close, loaded, completed (see src/store/scripts.rs).
+-- They share one layout:
+-- KEYS: state, events, work, active, reports, dedupe, reported (tombstones)
+-- ARGV: batch, policy `<retention s>|<deliver 0|1>`, then their own.
+--
+-- A batch ends (its report is decided, once) when it takes no more chunks
+-- and every generation is done. It takes no more chunks when every seq
+-- 0..last is assigned or refused for good (a *hole*: counted in `holes`,
+-- marked `r:<seq>` = 1), or when an operator closed it (`closed`).
+local WORK, ACTIVE, REPORTS, DEDUPE, REPORTED = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local RETENTION, DELIVER = string.match(ARGV[2], '^(%d+)|([01])$')
+RETENTION = tonumber(RETENTION)
+
+-- Whether the batch takes no more chunks, from its fields.
+-- (Fields read with HMGET are `false` when absent.)
+local function settled(closed, last, seqs, holes)
+  if closed then
+    return true
+  end
+  last = tonumber(last)
+  return last ~= nil and num(seqs) + num(holes) == last + 1
+end
+
+-- A generation whose every assigned chunk is loaded, and which takes no more
+-- chunks, is ready. With registered recipients, it gets its one send work
+-- item; with none (every chunk failed, or held only duplicates) there is
+-- nothing to send: it is done at once. Returns whether it is done.
+local function make_ready(gen, chunks, registered)
+  emit('ready/' .. gen, 'generation_ready', cmsgpack.pack({gen = gen, chunks = chunks}))
+  put('g:' .. gen .. ':ready', 1)
+  if registered > 0 then
+    redis.call('XADD', WORK, '*', 'op', 'send', 'd', cmsgpack.pack({batch = BATCH, gen = gen, attempt = 0}))
+    return false
+  end
+  emit('done/' .. gen, 'group_completed',
+    cmsgpack.pack({gen = gen, group_id = '', status = 'empty', sent_success = 0, sent_failed = 0}))
+  put('g:' .. gen .. ':done', 'empty')
+  -- As the fold does (an increment creates the field).
+  redis.call('HINCRBY', STATE, 'done', 1)
+  redis.call('HINCRBY', STATE, 'sent_success', 0)
+  redis.call('HINCRBY', STATE, 'sent_failed', 0)
+  return true
+end
+
+-- Decides the batch's report if it takes no more chunks and every generation
+-- is done; the report event's key `report` makes the decision once. The
+-- outcome tells the truth: `completed` only when every recipient of every
+-- expected chunk was registered and nothing was refused or given up;
+-- `failed` when nobody was registered; otherwise `partial`.
+-- Returns whether it was decided now.
+local function try_report()
+  flush()
+  local f = redis.call('HMGET', STATE, 'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done',
+    'recipients', 'registered', 'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing')
+  if f[1] or not settled(f[2], f[3], f[4], f[5]) then
+    return false
+  end
+  local gens = f[6] and tonumber(f[6]) + 1 or 0
+  if num(f[7]) ~= gens then
+    return false
+  end
+  local registered, failed, rejected, missing = num(f[9]), num(f[10]), num(f[14]), num(f[15])
+  local outcome = 'partial'
+  if registered == 0 then
+    outcome = 'failed'
+  elseif failed == 0 and rejected == 0 and missing == 0 then
+    outcome = 'completed'
+  end
+  local report = {outcome = outcome, generations = gens, chunks = num(f[4]), recipients = num(f[8]),
+    registered = registered, failed = failed, sent_success = num(f[11]), sent_failed = num(f[12]),
+    duplicates = num(f[13]), rejected = rejected, missing = missing}
+  if failed > 0 then
+    -- `fr:<code>`: failed recipients by reason (once per batch, so one full read).
+    local by, all = {}, redis.call('HGETALL', STATE)
+    for i = 1, #all, 2 do
+      local code = string.match(all[i], '^fr:(.+)$')
+      if code then
+        by[code] = tonumber(all[i + 1])
+      end
+    end
+    report.failed_by_reason = by
+  end
+  local packed = cmsgpack.pack(report)
+  local id = emit('report', 'batch_reported', packed)
+  put('report', outcome)
+  flush()
+  redis.call('SREM', ACTIVE, BATCH)
+  redis.call('XADD', REPORTS, '*', 'batch', BATCH, 'd', packed)
+  if DELIVER == '1' then
+    redis.call('XADD', WORK, '*', 'op', 'report', 'd', cmsgpack.pack({batch = BATCH, gen = 0, attempt = 0}))
+  end
+  if RETENTION > 0 then
+    redis.call('EXPIRE', STATE, RETENTION)
+    redis.call('EXPIRE', EVENTS, RETENTION)
+  end
+  -- The numbers seen are no longer needed; the batch id is remembered (a
+  -- tombstone, scored by the report's time) after its events expire, so that
+  -- a late copy of its chunks is refused rather than sent again. Workers
+  -- trim tombstones older than `--remember`.
+  redis.call('DEL', DEDUPE)
+  redis.call('ZADD', REPORTED, string.match(id, '^(%d+)'), BATCH)
+  return true
+end
+
+-- The batch takes no more chunks now: its current generation (if any) is
+-- closed for `reason` (`final` or `closed`) and, when all its chunks are
+-- loaded, made ready; then the report is decided if everything is done.
+local function settle(reason)
+  flush()
+  local gen = redis.call('HGET', STATE, 'gen')
+  if gen then
+    local gk = 'g:' .. gen .. ':'
+    local g = redis.call('HMGET', STATE, gk .. 'closed', gk .. 'c', gk .. 'l', gk .. 'n', gk .. 'reg')
+    local c, l = num(g[2]), num(g[3])
+    if not g[1] then
+      gen = tonumber(gen)
+      emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = reason, chunks = c, recipients = num(g[4])}))
+      put(gk .. 'closed', reason)
+      if l == c then
+        make_ready(gen, c, num(g[5]))
+      end
+    end
+  end
+  try_report()
+end
+
+-- Records a refused chunk (`input_rejected`, key reject/<seq>/<digest>),
+-- once. `may_hole`: the refusal leaves seq `seq` without data for good
+-- unless a corrected copy comes; it is a hole when that seq is not assigned
+-- and not beyond the last seq. A hole is counted so that the batch can end
+-- without it (and the hole that completes 0..last settles the batch).
+local function reject(seq, digest, reason, may_hole)
+  local key = 'reject/' .. seq .. '/' .. digest
+  local f = redis.call('HMGET', STATE, 'k:' .. key, 'r:' .. seq, 's:' .. seq, 'last', 'seqs', 'holes', 'rmax',
+    'rejected', 'closed')
+  if f[1] then
+    return
+  end
+  local last = tonumber(f[4])
+  local hole = may_hole and not f[3] and f[2] ~= '1' and (last == nil or seq <= last)
+    and not settled(f[9], f[4], f[5], f[6])
+  emit(key, 'input_rejected', cmsgpack.pack({seq = seq, reason = reason, hole = hole}))
+  put('rejected', num(f[8]) + 1)
+  if hole then
+    -- A batch of refused chunks only is watched too (`--give-up-after`).
+    redis.call('SADD', ACTIVE, BATCH)
+    local holes = num(f[6]) + 1
+    put('r:' .. seq, 1)
+    put('holes', holes)
+    if not f[7] or seq > tonumber(f[7]) then
+      put('rmax', seq)
+    end
+    if settled(f[9], f[4], f[5], holes) then
+      settle('final')
+    end
+  end
+  flush()
+end
+
+-- Whether a batch with no state at all was reported and its events expired:
+-- it is remembered by a tombstone.
+local function tombstoned(nothing_recorded)
+  return nothing_recorded and redis.call('ZSCORE', REPORTED, BATCH) ~= false
+end
