@@ -414,6 +414,7 @@ async fn run_every_script(store: &Store, round: u32) {
             registered: 2,
             duplicates: 0,
             failed: Vec::new(),
+            given_up: None,
         };
         assert_eq!(log.loaded(&loaded).await.expect("loaded"), Some(true));
         assert!(log
@@ -421,7 +422,7 @@ async fn run_every_script(store: &Store, round: u32) {
             .await
             .expect("sent"));
         assert_eq!(
-            log.completed(0, "G1", "COMPLETE", 2, 0, 60, false)
+            log.completed(0, "G1", "COMPLETE", 2, 0)
                 .await
                 .expect("completed"),
             Completion::Reported

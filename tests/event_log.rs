@@ -177,6 +177,7 @@ async fn parked_chunks_are_released_when_the_group_is_recorded() {
                 registered: 10,
                 duplicates: 0,
                 failed: vec![],
+                given_up: None,
             })
             .await
             .expect("loaded");
@@ -190,6 +191,7 @@ async fn parked_chunks_are_released_when_the_group_is_recorded() {
             registered: 10,
             duplicates: 0,
             failed: vec![],
+            given_up: None,
         })
         .await
         .expect("loaded");
@@ -265,7 +267,7 @@ proptest! {
                 pending_loads.retain(|s| !assigned.contains_key(s));
                 for seq in ready {
                     let gen = assigned[&seq];
-                    log.loaded(&ChunkLoaded { gen, seq, group_id: format!("G{gen}"), registered: 10, duplicates: 0, failed: vec![] })
+                    log.loaded(&ChunkLoaded { gen, seq, group_id: format!("G{gen}"), registered: 10, duplicates: 0, failed: vec![], given_up: None })
                         .await
                         .expect("loaded");
                 }

@@ -109,6 +109,7 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
         registered: 50,
         duplicates: 0,
         failed: vec![],
+        given_up: None,
     };
     assert_eq!(
         log.loaded(&loaded).await.expect("loaded"),

@@ -487,6 +487,7 @@ impl World {
                     registered: job.registered,
                     duplicates: 0,
                     failed: vec![],
+                    given_up: None,
                 };
                 if self.cfg.mutant == Some(Mutant::LoadedTwice) {
                     if let Some(b) = self.redis.db.batches.get_mut(BATCH) {
