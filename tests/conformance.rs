@@ -2,13 +2,16 @@
 //! (`streams/scripts/`) on a real redis-server: long random sequences of
 //! script calls, each run through both, comparing after every step the
 //! reply, the state hash (projection and idempotency keys), the event
-//! stream, the work stream, the parked hashes, the active set, the reports
-//! stream, the delayed set and the retention TTL. A script changed without
-//! its mirror fails here; so does a mirror changed without its script.
+//! stream, the work stream, the parked hashes, the dedupe hash (every
+//! bucket), the active set, the reports stream, the delayed set, the
+//! tombstones and the retention TTL. A script changed without its mirror
+//! fails here; so does a mirror changed without its script.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use std::time::Duration;
 
 use groupcast::events::{
     decode_payload, entry_millis, BatchStalled, ChunkLoaded, Event, GroupDiscarded, InputRejected,
@@ -16,7 +19,10 @@ use groupcast::events::{
 };
 use groupcast::keys::Keyspace;
 use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry};
-use groupcast::store::batch::{Accepted, Appended, BatchLog, Completion, GroupRecord, Parked};
+use groupcast::store::batch::{
+    dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Closing, Completion, GroupRecord,
+    Parked, Rejection,
+};
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
 use groupcast::worker::ops::WorkItem;
@@ -29,9 +35,69 @@ use redis::AsyncCommands;
 /// after that are repeats).
 const STEPS: usize = 80;
 const RUNS: u64 = 130;
-const CAP: u64 = 6;
 const SEQS: u32 = 6;
 const GENS: u32 = 5;
+
+/// One run's chunks: for each seq, its usual content and another one (a
+/// conflicting copy), as recipient numbers drawn from a small pool, so that
+/// a number comes again in other chunks (the batch-wide dedupe's case) and
+/// within a chunk. Large runs make the dedupe hash split its buckets.
+struct Chunks {
+    cap: u64,
+    /// A run whose calls refuse nothing (no conflicting copy, no wrong
+    /// `last`, no chunk over the cap, no rejection, no failed recipient, no
+    /// close): its batches can report `completed`.
+    clean: bool,
+    /// By seq: (usual numbers, other numbers).
+    content: Vec<(Vec<String>, Vec<String>)>,
+}
+
+impl Chunks {
+    fn new(rng: &mut StdRng) -> Chunks {
+        // Small runs: a cap of 6 (generations turn over often), few numbers.
+        // Large ones: chunks of up to 60 numbers out of 150, so the dedupe
+        // hash grows past one bucket (32 records) and splits.
+        let (cap, pool_size) = if rng.random_bool(0.5) {
+            (6u64, 10)
+        } else {
+            (90, 250)
+        };
+        let clean = rng.random_bool(0.3);
+        let pool: Vec<String> = (0..pool_size)
+            .map(|_| format!("0{:010}", rng.random_range(0..10_000_000_000u64)))
+            .collect();
+        let draw = |rng: &mut StdRng| -> Vec<String> {
+            // Now and then one over the cap (refused).
+            let n = if !clean && rng.random_bool(0.05) {
+                cap as usize + 1
+            } else {
+                rng.random_range(1..=cap as usize * 2 / 3)
+            };
+            (0..n)
+                .map(|_| pool[rng.random_range(0..pool.len())].clone())
+                .collect()
+        };
+        let content = (0..SEQS + 1).map(|_| (draw(rng), draw(rng))).collect();
+        Chunks {
+            cap,
+            clean,
+            content,
+        }
+    }
+
+    fn numbers(&self, seq: u32, usual: bool) -> &[String] {
+        let (a, b) = &self.content[seq as usize];
+        if usual {
+            a
+        } else {
+            b
+        }
+    }
+
+    fn records(&self, seq: u32, usual: bool) -> Vec<u8> {
+        dedupe_records(self.numbers(seq, usual).iter().map(String::as_str))
+    }
+}
 
 /// One script call, with its arguments.
 #[derive(Debug, Clone)]
@@ -39,8 +105,18 @@ enum Call {
     Accept {
         seq: u32,
         last: bool,
-        count: u32,
+        records: Vec<u8>,
         digest: String,
+        /// The generation hint (it only saves a read: any value decides the same).
+        hint: u32,
+    },
+    Reject {
+        seq: u32,
+        digest: String,
+        reason: String,
+    },
+    Close {
+        reason: String,
     },
     Park {
         seq: u32,
@@ -64,18 +140,28 @@ enum Call {
         status: String,
         ss: u64,
         sf: u64,
-        retention: u64,
-        deliver: bool,
     },
     Append {
         key: String,
         event: Event,
     },
+    /// Retention expires a reported batch's state and events (its dedupe
+    /// hash is gone already; its tombstone stays).
+    Expire,
+}
+
+/// The policy a step's scripts end batches by: with or without retention
+/// and webhook (both the model and the scripts take it as an argument).
+fn policy(rng: &mut StdRng) -> BatchPolicy {
+    BatchPolicy {
+        retention: Duration::from_secs(if rng.random_bool(0.5) { 3600 } else { 0 }),
+        deliver: rng.random_bool(0.5),
+    }
 }
 
 /// A plausible call most of the time (the state guides the arguments), an
 /// arbitrary one otherwise.
-fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
+fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
     let top = db
         .field(batch, "gen")
         .and_then(|g| g.parse::<u32>().ok())
@@ -101,18 +187,49 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
         .field(batch, &format!("g:{sgen}:group"))
         .map(str::to_string)
         .unwrap_or_else(|| format!("G{sgen}-0"));
-    match rng.random_range(0..100) {
+    let choice = match rng.random_range(0..106) {
+        // A clean run has no rejections and no close.
+        100..=105 if chunks.clean => rng.random_range(0..30),
+        n => n,
+    };
+    match choice {
         0..=29 => {
             let seq = rng.random_range(0..SEQS);
+            let usual = chunks.clean || rng.random_bool(0.9);
             Call::Accept {
                 seq,
-                last: rng.random_bool(0.25),
-                count: rng.random_range(1..=4),
-                digest: if rng.random_bool(0.9) {
+                last: if chunks.clean {
+                    seq == SEQS - 1
+                } else {
+                    rng.random_bool(0.25)
+                },
+                records: chunks.records(seq, usual),
+                digest: if usual {
                     format!("d{seq}")
                 } else {
                     "other".into()
                 },
+                hint: if rng.random_bool(0.7) { top } else { gen },
+            }
+        }
+        100..=102 => {
+            let seq = rng.random_range(0..SEQS + 1);
+            Call::Reject {
+                seq,
+                digest: format!("bad{}", rng.random_range(0..2)),
+                reason: "recipient 0 has an invalid number".into(),
+            }
+        }
+        103..=104 => Call::Close {
+            reason: "operator".into(),
+        },
+        105 => {
+            if db.field(batch, "report").is_some() {
+                Call::Expire
+            } else {
+                Call::Close {
+                    reason: "quiet".into(),
+                }
             }
         }
         30..=42 => Call::Park {
@@ -122,19 +239,34 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
         },
         43..=54 => Call::RecordGroup { gen, group },
         55..=72 => {
-            let failed: Vec<RegistrationFailure> = (0..rng.random_range(0..2))
+            // Now and then a chunk given up on: every recipient failed.
+            let given_up = !chunks.clean && rng.random_bool(0.15);
+            let failures = if chunks.clean {
+                0
+            } else {
+                rng.random_range(0..3)
+            };
+            let failed: Vec<RegistrationFailure> = (0..failures)
                 .map(|i| RegistrationFailure {
                     to: format!("0100000{seq}{i}"),
-                    code: "3059".into(),
+                    code: if given_up {
+                        "given_up"
+                    } else if i == 0 {
+                        "3059"
+                    } else {
+                        "1062"
+                    }
+                    .into(),
                 })
                 .collect();
             Call::Loaded(ChunkLoaded {
                 gen: sgen,
                 seq,
                 group_id: kept,
-                registered: rng.random_range(0..4),
+                registered: if given_up { 0 } else { rng.random_range(0..4) },
                 duplicates: rng.random_range(0..2),
                 failed,
+                given_up: given_up.then(|| "add refused: 400".to_string()),
             })
         }
         73..=82 => Call::Sent {
@@ -162,11 +294,14 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
             .into(),
             ss: rng.random_range(0..5),
             sf: rng.random_range(0..2),
-            retention: if rng.random_bool(0.5) { 3600 } else { 0 },
-            deliver: rng.random_bool(0.5),
         },
         _ => {
             let (key, event) = match rng.random_range(0..5) {
+                // (A clean run records no rejection.)
+                1 if chunks.clean => (
+                    "delivered".into(),
+                    Event::ReportDelivered(ReportDelivered { status: 200 }),
+                ),
                 0 => (
                     format!("discard/G{gen}-1"),
                     Event::GroupDiscarded(GroupDiscarded {
@@ -180,6 +315,7 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
                     Event::InputRejected(InputRejected {
                         seq: Some(seq),
                         reason: "conflict".into(),
+                        hole: false,
                     }),
                 ),
                 2 => (
@@ -208,27 +344,35 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str) -> Call {
 }
 
 /// Runs a call through the pure functions: the reply without its `ev=`/`w=` tail.
-fn model(db: &mut Db, batch: &str, call: &Call) -> Vec<String> {
+fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Vec<String> {
     match call {
         Call::Accept {
             seq,
             last,
-            count,
+            records,
             digest,
+            hint: _,
         } => protocol::accept(
             db,
             batch,
+            p,
             &AcceptArgs {
                 seq: *seq,
                 last: *last,
-                count: *count,
+                records,
                 digest,
-                cap: CAP,
+                cap,
             },
         ),
+        Call::Reject {
+            seq,
+            digest,
+            reason,
+        } => protocol::reject(db, batch, p, *seq, digest, reason),
+        Call::Close { reason } => protocol::close(db, batch, p, reason),
         Call::Park { seq, gen, payload } => protocol::park(db, batch, *seq, *gen, payload),
         Call::RecordGroup { gen, group } => protocol::record_group(db, batch, *gen, group),
-        Call::Loaded(e) => protocol::loaded(db, batch, e),
+        Call::Loaded(e) => protocol::loaded(db, batch, p, e),
         Call::Sent {
             gen,
             group,
@@ -241,22 +385,28 @@ fn model(db: &mut Db, batch: &str, call: &Call) -> Vec<String> {
             status,
             ss,
             sf,
-            retention,
-            deliver,
         } => protocol::completed(
             db,
             batch,
+            p,
             &CompletedArgs {
                 gen: *gen,
                 group,
                 status,
                 sent_success: *ss,
                 sent_failed: *sf,
-                retention_secs: *retention,
-                deliver: *deliver,
             },
         ),
         Call::Append { key, event } => protocol::append(db, batch, key, event),
+        Call::Expire => {
+            // EXPIRE covers the state hash and the events only.
+            if let Some(b) = db.batches.get_mut(batch) {
+                b.state.clear();
+                b.events.clear();
+                b.expiring = false;
+            }
+            vec![s("expired")]
+        }
     }
 }
 
@@ -266,31 +416,69 @@ fn s(v: impl ToString) -> String {
 
 /// Runs a call through the real scripts (the worker's own calls), its
 /// answer spelt as the script's reply.
-async fn real(log: &BatchLog, call: &Call) -> Vec<String> {
+async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<String> {
     let fail = "a script call on the private redis-server";
+    let positions = |d: Vec<u32>| d.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     match call {
         Call::Accept {
             seq,
             last,
-            count,
+            records,
             digest,
+            hint,
         } => match log
-            .accept(*seq, *last, *count, digest, CAP)
+            .accept_with_hint(*seq, *last, records, digest, cap, *hint)
             .await
             .expect(fail)
         {
-            Accepted::Assigned { gen, group } => {
-                vec![s("assigned"), s(gen), group.unwrap_or_default(), s("0")]
-            }
-            Accepted::Duplicate { gen, group, loaded } => vec![
+            Accepted::Assigned {
+                gen,
+                group,
+                duplicates,
+            } => vec![
+                s("assigned"),
+                s(gen),
+                group.unwrap_or_default(),
+                s("0"),
+                positions(duplicates),
+            ],
+            Accepted::Duplicate {
+                gen,
+                group,
+                loaded,
+                duplicates,
+            } => vec![
                 s("duplicate"),
                 s(gen),
                 group.unwrap_or_default(),
                 s(if loaded { "1" } else { "0" }),
+                positions(duplicates),
             ],
             Accepted::Conflict(r) => vec![s("conflict"), r],
             Accepted::Rejected(r) => vec![s("rejected"), r],
+            Accepted::Refused(r) => vec![s("refused"), r],
         },
+        Call::Reject {
+            seq,
+            digest,
+            reason,
+        } => match log.reject(*seq, digest, reason).await.expect(fail) {
+            Rejection::Recorded => vec![s("rejected")],
+            Rejection::Refused(r) => vec![s("refused"), r],
+        },
+        Call::Close { reason } => match log.close(reason).await.expect(fail) {
+            Closing::Closed { missing } => vec![s("closed"), s(missing)],
+            Closing::AlreadyReported(o) => vec![s("reported"), o],
+            Closing::Unknown => vec![s("unknown")],
+        },
+        Call::Expire => {
+            let mut conn = store.raw_conn();
+            let _: () = conn
+                .del(&[&log.keys.state, &log.keys.events])
+                .await
+                .expect(fail);
+            vec![s("expired")]
+        }
         Call::Park { seq, gen, payload } => {
             match log.park(*seq, *gen, payload).await.expect(fail) {
                 Parked::Parked => vec![s("parked")],
@@ -326,10 +514,8 @@ async fn real(log: &BatchLog, call: &Call) -> Vec<String> {
             status,
             ss,
             sf,
-            retention,
-            deliver,
         } => match log
-            .completed(*gen, group, status, *ss, *sf, *retention, *deliver)
+            .completed(*gen, group, status, *ss, *sf)
             .await
             .expect(fail)
         {
@@ -350,7 +536,9 @@ struct Seen {
     events: Vec<Recorded>,
     work: Vec<(String, String, WorkItem, Option<Vec<u8>>)>,
     parked: BTreeMap<u32, BTreeMap<String, Vec<u8>>>,
+    dedupe: BTreeMap<String, Vec<u8>>,
     active: BTreeSet<String>,
+    reported: BTreeSet<String>,
     reports: Vec<(String, String, Event)>,
     delayed: BTreeSet<Vec<u8>>,
     expiring: bool,
@@ -392,7 +580,9 @@ async fn read(store: &Store, log: &BatchLog) -> Seen {
             parked.insert(gen, h);
         }
     }
+    let dedupe: BTreeMap<String, Vec<u8>> = conn.hgetall(&k.dedupe).await.expect("HGETALL");
     let active: BTreeSet<String> = conn.smembers(&k.active).await.expect("SMEMBERS");
+    let reported: Vec<String> = conn.zrange(&k.reported, 0, -1).await.expect("ZRANGE");
     let reports = xrange(&mut conn, &k.reports)
         .await
         .iter()
@@ -409,7 +599,9 @@ async fn read(store: &Store, log: &BatchLog) -> Seen {
         events,
         work,
         parked,
+        dedupe,
         active,
+        reported: reported.into_iter().collect(),
         reports,
         delayed: delayed.into_iter().collect(),
         expiring: ttl > 0,
@@ -493,6 +685,23 @@ fn compare(db: &Db, batch: &str, seen: &Seen) -> Vec<String> {
     if parked != seen.parked {
         out.push(format!("parked: model {parked:?}, redis {:?}", seen.parked));
     }
+    let dedupe: BTreeMap<String, Vec<u8>> = m
+        .dedupe
+        .iter()
+        .map(|(b, v)| (b.to_string(), v.clone()))
+        .collect();
+    if dedupe != seen.dedupe {
+        out.push(format!(
+            "dedupe: model {dedupe:?}\n        redis {:?}",
+            seen.dedupe
+        ));
+    }
+    if db.reported != seen.reported {
+        out.push(format!(
+            "tombstones: model {:?}, redis {:?}",
+            db.reported, seen.reported
+        ));
+    }
     if db.active != seen.active {
         out.push(format!(
             "active: model {:?}, redis {:?}",
@@ -540,6 +749,9 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         .unwrap_or(13);
     let mut steps = 0usize;
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    // The most dedupe buckets a batch had, and the outcomes reported.
+    let mut buckets = 0usize;
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for run in 0..RUNS {
         let seed = seed0 + run;
         let store = Store::connect(&server.url(), Keyspace::new(format!("c{run}"), 1))
@@ -547,15 +759,25 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             .expect("connect to the private redis-server");
         let mut db = Db::default();
         let mut rng = StdRng::seed_from_u64(seed);
+        let chunks = Chunks::new(&mut rng);
         // Two batches per run share the shard's work, active and reports keys.
         let names = [format!("c{seed}a"), format!("c{seed}b")];
         let mut history: Vec<String> = Vec::new();
         for step in 0..STEPS {
             let batch = &names[usize::from(rng.random_bool(0.3))];
+            let p = policy(&mut rng);
+            let store = store.clone().with_policy(p);
             let log = store.batch(batch);
-            let call = pick(&mut rng, &db, batch);
-            let want = model(&mut db, batch, &call);
-            let got = real(&log, &call).await;
+            let call = pick(&mut rng, &db, batch, &chunks);
+            let reports = db.reports.len();
+            let want = model(&mut db, batch, &p, chunks.cap, &call);
+            let got = real(&store, &log, chunks.cap, &call).await;
+            for (_, _, e) in &db.reports[reports..] {
+                if let Event::BatchReported(r) = e {
+                    *outcomes.entry(r.outcome.clone()).or_default() += 1;
+                }
+            }
+            buckets = buckets.max(db.batch(batch).map_or(0, |b| b.dedupe.len()));
             let kind = format!(
                 "{}:{}",
                 format!("{call:?}").split([' ', '(']).next().unwrap_or(""),
@@ -594,7 +816,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         }
     }
     shout(&format!(
-        "conformance: steps={steps} seeds={seed0}..{} calls={kinds:?}",
+        "conformance: steps={steps} seeds={seed0}..{} calls={kinds:?} outcomes={outcomes:?} max dedupe buckets={buckets}",
         seed0 + RUNS - 1
     ));
     // Every kind of decision was exercised, not only the easy ones.
@@ -603,6 +825,13 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Accept:duplicate",
         "Accept:conflict",
         "Accept:rejected",
+        "Accept:refused",
+        "Reject:rejected",
+        "Reject:refused",
+        "Close:closed",
+        "Close:reported",
+        "Close:unknown",
+        "Expire:expired",
         "Park:parked",
         "Park:group",
         "RecordGroup:won",
@@ -619,5 +848,13 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     ] {
         assert!(kinds.get(k).is_some_and(|&n| n > 0), "no {k} in {kinds:?}");
     }
+    for o in ["completed", "partial", "failed"] {
+        assert!(
+            outcomes.get(o).is_some_and(|&n| n > 0),
+            "no {o} report in {outcomes:?}"
+        );
+    }
+    // The dedupe hash grew past one bucket and split (at least twice).
+    assert!(buckets >= 3, "at most {buckets} dedupe buckets");
     assert!(steps >= 10_000);
 }

@@ -1,7 +1,16 @@
-//! `accept.lua`: accept a chunk and assign it to a generation, in one step.
+//! `accept.lua`: accept a chunk and assign it to a generation, in one step;
+//! a number gets the batch's message at most once (the batch-wide dedupe).
 
-use super::{reply, Run};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::settle::{make_ready, reject, settled, tombstoned};
+use super::{tonumber, BatchPolicy, Run};
 use crate::events::{ChunkAssigned, Event, GenerationClosed};
+
+/// Bytes of one dedupe record.
+const RECORD: usize = 5;
+/// Records a dedupe bucket holds, about.
+const PER_BUCKET: i64 = 32;
 
 /// The arguments of `accept.lua` (the generation hint only saves a read, so
 /// it is not one here).
@@ -11,71 +20,251 @@ pub struct AcceptArgs<'a> {
     pub seq: u32,
     /// Whether it is flagged last.
     pub last: bool,
-    /// Its recipients.
-    pub count: u32,
+    /// Its recipients' numbers as dedupe records, in chunk order
+    /// ([`crate::store::batch::dedupe_records`]): the count is their number.
+    pub records: &'a [u8],
     /// Its content digest.
     pub digest: &'a str,
     /// The provider's group cap.
     pub cap: u64,
 }
 
-/// `accept.lua`. Returns its reply:
-/// `assigned|duplicate, gen, group or '', loaded 0|1` or `conflict|rejected, reason`.
-pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
+/// `bucket_count(n)`: buckets for `n` records.
+fn bucket_count(n: i64) -> i64 {
+    ((n + PER_BUCKET - 1) / PER_BUCKET).max(1)
+}
+
+/// `layout(b)`: `b = 2^i + p`, `0 <= p < 2^i`.
+fn layout(b: i64) -> (u32, i64) {
+    let i = 63 - b.leading_zeros();
+    (i, b - (1 << i))
+}
+
+/// `value(rec)`: the record as a big-endian integer.
+fn value(rec: &[u8]) -> i64 {
+    rec.iter().fold(0, |v, &b| v * 256 + i64::from(b))
+}
+
+/// `bucket_of(v, i, p)`: the bucket of value `v` under layout `(i, p)`.
+fn bucket_of(v: i64, i: u32, p: i64) -> i64 {
+    let b = v % (1 << i);
+    if b < p {
+        v % (1 << (i + 1))
+    } else {
+        b
+    }
+}
+
+/// The split sequence from `b0` buckets to `to` buckets: each bucket split,
+/// with the level it is split at (`p` becomes `p` and `p + 2^i`).
+fn splits(b0: i64, to: i64) -> Vec<(u32, i64)> {
+    let (mut i, mut p) = layout(b0);
+    let mut out = Vec::new();
+    for _ in b0..to {
+        out.push((i, p));
+        p += 1;
+        if p == 1 << i {
+            (i, p) = (i + 1, 0);
+        }
+    }
+    out
+}
+
+/// The dedupe step: looks the chunk's records up in the batch's buckets,
+/// adds the new ones, splits buckets for them (HMGET then HSET of the dedupe
+/// hash). Returns the positions of the records the batch already had, and
+/// how many were added.
+fn dedupe(r: &mut Run, recipients: i64, records: &[u8]) -> (Vec<u32>, i64) {
+    let recs: Vec<&[u8]> = records.chunks(RECORD).collect();
+    let count = recs.len() as i64;
+    let b0 = bucket_count(recipients);
+    let (i0, p0) = layout(b0);
+    let where_: Vec<i64> = recs
+        .iter()
+        .map(|rec| bucket_of(value(rec), i0, p0))
+        .collect();
+    // The buckets read: each record's, then the existing ones that growing
+    // by `count` records could split.
+    let mut wanted: BTreeSet<i64> = where_.iter().copied().collect();
+    for (_, p) in splits(b0, bucket_count(recipients + count)) {
+        if p < b0 {
+            wanted.insert(p);
+        }
+    }
+    let mut content: BTreeMap<i64, Vec<u8>> = BTreeMap::new();
+    if recipients > 0 {
+        let kept = r.db.batch(&r.batch).map(|b| &b.dedupe);
+        for &b in &wanted {
+            let got = kept.and_then(|d| d.get(&(b as u64))).cloned();
+            content.insert(b, got.unwrap_or_default());
+        }
+    }
+    let mut dirty: BTreeSet<i64> = BTreeSet::new();
+    let mut fresh: BTreeSet<&[u8]> = BTreeSet::new();
+    let mut pending: BTreeMap<i64, Vec<u8>> = BTreeMap::new();
+    let (mut dups, mut added) = (Vec::new(), 0);
+    for (k, rec) in recs.iter().enumerate() {
+        let b = where_[k];
+        let held = content
+            .get(&b)
+            .is_some_and(|s| s.chunks(RECORD).any(|x| x == *rec));
+        if fresh.contains(rec) || held {
+            dups.push(k as u32);
+        } else {
+            fresh.insert(rec);
+            pending.entry(b).or_default().extend_from_slice(rec);
+            added += 1;
+        }
+    }
+    for (b, list) in pending {
+        content.entry(b).or_default().extend_from_slice(&list);
+        dirty.insert(b);
+    }
+    for (i, p) in splits(b0, bucket_count(recipients + added)) {
+        let s = content.get(&p).cloned().unwrap_or_default();
+        let (mut stay, mut moved) = (Vec::new(), Vec::new());
+        for rec in s.chunks(RECORD) {
+            if value(rec) % (1 << (i + 1)) == p {
+                stay.extend_from_slice(rec);
+            } else {
+                moved.extend_from_slice(rec);
+            }
+        }
+        let high = p + (1 << i);
+        content.insert(p, stay);
+        content.insert(high, moved);
+        dirty.insert(p);
+        dirty.insert(high);
+    }
+    if !dirty.is_empty() {
+        let d = &mut r.b().dedupe;
+        for b in dirty {
+            d.insert(b as u64, content.remove(&b).unwrap_or_default());
+        }
+    }
+    (dups, added)
+}
+
+/// `accept.lua`. Returns its reply: `assigned|duplicate, gen, group or '',
+/// loaded 0|1, duplicate positions` or `conflict|rejected|refused, reason`.
+pub fn accept(
+    db: &mut super::Db,
+    batch: &str,
+    policy: &BatchPolicy,
+    a: &AcceptArgs,
+) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let seq = i64::from(a.seq);
-    let (count, cap) = (i64::from(a.count), a.cap as i64);
+    let (count, cap) = ((a.records.len() / RECORD) as i64, a.cap as i64);
+    let refused = |why: String| vec!["refused".to_string(), format!("batch {batch} {why}")];
+    let report = r.get("report");
+    let closed = r.get("closed");
     if let Some(s) = r.get(&format!("s:{seq}")) {
         // A repeat delivery: same content is a no-op, other content a conflict.
         let mut it = s.splitn(3, '|');
         let g = it.next().unwrap_or_default().to_string();
         let d = it.nth(1).unwrap_or_default().to_string();
-        if d != a.digest {
+        if d == a.digest {
+            let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
+            let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
+            let positions = r.get(&format!("x:{seq}")).unwrap_or_default();
             return vec![
-                "conflict".into(),
-                format!(
-                    "seq {seq} was already accepted with other content (digest {d}, this one {})",
-                    a.digest
-                ),
+                "duplicate".into(),
+                g,
+                group,
+                if loaded { "1" } else { "0" }.into(),
+                positions,
             ];
         }
-        let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
-        let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
-        return vec![
-            "duplicate".into(),
-            g,
-            group,
-            if loaded { "1" } else { "0" }.into(),
-        ];
+        if report.is_some() || closed.is_some() {
+            return refused(format!(
+                "has ended: seq {seq} came again with other content"
+            ));
+        }
+        let why = format!(
+            "seq {seq} was already accepted with other content (digest {d}, this one {})",
+            a.digest
+        );
+        reject(&mut r, policy, a.seq, a.digest, &why, false);
+        return vec!["conflict".into(), why];
     }
-    let last = r.get("last").and_then(|v| v.parse::<i64>().ok());
-    let max = r.get("max").and_then(|v| v.parse::<i64>().ok());
-    if let Some(l) = last.filter(|&l| seq > l) {
-        return vec![
-            "rejected".into(),
-            format!("seq {seq} is beyond the last seq {l}"),
-        ];
+    if let Some(o) = report {
+        return refused(format!(
+            "was already reported ({o}): it takes no more chunks"
+        ));
     }
-    if let Some(l) = last.filter(|&l| a.last && l != seq) {
-        return vec![
-            "rejected".into(),
-            format!("seq {seq} is flagged last, but seq {l} already was"),
-        ];
+    if let Some(c) = closed {
+        return refused(format!("was closed ({c}): it takes no more chunks"));
     }
-    if let Some(m) = max.filter(|&m| a.last && m > seq) {
-        return vec![
-            "rejected".into(),
-            format!("seq {seq} is flagged last, but seq {m} was already accepted"),
-        ];
-    }
-    if count > cap {
-        return vec![
-            "rejected".into(),
-            format!("chunk has {count} recipients, more than the group cap {cap}"),
-        ];
+    let nothing =
+        r.get("seqs").is_none() && r.get("holes").is_none() && r.get("rejected").is_none();
+    if tombstoned(&r, nothing) {
+        return refused(
+            "was already reported (its events have expired): it takes no more chunks".into(),
+        );
     }
 
-    let (mut gen, mut seqs, mut recipients) = (r.num("gen"), r.num("seqs"), r.num("recipients"));
+    let last = tonumber(r.get("last").as_deref());
+    let max = tonumber(r.get("max").as_deref());
+    let rmax = tonumber(r.get("rmax").as_deref());
+    let (mut seqs, mut holes) = (r.num("seqs"), r.num("holes"));
+    let was_hole = r.get(&format!("r:{seq}")).as_deref() == Some("1");
+    let duplicates0 = r.num("duplicates");
+    let rejected = |r: &mut Run, kind: &str, why: String, may_hole: bool| {
+        reject(r, policy, a.seq, a.digest, &why, may_hole);
+        vec![kind.to_string(), why]
+    };
+    if let Some(l) = last.filter(|&l| seq > l) {
+        return rejected(
+            &mut r,
+            "rejected",
+            format!("seq {seq} is beyond the last seq {l}"),
+            false,
+        );
+    }
+    if settled(false, last, seqs, holes) {
+        // Every seq 0..last is assigned or a hole: this one was refused before.
+        return refused(format!(
+            "went on without seq {seq} (refused earlier): it takes no more chunks"
+        ));
+    }
+    if let Some(l) = last.filter(|&l| a.last && l != seq) {
+        return rejected(
+            &mut r,
+            "rejected",
+            format!("seq {seq} is flagged last, but seq {l} already was"),
+            true,
+        );
+    }
+    if let Some(m) = max.filter(|&m| a.last && m > seq) {
+        return rejected(
+            &mut r,
+            "rejected",
+            format!("seq {seq} is flagged last, but seq {m} was already accepted"),
+            true,
+        );
+    }
+    if let Some(m) = rmax.filter(|&m| a.last && m > seq) {
+        return rejected(
+            &mut r,
+            "rejected",
+            format!("seq {seq} is flagged last, but seq {m} was already received"),
+            true,
+        );
+    }
+    if count > cap {
+        return rejected(
+            &mut r,
+            "rejected",
+            format!("chunk has {count} recipients, more than the group cap {cap}"),
+            true,
+        );
+    }
+
+    let mut recipients = r.num("recipients");
+    let (dups, count) = dedupe(&mut r, recipients, a.records);
+
+    let mut gen = r.num("gen");
     let gk = |gen: i64, f: &str| format!("g:{gen}:{f}");
     let (mut n, mut c, l) = (
         r.num(&gk(gen, "n")),
@@ -83,12 +272,13 @@ pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
         r.num(&gk(gen, "l")),
     );
     let mut group = r.get(&gk(gen, "group"));
-    let closed = r.get(&gk(gen, "closed")).is_some();
+    let gen_closed = r.get(&gk(gen, "closed")).is_some();
+    let reg = r.num(&gk(gen, "reg"));
 
     // Approving this chunk would pass the cap (or the generation takes no
     // more): this script is the one closer. Approval counters are never given back.
-    if closed || (n > 0 && n + count > cap) {
-        if !closed {
+    if gen_closed || (n > 0 && n + count > cap) {
+        if !gen_closed {
             r.emit(
                 &format!("close/{gen}"),
                 Event::GenerationClosed(GenerationClosed {
@@ -101,22 +291,37 @@ pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
             );
             r.put(gk(gen, "closed"), "full");
             if l == c {
-                r.make_ready(gen as u32, c as u32);
+                make_ready(&mut r, gen as u32, c as u32, reg);
             }
         }
         (gen, n, c, group) = (gen + 1, 0, 0, None);
     }
 
     (n, c, seqs, recipients) = (n + count, c + 1, seqs + 1, recipients + count);
+    let positions = dups
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if !dups.is_empty() {
+        r.put(format!("x:{seq}"), &positions);
+        r.put("duplicates", duplicates0 + dups.len() as i64);
+    }
+    if was_hole {
+        // A corrected copy of a seq refused earlier: no longer a hole.
+        r.put(format!("r:{seq}"), 0);
+        holes -= 1;
+        r.put("holes", holes);
+    }
     let assigned_id = r.emit(
         &format!("assign/{seq}"),
         Event::ChunkAssigned(ChunkAssigned {
             seq: a.seq,
             gen: gen as u32,
-            count: a.count,
+            count: count as u32,
             last: a.last,
             digest: a.digest.to_string(),
-            duplicates: Vec::new(),
+            duplicates: dups,
         }),
         true,
     );
@@ -140,8 +345,8 @@ pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
         let b = r.batch.clone();
         r.db.active.insert(b);
     }
-    // Every seq 0..last is assigned: this generation is the final one.
-    if last.is_some_and(|l| seqs == l + 1) {
+    // Every seq 0..last is assigned (or a hole): this generation is the final one.
+    if settled(false, last, seqs, holes) {
         r.emit(
             &format!("close/{gen}"),
             Event::GenerationClosed(GenerationClosed {
@@ -156,5 +361,29 @@ pub fn accept(db: &mut super::Db, batch: &str, a: &AcceptArgs) -> Vec<String> {
     }
     r.flush();
     let g = gen.to_string();
-    reply(["assigned", &g, group.as_deref().unwrap_or(""), "0"])
+    vec![
+        "assigned".into(),
+        g,
+        group.unwrap_or_default(),
+        "0".into(),
+        positions,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_layout_is_linear_hashing() {
+        assert_eq!(layout(1), (0, 0));
+        assert_eq!(layout(5), (2, 1));
+        assert_eq!(splits(1, 4), vec![(0, 0), (1, 0), (1, 1)]);
+        // Under 5 buckets (level 2, bucket 0 split): 4 → bucket 4, 8 → 0.
+        assert_eq!(bucket_of(4, 2, 1), 4);
+        assert_eq!(bucket_of(8, 2, 1), 0);
+        assert_eq!(bucket_of(7, 2, 1), 3);
+        assert_eq!(bucket_count(0), 1);
+        assert_eq!(bucket_count(33), 2);
+    }
 }

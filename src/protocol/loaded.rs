@@ -1,12 +1,18 @@
-//! `loaded.lua`: record that every message of a chunk was accepted by the
-//! provider, and evaluate the generation's completion equation
-//! (closed ∧ loaded = assigned ⇒ ready: one send work item).
+//! `loaded.lua`: record that a chunk is done at the provider (every message
+//! accepted, or given up on with failures), and evaluate the generation's
+//! completion equation (closed ∧ loaded = assigned ⇒ ready: one send work
+//! item, or done at once when nobody in it was registered).
 
-use super::{reply, Db, Run};
+use std::collections::BTreeMap;
+
+use super::settle::{make_ready, try_report};
+use super::{reply, BatchPolicy, Db, Run};
 use crate::events::{ChunkLoaded, Event};
 
-/// `loaded.lua` for event `e`. Returns `loaded, ready 0|1` or `duplicate`.
-pub fn loaded(db: &mut Db, batch: &str, e: &ChunkLoaded) -> Vec<String> {
+/// `loaded.lua` for event `e` (its failure reasons and unsure count derived
+/// from it, as [`crate::store::batch::BatchLog::loaded`] passes them).
+/// Returns `loaded, ready 0|1` or `duplicate`.
+pub fn loaded(db: &mut Db, batch: &str, policy: &BatchPolicy, e: &ChunkLoaded) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let gen = e.gen;
     let gk = |f: &str| format!("g:{gen}:{f}");
@@ -15,21 +21,34 @@ pub fn loaded(db: &mut Db, batch: &str, e: &ChunkLoaded) -> Vec<String> {
         return reply(["duplicate"]);
     }
     let (reg, failed) = (i64::from(e.registered), e.failed.len() as i64);
+    let unsure = if e.given_up.is_some() { failed } else { 0 };
     let (l0, c) = (r.num(&gk("l")), r.num(&gk("c")));
     let closed = r.get(&gk("closed")).is_some();
-    let (greg, gfail) = (r.num(&gk("reg")), r.num(&gk("fail")));
+    let (greg0, gfail) = (r.num(&gk("reg")), r.num(&gk("fail")));
     let (treg, tfail) = (r.num("registered"), r.num("failed"));
     let was_ready = r.get(&gk("ready")).is_some();
+    let gunsure = r.num(&gk("unsure"));
     r.emit(&key, Event::ChunkLoaded(e.clone()), true);
-    let l = l0 + 1;
+    let (l, greg) = (l0 + 1, greg0 + reg);
     r.put(gk("l"), l);
-    r.put(gk("reg"), greg + reg);
+    r.put(gk("reg"), greg);
     r.put(gk("fail"), gfail + failed);
     r.put("registered", treg + reg);
     r.put("failed", tfail + failed);
+    if unsure > 0 {
+        r.put(gk("unsure"), gunsure + unsure);
+    }
+    // HINCRBY per reason: written at once.
+    let mut by_reason = BTreeMap::<&str, i64>::new();
+    for f in &e.failed {
+        *by_reason.entry(f.code.as_str()).or_default() += 1;
+    }
+    for (code, n) in by_reason {
+        r.incr(&format!("fr:{code}"), n);
+    }
     let ready = closed && l == c && !was_ready;
-    if ready {
-        r.make_ready(gen, c as u32);
+    if ready && make_ready(&mut r, gen, c as u32, greg) {
+        try_report(&mut r, policy);
     }
     r.flush();
     reply(["loaded", if ready { "1" } else { "0" }])

@@ -11,30 +11,37 @@
 //!
 //! What is modelled exactly: every field a script reads or writes, every
 //! event it appends (type, key, content), every work item it enqueues, the
-//! parked hashes, the active set, the reports stream, the delayed set
+//! parked hashes, the dedupe hash (its buckets and their records), the
+//! active set, the reports stream, the delayed set and the tombstones
 //! (entries, not scores) and the expiry a report sets. Entry ids are
 //! counters (`<n>-0`, one clock for every stream) rather than server times:
 //! only their order is ever compared.
 
 pub mod accept;
 pub mod append;
+pub mod close;
 pub mod completed;
 pub mod loaded;
 pub mod park;
 pub mod record_group;
+pub mod reject;
 pub mod sent;
+pub mod settle;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::events::{Event, Recorded};
 use crate::worker::ops::WorkItem;
 
+pub use crate::store::batch::BatchPolicy;
 pub use accept::accept;
 pub use append::append;
+pub use close::close;
 pub use completed::completed;
 pub use loaded::loaded;
 pub use park::park;
 pub use record_group::record_group;
+pub use reject::reject;
 pub use sent::sent;
 
 /// One entry of a work stream: `op`, `d` (a [`WorkItem`]) and, for a load,
@@ -61,6 +68,9 @@ pub struct BatchDb {
     /// The parked hashes, by generation: (seq, chunk payload) in insertion
     /// order, which is the order Redis answers HGETALL of a small hash in.
     pub parked: BTreeMap<u32, Vec<(String, Vec<u8>)>>,
+    /// The dedupe hash (`accept.lua`): bucket number → its 5-byte records,
+    /// concatenated (a bucket may be written empty).
+    pub dedupe: BTreeMap<u64, Vec<u8>>,
     /// Whether the state and events carry a retention TTL.
     pub expiring: bool,
 }
@@ -78,6 +88,8 @@ pub struct Db {
     pub active: BTreeSet<String>,
     /// The reports stream: (entry id, batch, report).
     pub reports: Vec<(u64, String, Event)>,
+    /// The tombstones' members: batches reported (`settle.lua`).
+    pub reported: BTreeSet<String>,
     /// The last entry id handed out.
     pub clock: u64,
     /// Whether events are not kept (only their keys and ids): the model
@@ -140,7 +152,7 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn b(&mut self) -> &mut BatchDb {
+    pub(crate) fn b(&mut self) -> &mut BatchDb {
         self.db.batches.entry(self.batch.clone()).or_default()
     }
 
@@ -193,23 +205,16 @@ impl<'a> Run<'a> {
             b.state.insert(f, v);
         }
     }
-
-    /// The prelude's `make_ready`.
-    pub(crate) fn make_ready(&mut self, gen: u32, chunks: u32) {
-        self.emit(
-            &format!("ready/{gen}"),
-            Event::GenerationReady(crate::events::GenerationReady { gen, chunks }),
-            true,
-        );
-        self.put(format!("g:{gen}:ready"), 1);
-        let item = work_item(&self.batch, gen, None, None);
-        self.db.add_work("send", item, None);
-    }
 }
 
 /// Lua's `num`: a number, 0 when absent or not one.
 pub fn num(v: Option<&str>) -> i64 {
     v.and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Lua's `tonumber` of a field: `None` when absent or not a number.
+pub(crate) fn tonumber(v: Option<&str>) -> Option<i64> {
+    v.and_then(|s| s.parse().ok())
 }
 
 /// A fresh work item (attempt 0), as the scripts pack it.

@@ -4,10 +4,14 @@
 use super::{reply, work_item, Db, Run};
 use crate::events::{ChunksReleased, Event, GroupCreated};
 
-/// `record_group.lua`. Returns `won, id` or `lost, kept id`.
+/// `record_group.lua`. Returns `won, id` or `lost, kept id`; run again
+/// with the group it recorded, `won, id` again, changing nothing.
 pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<String> {
     let mut r = Run::new(db, batch);
     if let Some(kept) = r.get(&format!("g:{gen}:group")) {
+        if kept == group {
+            return reply(["won", group]);
+        }
         return reply(["lost", &kept]);
     }
     r.emit(

@@ -1,0 +1,224 @@
+//! `settle.lua`: the layer shared by the scripts that can end a batch
+//! (`accept`, `reject`, `close`, `loaded`, `completed`): whether a batch
+//! takes no more chunks, a generation made ready, the report decided once,
+//! the current generation closed when the batch settles, a refused chunk
+//! recorded (a hole or not), and the tombstone check.
+
+use std::collections::BTreeMap;
+
+use super::{num, tonumber, work_item, BatchPolicy, Run};
+use crate::events::{
+    BatchReported, Event, GenerationClosed, GenerationReady, GroupCompleted, InputRejected,
+};
+
+/// `settled(closed, last, seqs, holes)`: whether the batch takes no more
+/// chunks: closed, or every seq 0..last assigned (`seqs`) or a hole.
+pub(crate) fn settled(closed: bool, last: Option<i64>, seqs: i64, holes: i64) -> bool {
+    closed || last.is_some_and(|l| seqs + holes == l + 1)
+}
+
+/// `settled` over the state's own fields.
+fn settled_now(r: &Run, holes: i64) -> bool {
+    settled(
+        r.get("closed").is_some(),
+        tonumber(r.get("last").as_deref()),
+        r.num("seqs"),
+        holes,
+    )
+}
+
+/// `make_ready(gen, chunks, registered)`: the generation's ready event and,
+/// with registered recipients, its one send work item; with none, it is
+/// done at once (`group_completed` with status `empty`). Returns whether it
+/// is done.
+pub(crate) fn make_ready(r: &mut Run, gen: u32, chunks: u32, registered: i64) -> bool {
+    r.emit(
+        &format!("ready/{gen}"),
+        Event::GenerationReady(GenerationReady { gen, chunks }),
+        true,
+    );
+    r.put(format!("g:{gen}:ready"), 1);
+    if registered > 0 {
+        let item = work_item(&r.batch, gen, None, None);
+        r.db.add_work("send", item, None);
+        return false;
+    }
+    r.emit(
+        &format!("done/{gen}"),
+        Event::GroupCompleted(GroupCompleted {
+            gen,
+            group_id: String::new(),
+            status: "empty".into(),
+            sent_success: 0,
+            sent_failed: 0,
+        }),
+        true,
+    );
+    r.put(format!("g:{gen}:done"), "empty");
+    // HINCRBY: written at once, as the fold does (an increment creates the field).
+    r.incr("done", 1);
+    r.incr("sent_success", 0);
+    r.incr("sent_failed", 0);
+    true
+}
+
+/// `try_report()`: decides the batch's report if it takes no more chunks
+/// and every generation is done, once. Returns whether it was decided now.
+pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
+    r.flush();
+    if r.get("k:report").is_some() || !settled_now(r, r.num("holes")) {
+        return false;
+    }
+    let gens = tonumber(r.get("gen").as_deref()).map_or(0, |g| g + 1);
+    if r.num("done") != gens {
+        return false;
+    }
+    let (registered, failed) = (r.num("registered"), r.num("failed"));
+    let (rejected, missing) = (r.num("rejected"), r.num("missing"));
+    let outcome = if registered == 0 {
+        "failed"
+    } else if failed == 0 && rejected == 0 && missing == 0 {
+        "completed"
+    } else {
+        "partial"
+    };
+    let mut failed_by_reason = BTreeMap::new();
+    if failed > 0 {
+        // `fr:<code>`: failed recipients by reason.
+        for (f, v) in r.db.batch(&r.batch).map(|b| &b.state).into_iter().flatten() {
+            if let Some(code) = f.strip_prefix("fr:") {
+                failed_by_reason.insert(code.to_string(), num(Some(v)) as u64);
+            }
+        }
+    }
+    let report = BatchReported {
+        outcome: outcome.into(),
+        generations: gens as u32,
+        chunks: r.num("seqs") as u32,
+        recipients: r.num("recipients") as u64,
+        registered: registered as u64,
+        failed: failed as u64,
+        sent_success: r.num("sent_success") as u64,
+        sent_failed: r.num("sent_failed") as u64,
+        duplicates: r.num("duplicates") as u64,
+        rejected: rejected as u64,
+        missing: missing as u64,
+        failed_by_reason,
+    };
+    r.emit("report", Event::BatchReported(report.clone()), true);
+    r.put("report", outcome);
+    r.flush();
+    let batch = r.batch.clone();
+    r.db.active.remove(&batch);
+    let id = r.db.next_id();
+    r.db.reports
+        .push((id, batch.clone(), Event::BatchReported(report)));
+    if policy.deliver {
+        r.db.add_work("report", work_item(&batch, 0, None, None), None);
+    }
+    if !policy.retention.is_zero() {
+        r.b().expiring = true;
+    }
+    // The numbers seen are no longer needed (DEL); the batch id is
+    // remembered (ZADD of the tombstone).
+    if let Some(b) = r.db.batches.get_mut(&batch) {
+        b.dedupe.clear();
+    }
+    r.db.reported.insert(batch);
+    true
+}
+
+/// `settle(reason)`: the batch takes no more chunks: its current generation
+/// (if any) is closed for `reason` and, all its chunks loaded, made ready;
+/// then the report is decided if everything is done.
+pub(crate) fn settle(r: &mut Run, policy: &BatchPolicy, reason: &str) {
+    r.flush();
+    if let Some(gen) = r.get("gen") {
+        let gk = |f: &str| format!("g:{gen}:{f}");
+        let closed = r.get(&gk("closed")).is_some();
+        let (c, l, n, reg) = (
+            r.num(&gk("c")),
+            r.num(&gk("l")),
+            r.num(&gk("n")),
+            r.num(&gk("reg")),
+        );
+        if !closed {
+            let gen = num(Some(&gen)) as u32;
+            r.emit(
+                &format!("close/{gen}"),
+                Event::GenerationClosed(GenerationClosed {
+                    gen,
+                    reason: reason.into(),
+                    chunks: c as u32,
+                    recipients: n as u32,
+                }),
+                true,
+            );
+            r.put(format!("g:{gen}:closed"), reason);
+            if l == c {
+                make_ready(r, gen, c as u32, reg);
+            }
+        }
+    }
+    try_report(r, policy);
+}
+
+/// `reject(seq, digest, reason, may_hole)`: records a refused chunk
+/// (`input_rejected`, key `reject/<seq>/<digest>`) once; a hole when
+/// `may_hole` and its seq has no data, is not beyond the last seq, and the
+/// batch still takes chunks. The hole that completes 0..last settles it.
+pub(crate) fn reject(
+    r: &mut Run,
+    policy: &BatchPolicy,
+    seq: u32,
+    digest: &str,
+    reason: &str,
+    may_hole: bool,
+) {
+    let key = format!("reject/{seq}/{digest}");
+    if r.get(&format!("k:{key}")).is_some() {
+        return;
+    }
+    let is_hole = r.get(&format!("r:{seq}")).as_deref() == Some("1");
+    let assigned = r.get(&format!("s:{seq}")).is_some();
+    let last = tonumber(r.get("last").as_deref());
+    let holes0 = r.num("holes");
+    let rmax = tonumber(r.get("rmax").as_deref());
+    let rejected = r.num("rejected");
+    let hole = may_hole
+        && !assigned
+        && !is_hole
+        && last.is_none_or(|l| i64::from(seq) <= l)
+        && !settled_now(r, holes0);
+    r.emit(
+        &key,
+        Event::InputRejected(InputRejected {
+            seq: Some(seq),
+            reason: reason.into(),
+            hole,
+        }),
+        true,
+    );
+    r.put("rejected", rejected + 1);
+    if hole {
+        // A batch of refused chunks only is watched too (SADD active).
+        let batch = r.batch.clone();
+        r.db.active.insert(batch);
+        let holes = holes0 + 1;
+        r.put(format!("r:{seq}"), 1);
+        r.put("holes", holes);
+        if rmax.is_none_or(|m| i64::from(seq) > m) {
+            r.put("rmax", seq);
+        }
+        if settled_now(r, holes) {
+            settle(r, policy, "final");
+        }
+    }
+    r.flush();
+}
+
+/// `tombstoned(nothing_recorded)`: a batch with no state at all that is
+/// remembered as reported.
+pub(crate) fn tombstoned(r: &Run, nothing_recorded: bool) -> bool {
+    nothing_recorded && r.db.reported.contains(&r.batch)
+}
