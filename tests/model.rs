@@ -43,6 +43,7 @@ fn base(name: &'static str) -> Config {
         webhook: false,
         watchdog: 0,
         retention: false,
+        closes: 0,
         mutant: None,
     }
 }
@@ -156,4 +157,52 @@ fn mutant_loaded_without_its_key_is_caught() {
 #[test]
 fn mutant_send_without_its_marker_is_caught() {
     caught(Mutant::SendWithoutMarker, small());
+}
+
+/// A seq that never arrives (seq 1 of 0..2): without a close the batch
+/// waits for it for good; an operator's close, whenever it comes once the
+/// batch has recorded something, ends it with one truthful report.
+#[test]
+fn a_batch_missing_a_seq_ends_once_closed() {
+    let cfg = Config {
+        workers: 1,
+        ingest: vec![chunk(0, false, &[1, 2]), chunk(2, true, &[3])],
+        cap: 2,
+        ..base("missing-seq")
+    };
+    let r = check(World::new(cfg.clone()), LIMIT);
+    let text = show("missing-seq, nobody closes", &r);
+    shout(&text);
+    assert!(
+        r.violation
+            .as_ref()
+            .is_some_and(|(v, _)| v.contains("no report")),
+        "{text}"
+    );
+    let r = check(World::new(Config { closes: 1, ..cfg }), LIMIT);
+    let text = show("missing-seq, an operator closes", &r);
+    shout(&text);
+    assert!(r.violation.is_none(), "{text}");
+}
+
+/// Copies of numbers across chunks and generations (3 is in all three
+/// chunks, 1 in two): each number is registered once, in one group, and the
+/// batch reports `completed`.
+#[test]
+fn copies_across_chunks_are_sent_once() {
+    let cfg = Config {
+        ingest: vec![
+            chunk(0, false, &[1, 3]),
+            chunk(1, false, &[3, 2]),
+            chunk(2, true, &[1, 3]),
+        ],
+        workers: 1,
+        cap: 2,
+        crashes: 1,
+        ..base("copies")
+    };
+    let r = check(World::new(cfg), LIMIT);
+    let text = show("copies", &r);
+    shout(&text);
+    assert!(r.violation.is_none(), "{text}");
 }

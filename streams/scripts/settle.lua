@@ -64,7 +64,9 @@ local function try_report()
   local outcome = 'partial'
   if registered == 0 then
     outcome = 'failed'
-  elseif failed == 0 and rejected == 0 and missing == 0 then
+  elseif failed == 0 and rejected == 0 and missing == 0 and f[3] then
+    -- (`f[3]`, the last seq: a batch closed before its last seq was known
+    -- may have lost chunks that no count shows: it is not `completed`.)
     outcome = 'completed'
   end
   local report = {outcome = outcome, generations = gens, chunks = num(f[4]), recipients = num(f[8]),

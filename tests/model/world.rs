@@ -9,10 +9,14 @@
 use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 
+use std::time::Duration;
+
 use groupcast::events::{
-    BatchStalled, ChunkLoaded, Event, GroupDiscarded, InputRejected, ReportDelivered, SendRefused,
+    BatchStalled, ChunkLoaded, Event, GroupDiscarded, RegistrationFailure, ReportDelivered,
+    SendRefused,
 };
-use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db};
+use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, BatchPolicy, Db};
+use groupcast::store::batch::dedupe_records;
 use groupcast::worker::ops::WorkItem;
 
 use super::checker::{put, Model};
@@ -79,6 +83,9 @@ pub struct Config {
     pub watchdog: u8,
     /// Retention may expire the reported batch's keys.
     pub retention: bool,
+    /// Operator closes (`groupcast close`), each at any time once the batch
+    /// has recorded something.
+    pub closes: u8,
     pub mutant: Option<Mutant>,
 }
 
@@ -138,6 +145,9 @@ pub struct Job {
     pub seq: u32,
     /// The chunk (ingest index) a load carries.
     pub chunk: usize,
+    /// The recipients it adds: the chunk's, less the copies of numbers the
+    /// batch already had (the batch-wide dedupe).
+    pub to: Vec<u8>,
     pub group: Option<String>,
     pub registered: u32,
     pub outcome: &'static str,
@@ -170,6 +180,8 @@ pub enum Action {
     LoseWrites,
     Watchdog,
     Expire,
+    /// An operator closes the batch.
+    Close,
 }
 
 #[derive(Debug, Clone)]
@@ -189,6 +201,7 @@ pub struct World {
     pub lost_answers: u8,
     pub redis_losses: u8,
     pub watchdog: u8,
+    pub closes: u8,
 }
 
 const CHUNK_OPS: &str = "chunk";
@@ -221,6 +234,7 @@ impl World {
             lost_answers: cfg.lost_answers,
             redis_losses: cfg.redis_losses,
             watchdog: cfg.watchdog,
+            closes: cfg.closes,
             cfg: std::rc::Rc::new(cfg),
         }
     }
@@ -288,6 +302,27 @@ impl World {
         }
     }
 
+    /// How the scripts end the batch here.
+    fn policy(&self) -> BatchPolicy {
+        BatchPolicy {
+            retention: Duration::from_secs(u64::from(self.cfg.retention)),
+            deliver: self.cfg.webhook,
+        }
+    }
+
+    /// A parked or load payload: the ingest index, then the recipients to add.
+    fn payload(job: &Job) -> Vec<u8> {
+        let mut p = vec![job.chunk as u8];
+        p.extend_from_slice(&job.to);
+        p
+    }
+
+    /// A chunk's numbers as the worker spells them.
+    fn records(to: &[u8]) -> Vec<u8> {
+        let numbers: Vec<String> = to.iter().map(|t| format!("0700000{t:03}")).collect();
+        dedupe_records(numbers.iter().map(String::as_str))
+    }
+
     fn digest(c: &ChunkSpec) -> String {
         format!(
             "d{}{}",
@@ -345,9 +380,9 @@ impl World {
         )
     }
 
-    /// The provider's answer to an add of chunk `chunk` into `group`:
+    /// The provider's answer to an add of recipients `to` into `group`:
     /// `Err(true)` retryable, `Err(false)` refused (the group is not pending).
-    fn add(&mut self, group: &str, chunk: usize) -> Result<u32, bool> {
+    fn add(&mut self, group: &str, to: &[u8]) -> Result<u32, bool> {
         let Some(g) = group
             .strip_prefix('P')
             .and_then(|i| i.parse::<usize>().ok())
@@ -357,8 +392,7 @@ impl World {
         if self.groups[g].status != GroupStatus::Pending {
             return Err(false);
         }
-        let to = self.cfg.ingest[chunk].to.clone();
-        for t in &to {
+        for t in to {
             // 1026: already in this group.
             if !self.groups[g].members.contains(t) {
                 self.groups[g].members.push(*t);
@@ -388,30 +422,28 @@ impl World {
                 let Held::Ingest(i) = job.held else { return };
                 let c = self.cfg.ingest[i].clone();
                 let digest = Self::digest(&c);
+                let policy = self.policy();
                 let r = protocol::accept(
                     &mut self.redis.db,
                     BATCH,
+                    &policy,
                     &AcceptArgs {
                         seq: c.seq,
                         last: c.last,
-                        count: c.to.len() as u32,
+                        records: &Self::records(&c.to),
                         digest: &digest,
                         cap,
                     },
                 );
                 self.sync_work();
                 match r[0].as_str() {
+                    // The script recorded the refusal (a hole or not).
                     "conflict" | "rejected" => {
-                        let key = format!("reject/{}/{digest}", c.seq);
-                        let e = Event::InputRejected(InputRejected {
-                            seq: Some(c.seq),
-                            reason: r[1].clone(),
-                        });
-                        protocol::append(&mut self.redis.db, BATCH, &key, &e);
-                        // Then dead-lettered (one more step, folded here:
-                        // the append is idempotent, so a crash before the
-                        // dead letter only repeats it).
                         self.dead(w, format!("chunk {} rejected: {}", c.seq, r[1]));
+                        return;
+                    }
+                    "refused" => {
+                        self.dead(w, format!("chunk {} refused: {}", c.seq, r[1]));
                         return;
                     }
                     "duplicate" if r[3] == "1" => return self.ack(w),
@@ -420,8 +452,20 @@ impl World {
                 job.gen = r[1].parse().unwrap_or(0);
                 job.seq = c.seq;
                 job.chunk = i;
+                // Copies of numbers the batch already had are not added.
+                let copies: Vec<usize> = r[4].split(',').filter_map(|p| p.parse().ok()).collect();
+                job.to = (c.to.iter().enumerate())
+                    .filter(|(k, _)| !copies.contains(k))
+                    .map(|(_, t)| *t)
+                    .collect();
                 job.group = Some(r[2].clone()).filter(|g| !g.is_empty());
-                job.pc = if job.group.is_some() { 2 } else { 1 };
+                if job.to.is_empty() {
+                    // Nothing to add: recorded loaded at once.
+                    job.registered = 0;
+                    job.pc = 3;
+                } else {
+                    job.pc = if job.group.is_some() { 2 } else { 1 };
+                }
             }
             (CHUNK_OPS, 1) => {
                 let r = protocol::park(
@@ -429,7 +473,7 @@ impl World {
                     BATCH,
                     job.seq,
                     job.gen,
-                    &[job.chunk as u8],
+                    &Self::payload(&job),
                 );
                 self.sync_work();
                 match r[0].as_str() {
@@ -456,8 +500,8 @@ impl World {
                 }
                 let result = match answer {
                     Answer::Fail => Err(true),
-                    Answer::Ok => self.add(&group, job.chunk),
-                    Answer::Lost => self.add(&group, job.chunk).and(Err(true)),
+                    Answer::Ok => self.add(&group, &job.to),
+                    Answer::Lost => self.add(&group, &job.to).and(Err(true)),
                 };
                 match result {
                     Ok(n) => {
@@ -466,7 +510,7 @@ impl World {
                     }
                     Err(true) => {
                         let item = protocol::work_item(BATCH, job.gen, Some(job.seq), Some(&group));
-                        return self.retry(w, "load", item, Some(vec![job.chunk as u8]));
+                        return self.retry(w, "load", item, Some(Self::payload(&job)));
                     }
                     Err(false) => {
                         if self
@@ -475,7 +519,30 @@ impl World {
                         {
                             return self.ack(w);
                         }
-                        return self.dead(w, format!("chunk {} refused by group {group}", job.seq));
+                        // Given up (load_chunk::give_up): recorded loaded with
+                        // every recipient failed, then dead-lettered (one
+                        // step: the loaded event is idempotent).
+                        let e = ChunkLoaded {
+                            gen: job.gen,
+                            seq: job.seq,
+                            group_id: group.clone(),
+                            registered: 0,
+                            duplicates: 0,
+                            failed: (job.to.iter())
+                                .map(|t| RegistrationFailure {
+                                    to: t.to_string(),
+                                    code: "given_up".into(),
+                                })
+                                .collect(),
+                            given_up: Some("refused".into()),
+                        };
+                        let policy = self.policy();
+                        protocol::loaded(&mut self.redis.db, BATCH, &policy, &e);
+                        self.sync_work();
+                        return self.dead(
+                            w,
+                            format!("chunk {} given up: group {group} refused it", job.seq),
+                        );
                     }
                 }
             }
@@ -494,7 +561,8 @@ impl World {
                         b.state.remove(&format!("k:loaded/{}/{}", job.gen, job.seq));
                     }
                 }
-                protocol::loaded(&mut self.redis.db, BATCH, &e);
+                let policy = self.policy();
+                protocol::loaded(&mut self.redis.db, BATCH, &policy, &e);
                 self.sync_work();
                 job.pc = ACK;
             }
@@ -565,7 +633,9 @@ impl World {
                     job.pc = 3;
                 } else {
                     let reg = protocol::num(self.field(&format!("g:{}:reg", job.gen)));
-                    if self.groups[gi].members.len() as i64 != reg {
+                    let unsure = protocol::num(self.field(&format!("g:{}:unsure", job.gen)));
+                    let held = self.groups[gi].members.len() as i64;
+                    if held < reg || held > reg + unsure {
                         let e = Event::SendRefused(SendRefused {
                             gen: job.gen,
                             group_id: group.clone(),
@@ -624,25 +694,20 @@ impl World {
                     return self.retry(w, "poll", item, None);
                 }
                 // A sent group is finished by the time it is polled.
-                let r = protocol::completed(
+                let policy = self.policy();
+                protocol::completed(
                     &mut self.redis.db,
                     BATCH,
+                    &policy,
                     &CompletedArgs {
                         gen: job.gen,
                         group: job.group.as_deref().unwrap_or(""),
                         status: "COMPLETE",
                         sent_success: 0,
                         sent_failed: 0,
-                        retention_secs: u64::from(self.cfg.retention),
-                        deliver: self.cfg.webhook,
                     },
                 );
                 self.sync_work();
-                if r[0] == "reported" {
-                    let report = self.field("report").unwrap_or("").to_string();
-                    let n = self.field("seqs").unwrap_or("").to_string();
-                    self.reports.insert(format!("{report} chunks={n}"));
-                }
                 job.pc = ACK;
             }
             ("delete", 0) => {
@@ -703,14 +768,21 @@ impl World {
         self.workers[w] = Some(job);
     }
 
-    /// Whether every chunk now assigned to `gen` is wholly in group `gi`.
+    /// Whether every chunk now assigned to `gen` is wholly in group `gi`
+    /// (less its copies of numbers the batch already had, `x:<seq>`).
     fn complete(&self, gen: u32, gi: usize) -> bool {
         let members = &self.groups[gi].members;
         self.cfg.ingest.iter().all(|c| {
             let assigned = self.field(&format!("s:{}", c.seq)).is_some_and(|s| {
                 s.starts_with(&format!("{gen}|")) && s.ends_with(&Self::digest(c))
             });
-            !assigned || c.to.iter().all(|t| members.contains(t))
+            let copies: Vec<usize> = (self.field(&format!("x:{}", c.seq)).unwrap_or(""))
+                .split(',')
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            !assigned
+                || (c.to.iter().enumerate())
+                    .all(|(k, t)| copies.contains(&k) || members.contains(t))
         }) && self.field(&format!("g:{gen}:closed")).is_some()
     }
 
@@ -736,6 +808,7 @@ impl World {
             gen: 0,
             seq: 0,
             chunk: 0,
+            to: vec![],
             group: None,
             registered: 0,
             outcome: "",
@@ -756,6 +829,7 @@ impl World {
             job.seq = e.item.seq.unwrap_or(0);
             job.group = e.item.group_id.clone();
             job.chunk = e.chunk.as_ref().map_or(0, |c| usize::from(c[0]));
+            job.to = e.chunk.as_ref().map_or(vec![], |c| c[1..].to_vec());
             job.pc = if job.op == "load" { 2 } else { 0 };
         }
         job
@@ -823,6 +897,13 @@ impl Model for World {
         if self.watchdog > 0 && !reported && self.field("seqs").is_some() {
             out.push(Action::Watchdog);
         }
+        // An operator closes a batch that has recorded something.
+        let recorded = ["seqs", "holes", "rejected"]
+            .iter()
+            .any(|f| self.field(f).is_some());
+        if self.closes > 0 && recorded && !reported {
+            out.push(Action::Close);
+        }
         let quiet = deliveries.iter().all(|(_, d)| *d == Delivery::Acked)
             && self.workers.iter().all(Option::is_none);
         if self.cfg.retention && quiet && self.redis.db.batch(BATCH).is_some_and(|b| b.expiring) {
@@ -888,6 +969,21 @@ impl Model for World {
             Action::Expire => {
                 s.redis.db.batches.remove(BATCH);
             }
+            Action::Close => {
+                s.closes -= 1;
+                let policy = s.policy();
+                protocol::close(&mut s.redis.db, BATCH, &policy, "operator");
+                s.sync_work();
+            }
+        }
+        // A report decided by this step (whichever script decided it).
+        if s.redis.db.reports.len() > self.redis.db.reports.len() {
+            if let Some((_, _, Event::BatchReported(r))) = s.redis.db.reports.last() {
+                s.reports.insert(format!(
+                    "{} chunks={} missing={}",
+                    r.outcome, r.chunks, r.missing
+                ));
+            }
         }
         s
     }
@@ -911,8 +1007,10 @@ impl Model for World {
                     seqs.sort();
                     put(h, &seqs);
                 }
+                put(h, &b.dedupe);
                 put(h, &b.expiring);
             }
+            put(h, &r.db.reported);
             let mut work: Vec<WorkKey<'_>> =
                 r.db.work
                     .iter()
@@ -957,6 +1055,7 @@ impl Model for World {
                             j.gen,
                             j.seq,
                             j.chunk,
+                            &j.to,
                             &j.group,
                             j.registered,
                             j.outcome,
@@ -977,6 +1076,7 @@ impl Model for World {
                 self.lost_answers,
                 self.redis_losses,
                 self.watchdog,
+                self.closes,
             ),
         );
     }
@@ -1060,14 +1160,28 @@ impl Model for World {
             .iter()
             .flat_map(|c| c.to.iter().copied())
             .collect();
-        let rejected = self
-            .redis
-            .dead
-            .iter()
-            .filter(|d| d.contains("rejected"))
-            .count();
-        if rejected == 0 && sent != wanted {
+        // Unless a chunk was refused or given up, or an operator closed the
+        // batch (a refused chunk is dead-lettered with its reason).
+        let lossy = self.closes < self.cfg.closes
+            || (self.redis.dead.iter())
+                .any(|d| d.contains("rejected") || d.contains("refused") || d.contains("given up"));
+        if !lossy && sent != wanted {
             return Some(format!("recipients {wanted:?} wanted, {sent:?} sent"));
+        }
+        // 8. The report tells the truth: `completed` only when every
+        // recipient of the batch's chunks was sent; and when nothing was
+        // refused, given up or closed, it is `completed`.
+        let report = self.reports.iter().next().map_or("", String::as_str);
+        let outcome = report.split(' ').next().unwrap_or("");
+        if outcome == "completed" && sent != wanted {
+            return Some(format!(
+                "the report says {report:?}, but of recipients {wanted:?} only {sent:?} were sent"
+            ));
+        }
+        if !lossy && self.redis.dead.is_empty() && outcome != "completed" {
+            return Some(format!(
+                "the report says {report:?}, but every recipient was sent"
+            ));
         }
         // Losing racers' groups hold nobody and are never sent.
         for (i, g) in self.groups.iter().enumerate() {
@@ -1138,6 +1252,7 @@ impl Model for World {
             Action::LoseWrites => "redis restarts and loses its unsynced writes".into(),
             Action::Watchdog => "watchdog finds the batch quiet".into(),
             Action::Expire => "retention expires the batch's keys".into(),
+            Action::Close => "an operator closes the batch".into(),
         }
     }
 }
