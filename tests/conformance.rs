@@ -869,3 +869,57 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     assert!(copies > 100, "only {copies} copies found by the dedupe");
     assert!(steps >= 10_000);
 }
+
+/// `close` on a batch whose highest seq is in the thousands (a large batch,
+/// last seq unknown): the script reads the seqs in pages (one HMGET of them
+/// all passed Lua's unpack limit and failed), and decides as its mirror.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_reads_thousands_of_seqs() {
+    let server = common::redis();
+    let p = BatchPolicy::default();
+    let store = Store::connect(&server.url(), Keyspace::new("big", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(p);
+    let batch = "many-seqs";
+    let log = store.batch(batch);
+    let mut db = Db::default();
+    let calls = [
+        Call::Accept {
+            seq: 0,
+            last: false,
+            records: dedupe_records(["07000000001"]),
+            digest: "d0".into(),
+            hint: 0,
+        },
+        Call::Reject {
+            seq: 2500,
+            digest: "bad".into(),
+            reason: "invalid".into(),
+        },
+        Call::Accept {
+            seq: 9999,
+            last: false,
+            records: dedupe_records(["07000000002"]),
+            digest: "d9999".into(),
+            hint: 0,
+        },
+        Call::Close {
+            reason: "operator".into(),
+        },
+    ];
+    for call in &calls {
+        let want = model(&mut db, batch, &p, 10, call);
+        let got = real(&store, &log, 10, call).await;
+        assert_eq!(want, got, "{call:?}");
+        let diffs = compare(&db, batch, &read(&store, &log).await);
+        assert!(diffs.is_empty(), "{call:?}: {}", diffs.join("\n"));
+    }
+    // 0..9999, less the two assigned and the hole.
+    assert_eq!(
+        db.field(batch, "missing"),
+        Some("9997"),
+        "{:?}",
+        db.field(batch, "missing")
+    );
+}

@@ -23,15 +23,20 @@ local top = tonumber(f[4])
 if not top then
   top = math.max(tonumber(f[5]) or -1, tonumber(f[6]) or -1)
 end
-local missing, names = {}, {}
-for s = 0, top do
-  names[#names + 1] = 's:' .. s
-  names[#names + 1] = 'r:' .. s
-end
-if #names > 0 then
+-- Read in pages: HMGET's arguments go through unpack(), which takes at most
+-- ~8000 values ("too many results to unpack"), and a batch may have more
+-- seqs than that.
+local missing, PAGE = {}, 1000
+for from = 0, top, PAGE do
+  local to, names = math.min(top, from + PAGE - 1), {}
+  for s = from, to do
+    names[#names + 1] = 's:' .. s
+    names[#names + 1] = 'r:' .. s
+  end
   local got = redis.call('HMGET', STATE, unpack(names))
-  for s = 0, top do
-    if not got[2 * s + 1] and got[2 * s + 2] ~= '1' then
+  for s = from, to do
+    local k = 2 * (s - from)
+    if not got[k + 1] and got[k + 2] ~= '1' then
       missing[#missing + 1] = s
     end
   end
