@@ -53,9 +53,7 @@ const RECORD: usize = 5;
 pub fn dedupe_record(to: &str) -> [u8; RECORD] {
     let exact = !to.is_empty() && to.len() <= 11 && to.bytes().all(|b| b.is_ascii_digit());
     let v = match exact {
-        true => to
-            .bytes()
-            .fold(1u64, |v, d| v * 10 + u64::from(d - b'0')),
+        true => to.bytes().fold(1u64, |v, d| v * 10 + u64::from(d - b'0')),
         false => {
             let h = to.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
@@ -476,7 +474,11 @@ impl BatchLog {
             *by_reason.entry(f.code.as_str()).or_default() += 1;
         }
         let reasons: Vec<String> = by_reason.iter().map(|(c, n)| format!("{c}={n}")).collect();
-        let unsure = if e.given_up.is_some() { e.failed.len() } else { 0 };
+        let unsure = if e.given_up.is_some() {
+            e.failed.len()
+        } else {
+            0
+        };
         let v: Value = self
             .settling(&SCRIPTS.loaded)
             .arg(e.gen)

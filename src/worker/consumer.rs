@@ -336,7 +336,9 @@ async fn settle(
                     now,
                 ) {
                     retry::Decision::GiveUp(reason) => {
-                        if let Err(e) = give_up_load(ctx, op, &item, chunk.as_deref(), &reason).await {
+                        if let Err(e) =
+                            give_up_load(ctx, op, &item, chunk.as_deref(), &reason).await
+                        {
                             tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
                             return;
                         }

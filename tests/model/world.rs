@@ -406,6 +406,7 @@ impl World {
                         let e = Event::InputRejected(InputRejected {
                             seq: Some(c.seq),
                             reason: r[1].clone(),
+                            hole: false,
                         });
                         protocol::append(&mut self.redis.db, BATCH, &key, &e);
                         // Then dead-lettered (one more step, folded here:

@@ -1,7 +1,6 @@
 //! What a chunk may be: the limits, and the checks that need nothing but
 //! the chunk (the batch's state decides the rest, in the accept script).
 
-
 use thiserror::Error;
 
 use super::codec;

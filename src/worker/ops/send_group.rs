@@ -92,7 +92,10 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     if held < registered || held > registered + unsure {
         let expected = match unsure {
             0 => registered.to_string(),
-            _ => format!("{registered} (up to {} with given-up chunks)", registered + unsure),
+            _ => format!(
+                "{registered} (up to {} with given-up chunks)",
+                registered + unsure
+            ),
         };
         let reason = format!(
             "provider has {held} registered messages in group {group_id}, our events say {expected}: not sending"
