@@ -398,6 +398,28 @@ impl Projection {
             .unwrap_or(0)
     }
 
+    /// The seqs not (yet) received: from 0 to the last seq (or, the last
+    /// unknown, to the highest seq received or refused), those neither
+    /// assigned nor refused for good (a hole).
+    pub fn missing_seqs(&self) -> Vec<u32> {
+        let top = match self.last_seq() {
+            Some(l) => l,
+            None => {
+                let highest = |f: &str| self.get(f).and_then(|v| v.parse::<u32>().ok());
+                match (highest("max"), highest("rmax")) {
+                    (None, None) => return Vec::new(),
+                    (a, b) => a.max(b).unwrap_or(0),
+                }
+            }
+        };
+        (0..=top)
+            .filter(|&s| {
+                !self.fields.contains_key(&field::assignment(s))
+                    && self.get(&field::hole(s)) != Some("1")
+            })
+            .collect()
+    }
+
     /// Whether chunk `seq` is recorded loaded into generation `gen`.
     pub fn is_loaded(&self, gen: u32, seq: u32) -> bool {
         self.appended(&event_key::loaded(gen, seq)).is_some()

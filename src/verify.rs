@@ -1,5 +1,8 @@
-//! Checks the six invariants for a batch, from our event log and, when a
-//! provider client is given, from the provider's own view of each group.
+//! Checks the invariants for a batch, from our event log and, when a
+//! provider client is given, from the provider's own view of each group:
+//! the six safety invariants, and the seventh's truthful report (its
+//! outcome and counts agree with the events; a reported batch has its
+//! tombstone).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +16,7 @@ use crate::store::{Store, StoreResult};
 /// One check.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
-    /// The invariant (1-6, or 0 for the log's own integrity).
+    /// The invariant (1-7, or 0 for the log's own integrity).
     pub invariant: u8,
     /// Whether it held.
     pub ok: bool,
@@ -54,6 +57,8 @@ struct Loaded {
     registered: u32,
     /// Recipients listed as registration failures.
     failed: usize,
+    /// Whether the chunk was given up on (its registration unknown).
+    given_up: bool,
 }
 
 /// What one generation's events say.
@@ -68,6 +73,8 @@ struct Gen {
     sends: Vec<usize>,
     refused: Vec<String>,
     closed: bool,
+    /// Done with nobody to send to (status `empty`): never sent.
+    empty: bool,
 }
 
 impl Gen {
@@ -79,6 +86,14 @@ impl Gen {
     fn registered(&self) -> u64 {
         self.loaded.values().map(|l| u64::from(l.registered)).sum()
     }
+    /// Recipients of given-up chunks: the provider may hold some of them.
+    fn unsure(&self) -> u64 {
+        self.loaded
+            .values()
+            .filter(|l| l.given_up)
+            .map(|l| l.failed as u64)
+            .sum()
+    }
 }
 
 /// A batch's events, tallied per generation: what the checks read.
@@ -88,8 +103,16 @@ struct Tally {
     reports: usize,
     /// Keys of `input_rejected` events.
     rejected: BTreeSet<String>,
-    /// Recipients of every assigned chunk.
+    /// Recipients of every assigned chunk (first copies only).
     recipients: u64,
+    /// Copies of numbers the batch already had, by the assignments.
+    duplicates: u64,
+    /// Seqs refused for good (holes), not assigned later.
+    holes: BTreeSet<u32>,
+    /// The close, if any: its missing seqs.
+    closed: Option<Vec<u32>>,
+    /// The report decided, if any.
+    report: Option<crate::events::BatchReported>,
 }
 
 impl Tally {
@@ -101,7 +124,10 @@ impl Tally {
                 Event::ChunkAssigned(e) => {
                     t.gen(e.gen).assigned.insert(e.seq, e.count);
                     t.recipients += u64::from(e.count);
+                    t.duplicates += e.duplicates.len() as u64;
+                    t.holes.remove(&e.seq);
                 }
+                Event::BatchClosed(e) => t.closed = Some(e.missing.clone()),
                 Event::GroupCreated(e) => t.gen(e.gen).created.push(e.group_id.clone()),
                 Event::GroupDiscarded(e) => t.gen(e.gen).discarded.push(e.group_id.clone()),
                 Event::ChunkLoaded(e) => {
@@ -110,15 +136,23 @@ impl Tally {
                         group_id: e.group_id.clone(),
                         registered: e.registered,
                         failed: e.failed.len(),
+                        given_up: e.given_up.is_some(),
                     };
                     t.gen(e.gen).loaded.insert(e.seq, loaded);
                 }
                 Event::SendTriggered(e) => t.gen(e.gen).sends.push(i),
                 Event::SendRefused(e) => t.gen(e.gen).refused.push(e.reason.clone()),
                 Event::GenerationClosed(e) => t.gen(e.gen).closed = true,
-                Event::BatchReported(_) => t.reports += 1,
-                Event::InputRejected(_) => {
+                Event::GroupCompleted(e) if e.status == "empty" => t.gen(e.gen).empty = true,
+                Event::BatchReported(e) => {
+                    t.reports += 1;
+                    t.report.get_or_insert_with(|| e.clone());
+                }
+                Event::InputRejected(e) => {
                     t.rejected.insert(r.key.clone());
+                    if let (true, Some(seq)) = (e.hole, e.seq) {
+                        t.holes.insert(seq);
+                    }
                 }
                 _ => {}
             }
@@ -235,11 +269,18 @@ fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool)
             all_loaded_before,
             format!("gen {g}: closed and every assigned chunk loaded before the send"),
         );
-    } else if reported {
+    } else if reported && !st.empty {
         c.check(
             2,
             false,
             format!("gen {g}: batch reported but generation never sent"),
+        );
+    }
+    if st.empty {
+        c.check(
+            2,
+            st.sends.is_empty() && st.registered() == 0,
+            format!("gen {g}: done with nobody registered, and not sent"),
         );
     }
     // 3. Loaded once, into the generation's own group.
@@ -288,10 +329,15 @@ fn provider_checks(c: &mut Checks, g: u32, st: &Gen, view: &ProviderView, cap: u
         Ok(group) => {
             let ours = st.registered();
             let theirs = group.count.registered_success;
+            // Given-up chunks may have registered some recipients first.
+            let within = theirs >= ours && theirs <= ours + st.unsure();
             c.check(
                 3,
-                theirs == ours || st.sends.is_empty(),
-                format!("gen {g}: provider registered {theirs} in {group_id}, our events {ours}"),
+                within || st.sends.is_empty(),
+                format!(
+                    "gen {g}: provider registered {theirs} in {group_id}, our events {ours} (+ up to {} given up)",
+                    st.unsure()
+                ),
             );
             c.check(
                 6,
@@ -333,10 +379,18 @@ fn provider_checks(c: &mut Checks, g: u32, st: &Gen, view: &ProviderView, cap: u
     }
 }
 
-/// Invariants 4 and 5 of the whole batch. `last` is the batch's last seq as
-/// its state says; `stream_reports` the entries in the reports stream (when
-/// reported); `dead` the dead letters of the batch's chunks.
-fn batch_checks(c: &mut Checks, t: &Tally, last: Option<u32>, stream_reports: usize, dead: usize) {
+/// Invariants 4, 5 and 7 of the whole batch. `last` is the batch's last
+/// seq as its state says; `stream_reports` the entries in the reports stream
+/// (when reported); `dead` the dead letters of the batch's chunks;
+/// `tombstoned` whether the batch's id is remembered as reported.
+fn batch_checks(
+    c: &mut Checks,
+    t: &Tally,
+    last: Option<u32>,
+    stream_reports: usize,
+    dead: usize,
+    tombstoned: bool,
+) {
     // 4. One report decision, and one entry in the reports stream.
     c.check(4, t.reports <= 1, format!("{} report event(s)", t.reports));
     if t.reported() {
@@ -345,10 +399,33 @@ fn batch_checks(c: &mut Checks, t: &Tally, last: Option<u32>, stream_reports: us
             stream_reports == 1,
             format!("{stream_reports} entr(ies) in the reports stream"),
         );
-        // 5. Nothing lost.
-        let all_assigned = last
-            .is_some_and(|l| (0..=l).all(|s| t.gens.values().any(|g| g.assigned.contains_key(&s))));
-        c.check(5, all_assigned, format!("every seq 0..={last:?} assigned"));
+        // 5. Nothing lost: every seq up to the last (or, closed without
+        // one, the highest seen) is assigned, refused for good, or given up
+        // by the close; every recipient registered or a listed failure.
+        let missing: BTreeSet<u32> = t.closed.iter().flatten().copied().collect();
+        let assigned = |s: &u32| t.gens.values().any(|g| g.assigned.contains_key(s));
+        let top = last.or_else(|| {
+            t.closed.as_ref()?;
+            t.gens
+                .values()
+                .flat_map(|g| g.assigned.keys())
+                .chain(&t.holes)
+                .chain(&missing)
+                .max()
+                .copied()
+        });
+        let unaccounted: Vec<u32> = top
+            .map(|l| {
+                (0..=l)
+                    .filter(|s| !assigned(s) && !t.holes.contains(s) && !missing.contains(s))
+                    .collect()
+            })
+            .unwrap_or_default();
+        c.check(
+            5,
+            (top.is_some() || t.gens.is_empty()) && unaccounted.is_empty(),
+            format!("every seq 0..={top:?} assigned, refused or given up (not: {unaccounted:?})"),
+        );
         let accounted: u64 = t
             .gens
             .values()
@@ -363,6 +440,48 @@ fn batch_checks(c: &mut Checks, t: &Tally, last: Option<u32>, stream_reports: us
                 t.recipients
             ),
         );
+        // 7. The report tells the truth.
+        if let Some(r) = &t.report {
+            let registered: u64 = t.gens.values().map(Gen::registered).sum();
+            let failed: u64 = t
+                .gens
+                .values()
+                .flat_map(|g| g.loaded.values())
+                .map(|l| l.failed as u64)
+                .sum();
+            let missing_n = missing.len() as u64;
+            let rejected = t.rejected.len() as u64;
+            let expected = if registered == 0 {
+                "failed"
+            } else if failed == 0 && rejected == 0 && missing_n == 0 && last.is_some() {
+                "completed"
+            } else {
+                "partial"
+            };
+            c.check(
+                7,
+                r.outcome == expected,
+                format!(
+                    "report outcome {:?}, the counts say {expected:?}",
+                    r.outcome
+                ),
+            );
+            let counts = (r.registered, r.failed, r.duplicates, r.rejected, r.missing);
+            let ours = (registered, failed, t.duplicates, rejected, missing_n);
+            c.check(
+                7,
+                counts == ours,
+                format!(
+                    "report (registered, failed, duplicates, rejected, missing) {counts:?}, events {ours:?}"
+                ),
+            );
+            c.check(
+                7,
+                r.failed_by_reason.values().sum::<u64>() == r.failed,
+                format!("failures by reason add up to {}", r.failed),
+            );
+        }
+        c.check(7, tombstoned, "a reported batch is remembered (tombstone)");
     }
     c.check(
         5,
@@ -410,7 +529,15 @@ pub async fn verify_batch(
         0
     };
     let dead = count_dead_letters(store, batch).await?;
-    batch_checks(&mut c, &tally, live.last_seq(), stream_reports, dead);
+    let tombstoned = tally.reported() && store.is_tombstoned(batch).await?;
+    batch_checks(
+        &mut c,
+        &tally,
+        live.last_seq(),
+        stream_reports,
+        dead,
+        tombstoned,
+    );
 
     Ok(Verification {
         batch: batch.to_string(),
@@ -504,6 +631,7 @@ mod tests {
                 count,
                 last: false,
                 digest: String::new(),
+                duplicates: Vec::new(),
             }),
         )
     }
@@ -526,6 +654,7 @@ mod tests {
                 registered,
                 duplicates: 0,
                 failed: Vec::new(),
+                given_up: None,
             }),
         )
     }
@@ -574,7 +703,7 @@ mod tests {
         for (g, st) in &t.gens {
             generation_checks(&mut c, *g, st, cap, t.reported());
         }
-        batch_checks(&mut c, &t, last, usize::from(reported), 0);
+        batch_checks(&mut c, &t, last, usize::from(reported), 0, true);
         c.0.iter().filter(|c| !c.ok).map(|c| c.invariant).collect()
     }
 
@@ -629,6 +758,46 @@ mod tests {
         assert_eq!(failing(&good(), 5, true, Some(2)), vec![5]);
         let mut e = good();
         e[4] = loaded(0, 1, "G1", 1);
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![5]);
+    }
+
+    #[test]
+    fn a_report_that_hides_a_refused_chunk_breaks_invariant_7() {
+        let report = |outcome: &str, rejected: u64| {
+            rec(
+                "report",
+                Event::BatchReported(crate::events::BatchReported {
+                    outcome: outcome.into(),
+                    generations: 1,
+                    chunks: 2,
+                    recipients: 5,
+                    registered: 5,
+                    failed: 0,
+                    sent_success: 5,
+                    sent_failed: 0,
+                    duplicates: 0,
+                    rejected,
+                    missing: 0,
+                    failed_by_reason: Default::default(),
+                }),
+            )
+        };
+        let refused = rec(
+            "reject/2/d",
+            Event::InputRejected(crate::events::InputRejected {
+                seq: Some(2),
+                reason: "beyond the last seq 1".into(),
+                hole: false,
+            }),
+        );
+        let mut e = good();
+        e.push(report("completed", 0));
+        assert_eq!(failing(&e, 5, true, Some(1)), Vec::<u8>::new());
+        e.push(refused.clone());
+        // `failing` counts no dead letter: the refusal's own check fails too.
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![7, 7, 5]);
+        let mut e = good();
+        e.extend([refused, report("partial", 1)]);
         assert_eq!(failing(&e, 5, true, Some(1)), vec![5]);
     }
 

@@ -396,7 +396,8 @@ async fn run_every_script(store: &Store, round: u32) {
             accepted,
             Accepted::Assigned {
                 gen: 0,
-                group: None
+                group: None,
+                duplicates: vec![]
             }
         );
         assert_eq!(

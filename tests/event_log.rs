@@ -25,6 +25,7 @@ async fn concurrent_appends_of_the_same_keys_append_each_once() {
                 let e = Event::InputRejected(InputRejected {
                     seq: Some(k),
                     reason: "test".into(),
+                    hole: false,
                 });
                 if let Appended::New(_) = log
                     .append(&format!("reject/{k}"), &e)
@@ -59,6 +60,7 @@ async fn a_repeated_append_returns_the_first_entry() {
     let e = Event::InputRejected(InputRejected {
         seq: None,
         reason: "x".into(),
+        hole: false,
     });
     let Appended::New(first) = log.append("reject/x", &e).await.expect("append") else {
         panic!("first append must be new")
@@ -250,7 +252,7 @@ proptest! {
                     Step::Chunk(seq) => {
                         let r = log.accept(seq, seq == chunks - 1, 10, &format!("d{seq}"), cap).await.expect("accept");
                         match r {
-                            Accepted::Assigned { gen, group } | Accepted::Duplicate { gen, group, .. } => {
+                            Accepted::Assigned { gen, group, .. } | Accepted::Duplicate { gen, group, .. } => {
                                 assigned.insert(seq, gen);
                                 if group.is_none() {
                                     log.park(seq, gen, b"p").await.expect("park");
@@ -326,6 +328,7 @@ async fn an_idempotent_append_costs_four_commands_and_a_repeat_two() {
         Event::InputRejected(InputRejected {
             seq: Some(k),
             reason: "x".into(),
+            hole: false,
         })
     };
     // Load the script first (the first call answers NOSCRIPT and loads it).

@@ -7,3 +7,6 @@ mod common;
 
 #[path = "liveness/retry.rs"]
 mod retry;
+
+#[path = "liveness/input.rs"]
+mod input;

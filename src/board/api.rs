@@ -150,15 +150,7 @@ fn check_batch(id: &str) -> Result<(), ApiError> {
 /// The seqs not accepted yet, up to the last one (or the highest seen when
 /// the last has not arrived), at most [`MISSING_MAX`].
 pub fn missing_seqs(p: &Projection) -> Vec<u32> {
-    let end = match p.last_seq() {
-        Some(l) => l,
-        None if p.fields.contains_key("max") => p.int("max") as u32,
-        None => return Vec::new(),
-    };
-    (0..=end)
-        .filter(|s| !p.fields.contains_key(&format!("s:{s}")))
-        .take(MISSING_MAX)
-        .collect()
+    p.missing_seqs().into_iter().take(MISSING_MAX).collect()
 }
 
 /// `GET /api/batches/{id}`: generations and groups, missing seqs, rejected

@@ -462,6 +462,7 @@ mod tests {
                 to: "0101".into(),
                 code: "1062".into(),
             }],
+            given_up: None,
         });
         let fields = vec![
             ("v".to_string(), b"1".to_vec()),

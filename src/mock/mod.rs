@@ -66,6 +66,9 @@ pub(crate) struct MockState {
     faults: FaultController,
     replay: Mutex<ReplayGuard>,
     requests: [AtomicU64; routes::ENDPOINTS.len()],
+    /// A test hook: adds holding a message to this number are refused
+    /// (`400`), before they take effect.
+    refused_number: Mutex<Option<String>>,
 }
 
 impl MockState {
@@ -80,6 +83,7 @@ impl MockState {
             cap: config.cap,
             complete_after: config.complete_after,
             error_count_as_string: config.error_count_as_string,
+            refused_number: Mutex::new(None),
             initial_faults: config.faults,
             ledger: Mutex::new(Ledger::new(nonce.clone())),
             nonce,
@@ -228,6 +232,13 @@ impl MockHandle {
     /// Replaces the faults (a non-zero `stall_ms` opens a stall window now).
     pub fn set_faults(&self, faults: Faults) {
         self.state.faults.set(faults);
+    }
+
+    /// From now on, refuses every add request holding a message to `to`
+    /// with `400 ValidationError`, before it takes effect (None: stop). A
+    /// permanent refusal of one chunk's adds, for tests.
+    pub fn refuse_adds_with(&self, to: Option<&str>) {
+        *lock(&self.state.refused_number) = to.map(str::to_string);
     }
 
     /// As `POST /_mock/reset`: forgets groups and counters, restores the

@@ -204,6 +204,15 @@ async fn add_messages(
             format!("{n} messages, at most {MAX_MESSAGES_PER_REQUEST} per request"),
         );
     }
+    if let Some(to) = lock(&s.refused_number).as_deref() {
+        if parsed.messages.iter().any(|m| m.to == to) {
+            return error(
+                400,
+                "ValidationError",
+                format!("messages to {to} are refused (test hook)"),
+            );
+        }
+    }
     let keys: Vec<Option<u64>> = parsed
         .messages
         .iter()

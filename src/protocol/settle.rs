@@ -77,7 +77,11 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     let (rejected, missing) = (r.num("rejected"), r.num("missing"));
     let outcome = if registered == 0 {
         "failed"
-    } else if failed == 0 && rejected == 0 && missing == 0 && r.get("last").is_some() {
+    } else if failed == 0
+        && rejected == 0
+        && missing == 0
+        && tonumber(r.get("last").as_deref()).is_some()
+    {
         // A batch closed before its last seq was known may have lost chunks
         // that no count shows: not `completed`.
         "completed"

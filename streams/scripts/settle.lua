@@ -46,8 +46,10 @@ end
 -- Decides the batch's report if it takes no more chunks and every generation
 -- is done; the report event's key `report` makes the decision once. The
 -- outcome tells the truth: `completed` only when every recipient of every
--- expected chunk was registered and nothing was refused or given up;
--- `failed` when nobody was registered; otherwise `partial`.
+-- expected chunk was registered and nothing was refused or given up (a
+-- batch closed before its last seq was known is not complete: how many
+-- chunks were expected is unknown); `failed` when nobody was registered;
+-- otherwise `partial`.
 -- Returns whether it was decided now.
 local function try_report()
   flush()
@@ -64,9 +66,7 @@ local function try_report()
   local outcome = 'partial'
   if registered == 0 then
     outcome = 'failed'
-  elseif failed == 0 and rejected == 0 and missing == 0 and f[3] then
-    -- (`f[3]`, the last seq: a batch closed before its last seq was known
-    -- may have lost chunks that no count shows: it is not `completed`.)
+  elseif failed == 0 and rejected == 0 and missing == 0 and tonumber(f[3]) then
     outcome = 'completed'
   end
   local report = {outcome = outcome, generations = gens, chunks = num(f[4]), recipients = num(f[8]),

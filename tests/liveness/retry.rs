@@ -23,15 +23,15 @@ use crate::common::*;
 /// A report webhook that can be taken down (it answers 503 then) and
 /// brought back, keeping every receipt it accepted.
 #[derive(Clone, Default)]
-struct Hook {
-    down: Arc<AtomicBool>,
-    refused: Arc<AtomicU64>,
+pub(crate) struct Hook {
+    pub(crate) down: Arc<AtomicBool>,
+    pub(crate) refused: Arc<AtomicU64>,
     accepted: Arc<Mutex<Vec<(String, serde_json::Value)>>>,
 }
 
 impl Hook {
     /// Serves on a loopback port; returns its URL.
-    async fn serve(&self) -> String {
+    pub(crate) async fn serve(&self) -> String {
         async fn receive(
             State(hook): State<Hook>,
             headers: HeaderMap,
@@ -60,13 +60,13 @@ impl Hook {
         url
     }
 
-    fn receipts(&self) -> Vec<(String, serde_json::Value)> {
+    pub(crate) fn receipts(&self) -> Vec<(String, serde_json::Value)> {
         self.accepted.lock().expect("lock").clone()
     }
 }
 
 /// Waits (bounded) until `ok` holds, panicking with `what` otherwise.
-async fn wait_until<F, Fut>(what: &str, limit: Duration, mut ok: F)
+pub(crate) async fn wait_until<F, Fut>(what: &str, limit: Duration, mut ok: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -82,7 +82,7 @@ where
 }
 
 /// Waits until the webhook accepted `batch`'s report and our events say so.
-async fn wait_delivered<R>(rig: &Rig<R>, hook: &Hook, batch: &str, limit: Duration) {
+pub(crate) async fn wait_delivered<R>(rig: &Rig<R>, hook: &Hook, batch: &str, limit: Duration) {
     let log = rig.store.batch(batch);
     wait_until("the report is delivered", limit, || {
         let log = log.clone();
@@ -152,7 +152,11 @@ async fn exactly_one_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str, recipient
 }
 
 /// A rig of `workers` whose reports go to a fresh [`Hook`].
-async fn rig_with_hook(workers: usize, config: WorkerConfig, mock: MockConfig) -> (Rig, Hook) {
+pub(crate) async fn rig_with_hook(
+    workers: usize,
+    config: WorkerConfig,
+    mock: MockConfig,
+) -> (Rig, Hook) {
     let hook = Hook::default();
     let config = WorkerConfig {
         report_webhook: Some(hook.serve().await),

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::events::{Event, ReportDelivered};
-use crate::projection::{event_key, Projection};
+use crate::projection::{event_key, field, Projection};
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
@@ -22,6 +22,16 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
             })
         })
         .collect();
+    let failed_by_reason: serde_json::Map<String, serde_json::Value> = p
+        .fields
+        .iter()
+        .filter_map(|(k, v)| {
+            Some((
+                k.strip_prefix("fr:")?.to_string(),
+                json!(v.parse::<u64>().ok()?),
+            ))
+        })
+        .collect();
     json!({
         "batchId": batch,
         "outcome": p.get("report"),
@@ -29,6 +39,12 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "recipients": p.int("recipients"),
         "registered": p.int("registered"),
         "failed": p.int("failed"),
+        "failedByReason": failed_by_reason,
+        "duplicates": p.int(field::DUPLICATES),
+        "rejected": p.int(field::REJECTED),
+        "missing": p.int(field::MISSING),
+        "missingSeqs": p.missing_seqs(),
+        "closed": p.get(field::CLOSED),
         "sentSuccess": p.int("sent_success"),
         "sentFailed": p.int("sent_failed"),
         "groups": groups,

@@ -1,0 +1,548 @@
+//! The input half of liveness: duplicates across chunks, a chunk that cannot
+//! be loaded or does not validate, a seq that never comes, a wrong `last`, a
+//! late copy of a reported batch, and scripts run twice. Each test asserts
+//! from the mock provider's ledger (who was registered, how many times) and
+//! from the webhook (one report, its outcome and counts).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use groupcast::events::{Chunk, Event};
+use groupcast::producer::append_chunks;
+use groupcast::store::batch::{dedupe_records, Accepted, Closing, GroupRecord, Parked, Rejection};
+use groupcast::worker::WorkerConfig;
+
+use super::retry::{rig_with_hook, wait_delivered, wait_until, Hook};
+use crate::common::*;
+
+/// Every number registered at the provider for `batch`, with how many times
+/// (across all its groups); panics on a `1026` (a number added twice to one
+/// group).
+fn registrations<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for g in rig.mock.ledger().groups {
+        if g.custom_fields.get("batchId").map(String::as_str) != Some(batch) {
+            continue;
+        }
+        for m in &g.messages {
+            assert_ne!(
+                m.status_code, "1026",
+                "{} added twice to {}",
+                m.to, g.group_id
+            );
+            if m.status_code == "2000" {
+                *out.entry(m.to.clone()).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The one report the webhook received for `batch` (waits for it).
+async fn the_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str) -> serde_json::Value {
+    rig.wait_reported(&[batch.to_string()], Duration::from_secs(60))
+        .await;
+    wait_delivered(rig, hook, batch, Duration::from_secs(30)).await;
+    let receipts: Vec<_> = hook
+        .receipts()
+        .into_iter()
+        .filter(|(key, _)| key == &format!("{batch}:report"))
+        .collect();
+    assert_eq!(receipts.len(), 1, "one report for {batch}: {receipts:?}");
+    let events = rig.store.batch(batch).events().await.expect("events");
+    let decided = events
+        .iter()
+        .filter(|r| matches!(r, Ok(r) if matches!(r.event, Event::BatchReported(_))))
+        .count();
+    assert_eq!(decided, 1, "one report decision");
+    receipts[0].1.clone()
+}
+
+/// A chunk of `batch` holding `recipients`.
+fn chunk(
+    batch: &str,
+    seq: u32,
+    last: bool,
+    recipients: Vec<groupcast::events::Recipient>,
+) -> Chunk {
+    Chunk {
+        batch: batch.into(),
+        seq,
+        last,
+        template: template(),
+        recipients,
+    }
+}
+
+/// The same number in two chunks of one generation, in two generations, and
+/// twice in one chunk: each number is registered once, the copies are
+/// counted as duplicates, and the batch completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_number_in_several_chunks_is_sent_once_and_counted_as_a_duplicate() {
+    let config = WorkerConfig {
+        group_cap: 250,
+        ..test_config()
+    };
+    let (rig, hook) = rig_with_hook(3, config, mock_config()).await;
+    let batch = "dupes";
+    let people = recipients(70, 300);
+    // Generation 0: chunks 0 and 1 (200 numbers); chunk 1 repeats 10 of
+    // chunk 0's and one of its own. Generation 1: chunk 2 repeats 10 of
+    // chunk 0's.
+    let mut second = people[100..200].to_vec();
+    second.extend_from_slice(&people[0..10]);
+    second.push(people[150].clone());
+    let mut third = people[200..300].to_vec();
+    third.extend_from_slice(&people[20..30]);
+    let chunks = vec![
+        chunk(batch, 0, false, people[0..100].to_vec()),
+        chunk(batch, 1, false, second),
+        chunk(batch, 2, true, third),
+    ];
+    // In order, one at a time: the first copy of a number is the one sent.
+    for c in &chunks {
+        append_chunks(&rig.store, std::slice::from_ref(c))
+            .await
+            .expect("append");
+        let log = rig.store.batch(batch);
+        let seq = c.seq;
+        wait_until("the chunk is accepted", Duration::from_secs(20), || {
+            let log = log.clone();
+            async move {
+                log.state()
+                    .await
+                    .map(|s| s.assignment(seq).is_some())
+                    .unwrap_or(false)
+            }
+        })
+        .await;
+    }
+    let report = the_report(&rig, &hook, batch).await;
+    assert_eq!(report["outcome"], "completed", "{report}");
+    assert_eq!(report["duplicates"], 21, "{report}");
+    assert_eq!(report["registered"], 300, "{report}");
+    assert_eq!(report["recipients"], 300, "{report}");
+    let seen = registrations(&rig, batch);
+    assert_eq!(seen.len(), 300);
+    assert!(seen.values().all(|&n| n == 1), "someone registered twice");
+    let st = rig.store.batch(batch).state().await.expect("state");
+    assert_eq!(
+        st.int("g:1:n"),
+        100,
+        "generation 1 holds chunk 2's new numbers only"
+    );
+    assert_eq!(dead_letters(&rig.store).await, Vec::new());
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 300)]));
+    rig.verify(&[batch.to_string()]).await;
+    // The numbers are released at the report.
+    let dedupe: bool = redis::cmd("EXISTS")
+        .arg(&rig.store.batch(batch).keys.dedupe)
+        .query_async(&mut rig.store.raw_conn())
+        .await
+        .expect("exists");
+    assert!(!dedupe, "the batch's dedupe hash is deleted at its report");
+    rig.stop().await;
+}
+
+/// A chunk whose adds the provider refuses for good, and one that does not
+/// validate: both end (failed recipients; a refused chunk), the rest is
+/// sent, and the report says `partial` with the counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chunks_that_cannot_be_loaded_end_as_failures_and_the_rest_is_sent() {
+    let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
+    let batch = "refusals";
+    let people = recipients(71, 300);
+    // Every add holding this number is answered 400: chunk 1 never loads.
+    rig.mock.refuse_adds_with(Some(&people[150].to));
+    let mut broken = recipients(72, 5);
+    broken[2].to = String::new();
+    let chunks = vec![
+        chunk(batch, 0, false, people[0..100].to_vec()),
+        chunk(batch, 1, false, people[100..200].to_vec()),
+        chunk(batch, 2, false, broken),
+        chunk(batch, 3, true, people[200..300].to_vec()),
+    ];
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    let report = the_report(&rig, &hook, batch).await;
+    assert_eq!(report["outcome"], "partial", "{report}");
+    assert_eq!(report["registered"], 200, "{report}");
+    assert_eq!(report["failed"], 100, "{report}");
+    assert_eq!(report["failedByReason"]["given_up"], 100, "{report}");
+    assert_eq!(report["rejected"], 1, "{report}");
+    assert_eq!(report["missing"], 0, "{report}");
+    let seen = registrations(&rig, batch);
+    assert_eq!(seen.len(), 200);
+    assert!(!seen.contains_key(&people[150].to));
+    // Each refusal is a dead letter with its reason.
+    let letters = dead_letters(&rig.store).await;
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert!(
+        letters
+            .iter()
+            .any(|(_, r)| r.contains("refused (test hook)")),
+        "{letters:?}"
+    );
+    assert!(
+        letters.iter().any(|(_, r)| r.contains("unusable number")),
+        "{letters:?}"
+    );
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 200)]));
+    rig.verify(&[batch.to_string()]).await;
+    rig.stop().await;
+}
+
+/// A seq that never arrives: the batch waits until `close` gives up on it,
+/// then sends what was loaded and reports `partial` with the missing seq.
+/// Closing again changes nothing; a late copy of the missing chunk is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seq_that_never_comes_is_given_up_by_close() {
+    let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
+    let batch = "gap";
+    let chunks = groupcast::producer::cut(batch, &template(), recipients(73, 400), 100);
+    let arrived: Vec<Chunk> = chunks.iter().filter(|c| c.seq != 2).cloned().collect();
+    append_chunks(&rig.store, &arrived).await.expect("append");
+    let log = rig.store.batch(batch);
+    wait_until("three chunks are loaded", Duration::from_secs(30), || {
+        let log = log.clone();
+        async move {
+            log.state()
+                .await
+                .map(|s| s.int("g:0:l") == 3)
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    assert!(log.state().await.expect("state").report().is_none());
+    // The command, as an operator runs it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_groupcast"))
+        .args(["close", batch, "--reason", "producer crashed"])
+        .args([
+            "--redis",
+            &rig.server.url(),
+            "--prefix",
+            "gct",
+            "--shards",
+            "1",
+        ])
+        .output()
+        .expect("run groupcast close");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 missing seq"), "{stdout}");
+    let report = the_report(&rig, &hook, batch).await;
+    assert_eq!(report["outcome"], "partial", "{report}");
+    assert_eq!(report["missing"], 1, "{report}");
+    assert_eq!(report["missingSeqs"], serde_json::json!([2]), "{report}");
+    assert_eq!(report["registered"], 300, "{report}");
+    assert_eq!(report["closed"], "producer crashed", "{report}");
+    assert_eq!(
+        log.close("again").await.expect("close"),
+        Closing::AlreadyReported("partial".into())
+    );
+    append_chunks(&rig.store, &chunks[2..3])
+        .await
+        .expect("append");
+    wait_until(
+        "the late chunk is dead-lettered",
+        Duration::from_secs(20),
+        || {
+            let store = rig.store.clone();
+            async move { !dead_letters(&store).await.is_empty() }
+        },
+    )
+    .await;
+    let letters = dead_letters(&rig.store).await;
+    assert!(
+        letters[0].1.contains("was already reported (partial)"),
+        "{letters:?}"
+    );
+    assert_eq!(registrations(&rig, batch).len(), 300);
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 300)]));
+    rig.verify(&[batch.to_string()]).await;
+    rig.stop().await;
+}
+
+/// `--give-up-after`: a batch whose last seq never comes is closed by the
+/// watchdog once it has been quiet that long, and reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn give_up_after_closes_a_batch_quiet_that_long() {
+    let config = WorkerConfig {
+        give_up_after: Some(Duration::from_secs(1)),
+        watchdog_interval: Duration::from_millis(100),
+        ..test_config()
+    };
+    let (rig, hook) = rig_with_hook(1, config, mock_config()).await;
+    let batch = "quiet";
+    // Seqs 0 and 2 (the last) come; seq 1 never does.
+    let chunks = groupcast::producer::cut(batch, &template(), recipients(74, 300), 100);
+    append_chunks(&rig.store, &[chunks[0].clone(), chunks[2].clone()])
+        .await
+        .expect("append");
+    let report = the_report(&rig, &hook, batch).await;
+    let letters = dead_letters(&rig.store).await;
+    assert_eq!(report["outcome"], "partial", "{report} {letters:?}");
+    assert_eq!(
+        report["missingSeqs"],
+        serde_json::json!([1]),
+        "{report} {letters:?}"
+    );
+    assert_eq!(report["registered"], 200, "{report}");
+    let closed = report["closed"].as_str().unwrap_or_default().to_string();
+    assert!(closed.contains("--give-up-after 1s"), "{closed}");
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 200)]));
+    rig.verify(&[batch.to_string()]).await;
+    rig.stop().await;
+}
+
+/// `last` flagged on too low a seq (1 of 4): the chunks beyond it are
+/// refused, and the report says so instead of `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_last_flag_on_too_low_a_seq_reports_partial_with_the_refused_chunks() {
+    let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
+    let batch = "short-last";
+    let mut chunks = groupcast::producer::cut(batch, &template(), recipients(75, 400), 100);
+    chunks[3].last = false;
+    chunks[1].last = true;
+    append_chunks(&rig.store, &chunks[..2])
+        .await
+        .expect("append");
+    let log = rig.store.batch(batch);
+    wait_until("the last seq is known", Duration::from_secs(20), || {
+        let log = log.clone();
+        async move {
+            log.state()
+                .await
+                .map(|s| s.last_seq() == Some(1))
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    append_chunks(&rig.store, &chunks[2..])
+        .await
+        .expect("append");
+    let report = the_report(&rig, &hook, batch).await;
+    // The refused chunks may arrive before or after the report: before, they
+    // are counted; after, they are refused as chunks of a reported batch.
+    wait_until(
+        "both late chunks are dead-lettered",
+        Duration::from_secs(20),
+        || {
+            let store = rig.store.clone();
+            async move { dead_letters(&store).await.len() == 2 }
+        },
+    )
+    .await;
+    let letters = dead_letters(&rig.store).await;
+    let rejected = report["rejected"].as_u64().unwrap_or(0);
+    assert_eq!(
+        report["outcome"],
+        if rejected > 0 { "partial" } else { "completed" },
+        "{report}"
+    );
+    for (_, reason) in &letters {
+        assert!(
+            reason.contains("beyond the last seq 1") || reason.contains("already reported"),
+            "{letters:?}"
+        );
+    }
+    assert_eq!(
+        rejected as usize,
+        letters
+            .iter()
+            .filter(|(_, r)| r.contains("beyond the last seq 1"))
+            .count(),
+        "every refused chunk counted before the report is in it: {report}"
+    );
+    assert_eq!(report["registered"], 200, "{report}");
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 200)]));
+    rig.stop().await;
+}
+
+/// A reported batch whose events have expired (`--retention`) is remembered
+/// by a tombstone: a late copy of one of its chunks is dead-lettered as
+/// "already reported", never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_copy_after_retention_is_refused_by_the_tombstone() {
+    // No webhook: with a one-second retention the state may be gone before
+    // a delivery could be recorded; the tombstone says the batch reported.
+    let config = WorkerConfig {
+        retention: Duration::from_secs(1),
+        ..test_config()
+    };
+    let rig = Rig::start(2, config, mock_config()).await;
+    let batch = "expired";
+    let chunks = groupcast::producer::cut(batch, &template(), recipients(76, 200), 100);
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    wait_until("the batch reports", Duration::from_secs(30), || {
+        let store = rig.store.clone();
+        async move { store.is_tombstoned(batch).await.unwrap_or(false) }
+    })
+    .await;
+    let log = rig.store.batch(batch);
+    wait_until("the batch's events expire", Duration::from_secs(10), || {
+        let log = log.clone();
+        async move { log.events().await.map(|e| e.is_empty()).unwrap_or(false) }
+    })
+    .await;
+    assert!(rig.store.is_tombstoned(batch).await.expect("zscore"));
+    append_chunks(&rig.store, &chunks[..1])
+        .await
+        .expect("append");
+    wait_until(
+        "the late copy is dead-lettered",
+        Duration::from_secs(20),
+        || {
+            let store = rig.store.clone();
+            async move { !dead_letters(&store).await.is_empty() }
+        },
+    )
+    .await;
+    let letters = dead_letters(&rig.store).await;
+    assert!(
+        letters[0].1.contains("its events have expired"),
+        "{letters:?}"
+    );
+    // Nothing was recorded for it (no state brought back), nobody sent twice.
+    assert!(log.events().await.expect("events").is_empty());
+    let seen = registrations(&rig, batch);
+    assert_eq!(seen.len(), 200);
+    assert!(seen.values().all(|&n| n == 1));
+    // Direct refusals by the scripts, too.
+    assert!(matches!(
+        log.reject(0, "d", "x").await.expect("reject"),
+        Rejection::Refused(_)
+    ));
+    // Tombstones older than --remember are forgotten.
+    let forgotten =
+        groupcast::worker::maintenance::forget_old_tombstones(&rig.store, Duration::ZERO)
+            .await
+            .expect("forget");
+    assert_eq!(forgotten, 1);
+    assert!(!rig.store.is_tombstoned(batch).await.expect("zscore"));
+    rig.stop().await;
+}
+
+/// Every state-changing script, run again with the same arguments (a request
+/// resent after a dropped connection), answers the same and appends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_state_changing_script_answers_the_same_when_run_again() {
+    let (_server, store) = store(1).await;
+    let log = store.batch("twice");
+    let events = || async { log.events().await.expect("events").len() };
+    let numbers = ["01000000001", "01000000002", "01000000001"];
+    let records = dedupe_records(numbers);
+
+    let first = log
+        .accept_with_hint(0, false, &records, "d0", 100, 0)
+        .await
+        .expect("accept");
+    let n = events().await;
+    let again = log
+        .accept_with_hint(0, false, &records, "d0", 100, 0)
+        .await
+        .expect("accept");
+    assert_eq!(
+        first,
+        Accepted::Assigned {
+            gen: 0,
+            group: None,
+            duplicates: vec![2]
+        }
+    );
+    assert_eq!(
+        again,
+        Accepted::Duplicate {
+            gen: 0,
+            group: None,
+            loaded: false,
+            duplicates: vec![2]
+        },
+        "the same assignment"
+    );
+    assert_eq!(events().await, n);
+
+    assert_eq!(log.park(0, 0, b"c").await.expect("park"), Parked::Parked);
+    let n = events().await;
+    assert_eq!(log.park(0, 0, b"c").await.expect("park"), Parked::Parked);
+    assert_eq!(events().await, n);
+
+    assert_eq!(
+        log.record_group(0, "G1").await.expect("record"),
+        GroupRecord::Won
+    );
+    let n = events().await;
+    assert_eq!(
+        log.record_group(0, "G1").await.expect("record"),
+        GroupRecord::Won,
+        "its own earlier win"
+    );
+    assert_eq!(
+        log.record_group(0, "G2").await.expect("record"),
+        GroupRecord::Lost { kept: "G1".into() }
+    );
+    assert_eq!(events().await, n);
+
+    let rejected = log.reject(1, "d1", "bad").await.expect("reject");
+    let n = events().await;
+    assert_eq!(log.reject(1, "d1", "bad").await.expect("reject"), rejected);
+    assert_eq!(events().await, n);
+
+    let loaded = groupcast::events::ChunkLoaded {
+        gen: 0,
+        seq: 0,
+        group_id: "G1".into(),
+        registered: 2,
+        duplicates: 0,
+        failed: vec![],
+        given_up: None,
+    };
+    assert_eq!(log.loaded(&loaded).await.expect("loaded"), Some(false));
+    let n = events().await;
+    assert_eq!(log.loaded(&loaded).await.expect("loaded"), None);
+    assert_eq!(events().await, n);
+
+    // Seq 2 never comes: close gives up on it (seq 1 is a hole).
+    let closed = log.close("test").await.expect("close");
+    let n = events().await;
+    assert_eq!(log.close("test").await.expect("close"), closed);
+    assert_eq!(events().await, n);
+    assert_eq!(closed, Closing::Closed { missing: 0 });
+
+    assert!(log.sent(0, "G1", "sent", 60_000, b"p").await.expect("sent"));
+    let n = events().await;
+    assert!(!log.sent(0, "G1", "sent", 60_000, b"p").await.expect("sent"));
+    assert_eq!(events().await, n);
+
+    let done = log
+        .completed(0, "G1", "COMPLETE", 2, 0)
+        .await
+        .expect("completed");
+    let n = events().await;
+    assert_eq!(done, groupcast::store::batch::Completion::Reported);
+    assert_eq!(
+        log.completed(0, "G1", "COMPLETE", 2, 0)
+            .await
+            .expect("completed"),
+        groupcast::store::batch::Completion::Duplicate
+    );
+    assert_eq!(events().await, n);
+    // The report: one duplicate, one refused chunk.
+    let st = log.state().await.expect("state");
+    assert_eq!(st.report(), Some("partial"));
+    assert_eq!(st.int("duplicates"), 1);
+    assert_eq!(st.int("rejected"), 1);
+    let replayed = log.replay().await.expect("replay").expect("decodes");
+    let mut live = st.clone();
+    live.fields
+        .retain(|k, _| !groupcast::projection::LIVE_ONLY.contains(&k.as_str()));
+    assert_eq!(
+        live.diff(&replayed),
+        Vec::<String>::new(),
+        "live state = its replay"
+    );
+}
