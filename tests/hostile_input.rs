@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 /// input, and input can be megabytes.
 const MAX_MESSAGE: usize = 2048;
 
+/// Writes `content` to the file `name` in `dir`.
 fn tmp_file(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, content).expect("write");

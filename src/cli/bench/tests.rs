@@ -2,24 +2,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use clap::Parser;
 use serde_json::json;
 
 use super::summary::*;
 use super::workload::*;
 use super::*;
+use crate::cli::parse_flags;
 use crate::events::{Chunk, Event, Recorded};
 use crate::mock::invariants::LedgerCheck;
 
 fn args(extra: &[&str]) -> BenchArgs {
-    #[derive(Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        bench: BenchArgs,
-    }
-    let mut argv = vec!["bench"];
-    argv.extend_from_slice(extra);
-    Wrap::try_parse_from(argv).unwrap().bench
+    parse_flags(extra)
 }
 
 fn plan(extra: &[&str]) -> Plan {
