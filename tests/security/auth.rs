@@ -110,7 +110,7 @@ const ACL_COMMANDS: &str = "+ping +time \
     +xadd +xreadgroup +xack +xgroup|create +xautoclaim +xpending +xrange +xrevrange +xlen +xinfo|groups +xtrim +xdel \
     +hget +hmget +hgetall +hset +hmset +hincrby +hexists \
     +sadd +srem +smembers +scard \
-    +zadd +zrange +zrangebyscore +zrem +zcard +exists \
+    +zadd +zrange +zrangebyscore +zrem +zcard +zscore +zremrangebyscore +exists \
     +get +set +del +expire +pexpire +pttl \
     +evalsha +script|load +scan +multi +exec";
 
