@@ -288,6 +288,30 @@ async fn wait_for_reports(
     }
 }
 
+/// Most recipients the dedupe probe accepts (W5's ten million would only
+/// take longer to say the same).
+const DEDUPE_PROBE_MAX: usize = 1_000_000;
+
+/// Redis memory the batch-wide dedupe keeps per recipient while a batch is
+/// in flight: a probe batch of the workload's batch size (at most
+/// [`DEDUPE_PROBE_MAX`]) is accepted chunk by chunk, as the loaders do, and
+/// its dedupe hash measured before a report would delete it.
+async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
+    let n = plan.recipients.clamp(1, DEDUPE_PROBE_MAX);
+    let log = store.batch("bench-dedupe-probe");
+    let size = plan.chunk_size.max(1);
+    for (seq, from) in (0..n).step_by(size).enumerate() {
+        let numbers: Vec<String> = (from..(from + size).min(n))
+            .map(|i| format!("010{:08}", 90_000_000 + i))
+            .collect();
+        let records = crate::store::batch::dedupe_records(numbers.iter().map(String::as_str));
+        log.accept_with_hint(seq as u32, false, &records, &format!("probe{seq}"), u64::MAX, 0)
+            .await?;
+    }
+    let bytes = store.memory_usage(&log.keys.dedupe, true).await?.unwrap_or(0);
+    Ok(bytes as f64 / n as f64)
+}
+
 /// The bytes the batches' state and events take.
 async fn retained_event_bytes(store: &Store, batches: &[String]) -> Result<u64, CliError> {
     let mut retained = 0u64;
@@ -424,6 +448,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         .into_iter()
         .map(|(k, v)| (k, v.into()))
         .collect();
+    // Last: its commands and keys are not the run's.
+    let dedupe_bytes_per_recipient = dedupe_probe(&fresh, &plan).await?;
 
     let measured = Measured {
         chunks: produced.chunks,
@@ -438,6 +464,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             scripts,
             largest_keys: largest,
             stats_end,
+            dedupe_bytes_per_recipient,
         },
         latencies,
         verified: violations.is_empty(),

@@ -120,6 +120,10 @@ pub(super) struct MemoryUse {
     pub(super) largest_keys: Vec<KeySize>,
     /// `MEMORY STATS` at the end.
     pub(super) stats_end: serde_json::Map<String, serde_json::Value>,
+    /// What the batch-wide dedupe keeps in Redis per recipient of a batch
+    /// in flight (a probe batch of the workload's size, measured just
+    /// before its report would release it).
+    pub(super) dedupe_bytes_per_recipient: f64,
 }
 
 /// Milliseconds between the events the result line reports on.
@@ -255,6 +259,7 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
         "redis_used_memory_scripts": m.memory.scripts,
         "largest_keys_end": largest,
         "redis_memory_stats_end": m.memory.stats_end,
+        "dedupe_bytes_per_recipient": round(m.memory.dedupe_bytes_per_recipient),
         "submit_to_loaded_ms_p50": percentile(&loaded, 0.5),
         "submit_to_loaded_ms_p99": percentile(&loaded, 0.99),
         "complete_to_send_ms_p50": percentile(&send, 0.5),

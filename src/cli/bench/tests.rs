@@ -288,6 +288,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
                 bytes: 6_194,
             }],
             stats_end: serde_json::Map::from_iter([("keys.count".to_string(), json!(6))]),
+            dedupe_bytes_per_recipient: 7.0625,
         },
         latencies: Latencies {
             submit_to_loaded_ms: vec![449, 429, 431],
@@ -324,6 +325,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             "redis_used_memory_scripts": 28_360,
             "largest_keys_end": [["bench:{s0}:work", 6_194]],
             "redis_memory_stats_end": {"keys.count": 6},
+            "dedupe_bytes_per_recipient": 7.063,
             "submit_to_loaded_ms_p50": 431,
             "submit_to_loaded_ms_p99": 449,
             "complete_to_send_ms_p50": 2,
