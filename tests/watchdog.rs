@@ -309,6 +309,7 @@ async fn one_scanner_at_a_time_one_event_per_stall_and_reported_batches_are_heal
         failed: 0,
         sent_success: 20,
         sent_failed: 0,
+        ..Default::default()
     });
     log.append("report", &report).await.expect("append");
     // (completed.lua removes it from the set itself; put it back, as a late

@@ -519,17 +519,10 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use crate::cli::parse_flags;
 
     fn args(extra: &[&str]) -> DemoArgs {
-        #[derive(Parser)]
-        struct Wrap {
-            #[command(flatten)]
-            demo: DemoArgs,
-        }
-        let mut argv = vec!["demo"];
-        argv.extend_from_slice(extra);
-        Wrap::try_parse_from(argv).unwrap().demo
+        parse_flags(extra)
     }
 
     #[test]

@@ -530,6 +530,17 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// One command's flags parsed as its command line would be (`argv` after the
+/// command's name): the commands' unit tests build their arguments with it.
+#[cfg(test)]
+pub(crate) fn parse_flags<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {
+    let cmd = A::augment_args(clap::Command::new("groupcast"));
+    let matches = cmd
+        .try_get_matches_from(std::iter::once(&"groupcast").chain(argv))
+        .unwrap();
+    A::from_arg_matches(&matches).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -322,7 +322,7 @@ pub struct GroupCompleted {
 }
 
 /// See [`Event::BatchReported`]. Key `report`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchReported {
     /// `completed` (every expected recipient registered, nothing refused or
     /// given up), `partial`, or `failed` (nobody registered).

@@ -1,0 +1,491 @@
+//! `groupcast bench`: a whole campaign on this machine, measured.
+//!
+//! A private `redis-server`, the mock provider in its own process (so that its
+//! CPU is measured apart), N worker processes, and this process as the
+//! producer, until every report arrives. Prints one JSON line per run; every
+//! run also verifies every batch (a fast wrong answer counts for nothing).
+//!
+//! [`run`] is the I/O: it starts the processes, produces, waits and reads the
+//! counters. The rest is pure and tested without Redis:
+//!
+//! - `workload`: the workloads' sizes, the flags applied to them, and the
+//!   chunks of each append;
+//! - `summary`: the counters read (`/proc`, `INFO`), the latencies in a
+//!   batch's events, the broken rules, and the result line.
+
+mod summary;
+mod workload;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+
+use super::CliError;
+use crate::events::Recorded;
+use crate::keys::Keyspace;
+use crate::mock::LedgerSummary;
+use crate::provider::{ProviderClient, ProviderConfig};
+use crate::redis_server::{free_port, RedisServer};
+use crate::store::queue::read_after;
+use crate::store::Store;
+use crate::verify::verify_batch;
+use summary::{
+    commands_by_name, cpu_seconds, info_field, largest_keys, redis_cpu_seconds, result_line,
+    violations, CpuSeconds, FailedCheck, KeySize, Latencies, Measured, MemoryUse,
+};
+use workload::{bench_template, Plan};
+
+/// The workloads of issue 7.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// One batch, 1,000,000 recipients, chunks of 5,000.
+    W1,
+    /// One batch, 200,000 recipients, chunks of 1,000.
+    W2,
+    /// 100 batches of 1,000 recipients, chunks of 100.
+    W3,
+    /// One batch of 1,000,000 with a group cap of 100,000.
+    W4,
+    /// 10,000,000 recipients in chunks of 10,000 (memory stays bounded).
+    W5,
+}
+
+/// Bench flags.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A preset workload (its sizes can be overridden by the flags below).
+    #[arg(long, value_enum)]
+    pub workload: Option<Workload>,
+    /// Multiply the workload's recipients by this (e.g. 0.01 for a smoke run).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Recipients per batch.
+    #[arg(long)]
+    pub recipients: Option<usize>,
+    /// Batches.
+    #[arg(long)]
+    pub batches: Option<usize>,
+    /// Recipients per chunk.
+    #[arg(long)]
+    pub chunk_size: Option<usize>,
+    /// Group cap.
+    #[arg(long)]
+    pub group_cap: Option<u64>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrency per worker stream.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub timeout_secs: u64,
+}
+
+/// The mock provider's credentials, shared with the workers.
+const API_KEY: &str = "bench-key";
+const API_SECRET: &str = "bench-secret";
+
+/// How many of the biggest keys the result line names.
+const LARGEST_KEYS: usize = 8;
+
+/// The children, killed when the run ends (however it ends).
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn info(store: &Store, section: &str) -> Result<String, CliError> {
+    Ok(store.info(section).await?)
+}
+
+async fn used_memory(store: &Store) -> Result<Option<f64>, CliError> {
+    Ok(info_field(&info(store, "memory").await?, "used_memory"))
+}
+
+/// Every party's CPU seconds so far.
+async fn cpu_now(store: &Store, workers: &[u32], mock: u32) -> Result<CpuSeconds, CliError> {
+    Ok(CpuSeconds {
+        redis: redis_cpu_seconds(&info(store, "cpu").await?),
+        workers: workers.iter().map(|p| cpu_seconds(*p)).sum(),
+        mock: cpu_seconds(mock),
+        producer: cpu_seconds(std::process::id()),
+    })
+}
+
+/// Starts the mock provider on `port` and waits until it listens; returns its pid.
+async fn start_mock(
+    exe: &Path,
+    port: u16,
+    plan: &Plan,
+    procs: &mut Procs,
+) -> Result<u32, CliError> {
+    let mock = Command::new(exe)
+        .args([
+            "mock-provider",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--complete-after-ms",
+            "100",
+        ])
+        .args(["--cap", &plan.group_cap.max(1_000_000).to_string()])
+        .env("GROUPCAST_MOCK_API_KEY", API_KEY)
+        .env("GROUPCAST_MOCK_API_SECRET", API_SECRET)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| CliError::Failed(format!("cannot start the mock provider: {e}")))?;
+    let pid = mock.id();
+    procs.0.push(mock);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            return Err(CliError::Failed(
+                "the mock provider did not start listening".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(pid)
+}
+
+/// Starts the workers and waits until they have made their consumer groups;
+/// returns their pids.
+async fn start_workers(
+    exe: &Path,
+    store: &Store,
+    redis_url: &str,
+    provider_url: &str,
+    args: &BenchArgs,
+    plan: &Plan,
+    procs: &mut Procs,
+) -> Result<Vec<u32>, CliError> {
+    let mut pids = Vec::new();
+    for _ in 0..plan.workers.max(1) {
+        let w = Command::new(exe)
+            .args([
+                "worker",
+                "--metrics-listen",
+                "off",
+                "--rate-limit",
+                "0",
+                "--durability",
+                "none",
+            ])
+            .args([
+                "--concurrency",
+                &args.concurrency.to_string(),
+                "--group-cap",
+                &plan.group_cap.to_string(),
+            ])
+            .args(["--poll-interval", "100ms", "--backoff-base", "50ms"])
+            .env("GROUPCAST_REDIS_URL", redis_url)
+            .env("GROUPCAST_PREFIX", "bench")
+            .env("GROUPCAST_PROVIDER_URL", provider_url)
+            .env("GROUPCAST_PROVIDER_API_KEY", API_KEY)
+            .env("GROUPCAST_PROVIDER_API_SECRET", API_SECRET)
+            .env("GROUPCAST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| CliError::Failed(format!("cannot start a worker: {e}")))?;
+        pids.push(w.id());
+        procs.0.push(w);
+    }
+    // Let the workers create their consumer groups before measuring.
+    let ingest = store.keys.ingest(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if store.has_groups(&ingest).await.unwrap_or(false) {
+            return Ok(pids);
+        }
+        if Instant::now() > deadline {
+            return Err(CliError::Failed("workers did not start".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What producing left behind.
+struct Produced {
+    /// When each chunk was appended (its entry id's milliseconds), by batch and seq.
+    appended: BTreeMap<String, BTreeMap<u32, u64>>,
+    chunks: usize,
+}
+
+/// Appends every batch's chunks, [`CHUNKS_PER_APPEND`] at a time, raising
+/// `peak_memory` after each append.
+async fn produce(store: &Store, plan: &Plan, peak_memory: &mut f64) -> Result<Produced, CliError> {
+    let template = bench_template();
+    let mut produced = Produced {
+        appended: BTreeMap::new(),
+        chunks: 0,
+    };
+    for (index, batch) in plan.batch_ids().iter().enumerate() {
+        let appended = produced.appended.entry(batch.clone()).or_default();
+        for from in plan.append_starts() {
+            let part = plan.append_chunks(&template, index, batch, from);
+            let ids = crate::producer::append_chunks(store, &part).await?;
+            for (c, id) in part.iter().zip(ids) {
+                appended.insert(c.seq, crate::events::entry_millis(&id));
+            }
+            produced.chunks += part.len();
+            if let Some(m) = used_memory(store).await? {
+                *peak_memory = peak_memory.max(m);
+            }
+        }
+    }
+    Ok(produced)
+}
+
+/// Waits for a report from every batch, raising `peak_memory` on the way.
+async fn wait_for_reports(
+    store: &Store,
+    batches: usize,
+    timeout_secs: u64,
+    peak_memory: &mut f64,
+) -> Result<(), CliError> {
+    // Blocking reads of the reports stream: one command per report rather
+    // than a polling loop that would inflate the command count we measure.
+    let deadline = Instant::now() + Duration::from_secs(timeout_secs);
+    let mut reader = store.blocking().await?;
+    let reports = store.keys.reports(0);
+    let mut after = "0-0".to_string();
+    let mut done = 0;
+    loop {
+        for e in read_after(&mut reader, &reports, &after, 1000, 250).await? {
+            after = e.id;
+            done += 1;
+        }
+        if let Some(m) = used_memory(store).await? {
+            *peak_memory = peak_memory.max(m);
+        }
+        if done >= batches {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(CliError::Failed(format!(
+                "{done} of {batches} batches reported in {timeout_secs}s"
+            )));
+        }
+    }
+}
+
+/// Most recipients the dedupe probe accepts (W5's ten million would only
+/// take longer to say the same).
+const DEDUPE_PROBE_MAX: usize = 1_000_000;
+
+/// Redis memory the batch-wide dedupe keeps per recipient while a batch is
+/// in flight: a probe batch of the workload's batch size (at most
+/// [`DEDUPE_PROBE_MAX`]) is accepted chunk by chunk, as the loaders do, and
+/// its dedupe hash measured before a report would delete it.
+async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
+    let n = plan.recipients.clamp(1, DEDUPE_PROBE_MAX);
+    let log = store.batch("bench-dedupe-probe");
+    let size = plan.chunk_size.max(1);
+    for (seq, from) in (0..n).step_by(size).enumerate() {
+        let numbers: Vec<String> = (from..(from + size).min(n))
+            .map(|i| format!("010{:08}", 90_000_000 + i))
+            .collect();
+        let records = crate::store::batch::dedupe_records(numbers.iter().map(String::as_str));
+        log.accept_with_hint(
+            seq as u32,
+            false,
+            &records,
+            &format!("probe{seq}"),
+            u64::MAX,
+            0,
+        )
+        .await?;
+    }
+    let bytes = store
+        .memory_usage(&log.keys.dedupe, true)
+        .await?
+        .unwrap_or(0);
+    Ok(bytes as f64 / n as f64)
+}
+
+/// The bytes the batches' state and events take.
+async fn retained_event_bytes(store: &Store, batches: &[String]) -> Result<u64, CliError> {
+    let mut retained = 0u64;
+    for b in batches {
+        let k = store.keys.batch(b);
+        for key in [&k.state, &k.events] {
+            retained += store.memory_usage(key, true).await?.unwrap_or(0);
+        }
+    }
+    Ok(retained)
+}
+
+/// Every key's size: where the rest of the memory is.
+async fn key_sizes(store: &Store) -> Result<Vec<KeySize>, CliError> {
+    let mut sizes = Vec::new();
+    for key in store.keys_matching("bench:*").await? {
+        let bytes = store.memory_usage(&key, false).await?.unwrap_or(0);
+        sizes.push(KeySize { key, bytes });
+    }
+    Ok(sizes)
+}
+
+/// The latencies in every batch's events.
+async fn latencies(
+    store: &Store,
+    batches: &[String],
+    appended: &BTreeMap<String, BTreeMap<u32, u64>>,
+) -> Result<Latencies, CliError> {
+    let mut latencies = Latencies::default();
+    let none = BTreeMap::new();
+    for b in batches {
+        let events: Vec<Recorded> = store
+            .batch(b)
+            .events()
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        latencies.add_batch(appended.get(b).unwrap_or(&none), &events);
+    }
+    Ok(latencies)
+}
+
+/// Every batch verified, from our events and the provider's view.
+async fn failed_checks(
+    store: &Store,
+    provider: &ProviderClient,
+    batches: &[String],
+    group_cap: u64,
+) -> Result<Vec<FailedCheck>, CliError> {
+    let mut failed = Vec::new();
+    for b in batches {
+        let v = verify_batch(store, Some(provider), b, group_cap).await?;
+        failed.extend(v.failures().iter().map(|c| FailedCheck {
+            batch: b.clone(),
+            invariant: c.invariant,
+            detail: c.detail.clone(),
+        }));
+    }
+    Ok(failed)
+}
+
+/// Runs one bench and prints its JSON line.
+pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    let plan = args.plan()?;
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Failed(format!("cannot find my own binary: {e}")))?;
+    let server = RedisServer::start().map_err(|e| CliError::Usage(e.to_string()))?;
+    let store = Store::connect(&server.url(), Keyspace::new("bench", 1)).await?;
+    let mut procs = Procs(Vec::new());
+    let mock_port = free_port().map_err(|e| CliError::Failed(e.to_string()))?;
+    let base_url = format!("http://127.0.0.1:{mock_port}");
+    let mock_pid = start_mock(&exe, mock_port, &plan, &mut procs).await?;
+    let worker_pids = start_workers(
+        &exe,
+        &store,
+        &server.url(),
+        &base_url,
+        &args,
+        &plan,
+        &mut procs,
+    )
+    .await?;
+
+    let start = used_memory(&store).await?.unwrap_or(0.0);
+    store.reset_stats().await?;
+    let cpu_start = cpu_now(&store, &worker_pids, mock_pid).await?;
+    let started = Instant::now();
+    let mut peak = start;
+    let produced = produce(&store, &plan, &mut peak).await?;
+    wait_for_reports(&store, plan.batches, args.timeout_secs, &mut peak).await?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_now(&store, &worker_pids, mock_pid)
+        .await?
+        .since(cpu_start);
+    let commands = commands_by_name(&info(&store, "commandstats").await?);
+    // The streams are trimmed by the workers' maintenance every 30 s; trim
+    // now so that the final memory is what a steady state keeps.
+    crate::worker::maintenance::trim_all(&store).await?;
+    let batches = plan.batch_ids();
+    let retained_event_bytes = retained_event_bytes(&store, &batches).await?;
+    let largest = largest_keys(key_sizes(&store).await?, LARGEST_KEYS);
+    let scripts =
+        info_field(&info(&store, "memory").await?, "used_memory_scripts").unwrap_or(0.0) as u64;
+
+    let provider = ProviderClient::new(ProviderConfig {
+        base_url: base_url.clone(),
+        api_key: API_KEY.into(),
+        api_secret: API_SECRET.into(),
+        ..ProviderConfig::default()
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    let latencies = latencies(&store, &batches, &produced.appended).await?;
+    let failed = failed_checks(&store, &provider, &batches, plan.group_cap).await?;
+    let summary: LedgerSummary = reqwest::get(format!("{base_url}/_mock/ledger/summary"))
+        .await
+        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?
+        .json()
+        .await
+        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?;
+    let ledger = crate::mock::invariants::check(&summary, plan.group_cap);
+    let violations = violations(&failed, &ledger, plan.total_recipients());
+
+    // Final memory with the workers, the mock and our own connections gone:
+    // their client buffers are not what Redis keeps.
+    drop(procs);
+    let url = server.url();
+    drop(store);
+    let fresh = Store::connect(&url, Keyspace::new("bench", 1)).await?;
+    let end = used_memory(&fresh).await?.unwrap_or(0.0);
+    let stats_end = fresh
+        .memory_stats()
+        .await?
+        .into_iter()
+        .map(|(k, v)| (k, v.into()))
+        .collect();
+    // Last: its commands and keys are not the run's.
+    let dedupe_bytes_per_recipient = dedupe_probe(&fresh, &plan).await?;
+
+    let measured = Measured {
+        chunks: produced.chunks,
+        wall_seconds,
+        cpu,
+        commands,
+        memory: MemoryUse {
+            start,
+            peak,
+            end,
+            retained_event_bytes,
+            scripts,
+            largest_keys: largest,
+            stats_end,
+            dedupe_bytes_per_recipient,
+        },
+        latencies,
+        verified: violations.is_empty(),
+    };
+    println!("{}", result_line(&plan, &measured));
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "verification failed:\n  {}",
+            violations.join("\n  ")
+        )))
+    }
+}

@@ -1,0 +1,269 @@
+//! What the counters say: CPU from `/proc` and `INFO`, commands per name,
+//! the latencies in a batch's events, the broken rules, and the JSON line a
+//! run prints.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::workload::Plan;
+use crate::events::{Event, Recorded};
+use crate::mock::invariants::LedgerCheck;
+
+/// CPU seconds (user + system) in a `/proc/<pid>/stat` line.
+pub(super) fn cpu_seconds_in_stat(stat: &str) -> f64 {
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the line.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // rest starts at field 3 (state): utime is field 14 → index 11.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds (user + system) of a live process, from /proc.
+pub(super) fn cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(0.0, |s| cpu_seconds_in_stat(&s))
+}
+
+/// A numeric `name:value` line of `INFO`.
+pub(super) fn info_field(info: &str, name: &str) -> Option<f64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+/// Redis's CPU seconds (user + system), from `INFO cpu`.
+pub(super) fn redis_cpu_seconds(info: &str) -> f64 {
+    info_field(info, "used_cpu_user").unwrap_or(0.0)
+        + info_field(info, "used_cpu_sys").unwrap_or(0.0)
+}
+
+/// Calls per command (scripts' inner commands included, as Redis counts
+/// them), from `INFO commandstats`, excluding INFO itself.
+pub(super) fn commands_by_name(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            Some((
+                name.to_string(),
+                rest.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// CPU seconds (user + system) used by each party.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct CpuSeconds {
+    pub(super) workers: f64,
+    pub(super) redis: f64,
+    pub(super) mock: f64,
+    /// This process: the producer (and the bench's own reads).
+    pub(super) producer: f64,
+}
+
+impl CpuSeconds {
+    /// What was used between `start` and `self`.
+    pub(super) fn since(self, start: CpuSeconds) -> CpuSeconds {
+        CpuSeconds {
+            workers: self.workers - start.workers,
+            redis: self.redis - start.redis,
+            mock: self.mock - start.mock,
+            producer: self.producer - start.producer,
+        }
+    }
+
+    /// The shortest wall time this CPU could have taken on two cores: half
+    /// of all of it, and no less than the mock's (one process).
+    pub(super) fn wall_bound(self) -> f64 {
+        self.mock
+            .max((self.workers + self.redis + self.mock + self.producer) / 2.0)
+    }
+}
+
+/// One key's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KeySize {
+    pub(super) key: String,
+    pub(super) bytes: u64,
+}
+
+/// The `n` biggest keys, biggest first (keys of one size in their order).
+pub(super) fn largest_keys(mut sizes: Vec<KeySize>, n: usize) -> Vec<KeySize> {
+    sizes.sort_by_key(|k| std::cmp::Reverse(k.bytes));
+    sizes.truncate(n);
+    sizes
+}
+
+/// Redis memory over the run, in bytes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct MemoryUse {
+    /// `used_memory` before producing.
+    pub(super) start: f64,
+    /// The highest `used_memory` seen while producing and waiting.
+    pub(super) peak: f64,
+    /// `used_memory` once the streams are trimmed and every client but one gone.
+    pub(super) end: f64,
+    /// The batches' state and events, as `MEMORY USAGE` counts them.
+    pub(super) retained_event_bytes: u64,
+    /// `used_memory_scripts` at the end.
+    pub(super) scripts: u64,
+    /// The biggest keys at the end.
+    pub(super) largest_keys: Vec<KeySize>,
+    /// `MEMORY STATS` at the end.
+    pub(super) stats_end: serde_json::Map<String, serde_json::Value>,
+    /// What the batch-wide dedupe keeps in Redis per recipient of a batch
+    /// in flight (a probe batch of the workload's size, measured just
+    /// before its report would release it).
+    pub(super) dedupe_bytes_per_recipient: f64,
+}
+
+/// Milliseconds between the events the result line reports on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Latencies {
+    /// From a chunk's append to its `chunk_loaded`.
+    pub(super) submit_to_loaded_ms: Vec<u64>,
+    /// From a generation's `generation_ready` to its `send_triggered`.
+    pub(super) complete_to_send_ms: Vec<u64>,
+}
+
+impl Latencies {
+    /// Adds one batch's, from its events; `appended` holds when each of its
+    /// chunks was appended (the ingest entry id's milliseconds), by seq.
+    pub(super) fn add_batch(&mut self, appended: &BTreeMap<u32, u64>, events: &[Recorded]) {
+        let mut ready: BTreeMap<u32, u64> = BTreeMap::new();
+        for r in events {
+            match &r.event {
+                Event::ChunkLoaded(e) => {
+                    if let Some(t) = appended.get(&e.seq) {
+                        self.submit_to_loaded_ms.push(r.millis().saturating_sub(*t));
+                    }
+                }
+                Event::GenerationReady(e) => {
+                    ready.insert(e.gen, r.millis());
+                }
+                Event::SendTriggered(e) => {
+                    if let Some(t) = ready.get(&e.gen) {
+                        self.complete_to_send_ms.push(r.millis().saturating_sub(*t));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The value at fraction `p` of sorted values (0 for none).
+pub(super) fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// A check `verify` found broken in a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FailedCheck {
+    pub(super) batch: String,
+    pub(super) invariant: u8,
+    pub(super) detail: String,
+}
+
+/// Every broken rule: the batches' failed checks, the ledger's own rules,
+/// and recipients the provider did not register.
+pub(super) fn violations(
+    failed: &[FailedCheck],
+    ledger: &LedgerCheck,
+    recipients: u64,
+) -> Vec<String> {
+    let mut out: Vec<String> = failed
+        .iter()
+        .map(|c| format!("{}: invariant {}: {}", c.batch, c.invariant, c.detail))
+        .collect();
+    out.extend(ledger.violations.iter().cloned());
+    let registered: u64 = ledger.registered.values().sum();
+    if registered != recipients {
+        out.push(format!(
+            "{registered} of {recipients} recipients registered at the provider"
+        ));
+    }
+    out
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Measured {
+    /// Chunks appended.
+    pub(super) chunks: usize,
+    /// From the first append to the last report.
+    pub(super) wall_seconds: f64,
+    pub(super) cpu: CpuSeconds,
+    /// Calls per command, as [`commands_by_name`] reads them.
+    pub(super) commands: BTreeMap<String, u64>,
+    pub(super) memory: MemoryUse,
+    pub(super) latencies: Latencies,
+    /// Whether nothing broke.
+    pub(super) verified: bool,
+}
+
+pub(super) fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The JSON line a run prints.
+pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
+    let total = plan.total_recipients();
+    let wall = m.wall_seconds;
+    let commands: u64 = m.commands.values().sum();
+    let mut loaded = m.latencies.submit_to_loaded_ms.clone();
+    loaded.sort_unstable();
+    let mut send = m.latencies.complete_to_send_ms.clone();
+    send.sort_unstable();
+    let largest: Vec<serde_json::Value> = m
+        .memory
+        .largest_keys
+        .iter()
+        .map(|k| json!([k.key, k.bytes]))
+        .collect();
+    json!({
+        "workload": plan.name,
+        "recipients": total,
+        "chunks": m.chunks,
+        "batches": plan.batches,
+        "group_cap": plan.group_cap,
+        "workers": plan.workers,
+        "wall_seconds": round(wall),
+        "recipients_per_second": (total as f64 / wall).round(),
+        "worker_cpu_seconds": round(m.cpu.workers),
+        "worker_cpu_seconds_per_million": round(m.cpu.workers / (total as f64 / 1e6)),
+        "redis_cpu_seconds": round(m.cpu.redis),
+        "redis_commands": commands,
+        "redis_commands_per_chunk": round(commands as f64 / m.chunks as f64),
+        "redis_commands_by_name": m.commands,
+        "mock_cpu_seconds": round(m.cpu.mock),
+        "producer_cpu_seconds": round(m.cpu.producer),
+        "wall_over_bound": round(wall / m.cpu.wall_bound()),
+        "redis_used_memory_start": m.memory.start as u64,
+        "redis_used_memory_peak": m.memory.peak as u64,
+        "redis_used_memory_end": m.memory.end as u64,
+        "retained_event_bytes": m.memory.retained_event_bytes,
+        "redis_used_memory_scripts": m.memory.scripts,
+        "largest_keys_end": largest,
+        "redis_memory_stats_end": m.memory.stats_end,
+        "dedupe_bytes_per_recipient": round(m.memory.dedupe_bytes_per_recipient),
+        "submit_to_loaded_ms_p50": percentile(&loaded, 0.5),
+        "submit_to_loaded_ms_p99": percentile(&loaded, 0.99),
+        "complete_to_send_ms_p50": percentile(&send, 0.5),
+        "complete_to_send_ms_p99": percentile(&send, 0.99),
+        "verified": m.verified,
+    })
+}

@@ -1,0 +1,440 @@
+//! What a worker does, one atomic step at a time: each op of `src/worker/`
+//! as its script calls, provider calls and acknowledgement.
+
+use groupcast::events::{
+    ChunkLoaded, Event, GroupDiscarded, RegistrationFailure, ReportDelivered, SendRefused,
+};
+use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs};
+
+use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS};
+
+impl World {
+    /// One step of worker `w`.
+    pub(super) fn step(&mut self, w: usize, answer: Answer) {
+        let Some(mut job) = self.workers[w].clone() else {
+            return;
+        };
+        match answer {
+            Answer::Fail => self.failures -= 1,
+            Answer::Lost => self.lost_answers -= 1,
+            Answer::Ok => {}
+        }
+        let cap = self.cfg.cap;
+        match (job.op, job.pc) {
+            (CHUNK_OPS, 0) => {
+                let Held::Ingest(i) = job.held else { return };
+                let c = self.cfg.ingest[i].clone();
+                let digest = Self::digest(&c);
+                let policy = self.policy();
+                let r = protocol::accept(
+                    &mut self.redis.db,
+                    BATCH,
+                    &policy,
+                    &AcceptArgs {
+                        seq: c.seq,
+                        last: c.last,
+                        records: &Self::records(&c.to),
+                        digest: &digest,
+                        cap,
+                    },
+                );
+                self.sync_work();
+                match r[0].as_str() {
+                    // The script recorded the refusal (a hole or not).
+                    "conflict" | "rejected" => {
+                        self.dead(w, format!("chunk {} rejected: {}", c.seq, r[1]));
+                        return;
+                    }
+                    "refused" => {
+                        self.dead(w, format!("chunk {} refused: {}", c.seq, r[1]));
+                        return;
+                    }
+                    "duplicate" if r[3] == "1" => return self.ack(w),
+                    _ => {}
+                }
+                job.gen = r[1].parse().unwrap_or(0);
+                job.seq = c.seq;
+                job.chunk = i;
+                // Copies of numbers the batch already had are not added.
+                let copies: Vec<usize> = r[4].split(',').filter_map(|p| p.parse().ok()).collect();
+                job.to = (c.to.iter().enumerate())
+                    .filter(|(k, _)| !copies.contains(k))
+                    .map(|(_, t)| *t)
+                    .collect();
+                job.group = Some(r[2].clone()).filter(|g| !g.is_empty());
+                if job.to.is_empty() {
+                    // Nothing to add: recorded loaded at once.
+                    job.registered = 0;
+                    job.pc = 3;
+                } else {
+                    job.pc = if job.group.is_some() { 2 } else { 1 };
+                }
+            }
+            (CHUNK_OPS, 1) => {
+                let r = protocol::park(
+                    &mut self.redis.db,
+                    BATCH,
+                    job.seq,
+                    job.gen,
+                    &Self::payload(&job),
+                );
+                self.sync_work();
+                match r[0].as_str() {
+                    "group" => {
+                        job.group = Some(r[1].clone());
+                        job.pc = 2;
+                    }
+                    _ => return self.ack(w),
+                }
+            }
+            // The add (chunk or load item), then loaded.lua.
+            (CHUNK_OPS | "load", 2) => {
+                let group = job.group.clone().unwrap_or_default();
+                if self.cfg.everysec {
+                    let assigned = self
+                        .field(&format!("s:{}", job.seq))
+                        .and_then(|s| s.split('|').next())
+                        .and_then(|g| g.parse::<u32>().ok());
+                    if assigned != Some(job.gen)
+                        || self.field(&format!("g:{}:group", job.gen)) != Some(group.as_str())
+                    {
+                        return self.ack(w);
+                    }
+                }
+                let result = match answer {
+                    Answer::Fail => Err(true),
+                    Answer::Ok => self.add(&group, &job.to),
+                    Answer::Lost => self.add(&group, &job.to).and(Err(true)),
+                };
+                match result {
+                    Ok(n) => {
+                        job.registered = n;
+                        job.pc = 3;
+                    }
+                    Err(true) => {
+                        let item = protocol::work_item(BATCH, job.gen, Some(job.seq), Some(&group));
+                        return self.retry(w, "load", item, Some(Self::payload(&job)));
+                    }
+                    Err(false) => {
+                        if self
+                            .field(&format!("k:loaded/{}/{}", job.gen, job.seq))
+                            .is_some()
+                        {
+                            return self.ack(w);
+                        }
+                        // Given up (load_chunk::give_up): recorded loaded with
+                        // every recipient failed, then dead-lettered (one
+                        // step: the loaded event is idempotent).
+                        let e = ChunkLoaded {
+                            gen: job.gen,
+                            seq: job.seq,
+                            group_id: group.clone(),
+                            registered: 0,
+                            duplicates: 0,
+                            failed: (job.to.iter())
+                                .map(|t| RegistrationFailure {
+                                    to: t.to_string(),
+                                    code: "given_up".into(),
+                                })
+                                .collect(),
+                            given_up: Some("refused".into()),
+                        };
+                        let policy = self.policy();
+                        protocol::loaded(&mut self.redis.db, BATCH, &policy, &e);
+                        self.sync_work();
+                        return self.dead(
+                            w,
+                            format!("chunk {} given up: group {group} refused it", job.seq),
+                        );
+                    }
+                }
+            }
+            (CHUNK_OPS | "load", 3) => {
+                let e = ChunkLoaded {
+                    gen: job.gen,
+                    seq: job.seq,
+                    group_id: job.group.clone().unwrap_or_default(),
+                    registered: job.registered,
+                    duplicates: 0,
+                    failed: vec![],
+                    given_up: None,
+                };
+                if self.cfg.mutant == Some(Mutant::LoadedTwice) {
+                    if let Some(b) = self.redis.db.batches.get_mut(BATCH) {
+                        b.state.remove(&format!("k:loaded/{}/{}", job.gen, job.seq));
+                    }
+                }
+                let policy = self.policy();
+                protocol::loaded(&mut self.redis.db, BATCH, &policy, &e);
+                self.sync_work();
+                job.pc = ACK;
+            }
+            ("create", 0) => {
+                if self.field(&format!("g:{}:group", job.gen)).is_some() {
+                    return self.ack(w);
+                }
+                if answer != Answer::Fail {
+                    self.groups.push(Group {
+                        gen: job.gen,
+                        members: vec![],
+                        status: GroupStatus::Pending,
+                        sends: 0,
+                        complete_when_sent: false,
+                    });
+                }
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "create", item, None);
+                }
+                job.group = Some(format!("P{}", self.groups.len() - 1));
+                job.pc = 1;
+            }
+            ("create", 1) => {
+                let group = job.group.clone().unwrap_or_default();
+                if self.cfg.mutant == Some(Mutant::RecordGroupOverwrites) {
+                    if let Some(b) = self.redis.db.batches.get_mut(BATCH) {
+                        b.state.remove(&format!("g:{}:group", job.gen));
+                    }
+                }
+                let r = protocol::record_group(&mut self.redis.db, BATCH, job.gen, &group);
+                self.sync_work();
+                job.pc = if r[0] == "won" { ACK } else { 2 };
+            }
+            ("create", 2) => {
+                // The loser enqueues the deletion of its own group.
+                let item = self.item(&job);
+                self.redis.db.add_work("delete", item, None);
+                self.sync_work();
+                return self.ack(w);
+            }
+            ("send", 0) => {
+                let g = job.gen;
+                let marker = self.cfg.mutant != Some(Mutant::SendWithoutMarker);
+                if marker && self.field(&format!("k:send/{g}")).is_some() {
+                    return self.ack(w);
+                }
+                if self.field(&format!("k:ready/{g}")).is_none() {
+                    return self.dead(w, format!("send of generation {g}, not ready"));
+                }
+                let Some(group) = self.field(&format!("g:{g}:group")).map(str::to_string) else {
+                    return self.dead(w, format!("generation {g} ready without a group"));
+                };
+                job.group = Some(group);
+                job.pc = 1;
+            }
+            ("send", 1) => {
+                // GET the group: not pending means sent; then the count check.
+                let group = job.group.clone().unwrap_or_default();
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "send", item, None);
+                }
+                let gi = Self::group_index(&group).unwrap_or(0);
+                let marker = self.cfg.mutant != Some(Mutant::SendWithoutMarker);
+                if marker && self.groups[gi].status != GroupStatus::Pending {
+                    job.outcome = "already_sent";
+                    job.pc = 3;
+                } else {
+                    let reg = protocol::num(self.field(&format!("g:{}:reg", job.gen)));
+                    let unsure = protocol::num(self.field(&format!("g:{}:unsure", job.gen)));
+                    let held = self.groups[gi].members.len() as i64;
+                    if held < reg || held > reg + unsure {
+                        let e = Event::SendRefused(SendRefused {
+                            gen: job.gen,
+                            group_id: group.clone(),
+                            reason: "count".into(),
+                        });
+                        protocol::append(
+                            &mut self.redis.db,
+                            BATCH,
+                            &format!("refused/{}", job.gen),
+                            &e,
+                        );
+                        return self.dead(w, format!("send of {group} refused: counts differ"));
+                    }
+                    job.pc = 2;
+                }
+            }
+            ("send", 2) => {
+                let group = job.group.clone().unwrap_or_default();
+                let gi = Self::group_index(&group).unwrap_or(0);
+                let resend = self.cfg.mutant == Some(Mutant::SendWithoutMarker);
+                if answer != Answer::Fail {
+                    if self.groups[gi].status == GroupStatus::Pending || resend {
+                        self.groups[gi].status = GroupStatus::Sent;
+                        self.groups[gi].sends += 1;
+                        self.groups[gi].complete_when_sent = self.complete(job.gen, gi);
+                        job.outcome = "sent";
+                    } else {
+                        job.outcome = "already_sent";
+                    }
+                }
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "send", item, None);
+                }
+                job.pc = 3;
+            }
+            ("send", 3) => {
+                let group = job.group.clone().unwrap_or_default();
+                let poll = format!("{}|{group}", job.gen).into_bytes();
+                protocol::sent(
+                    &mut self.redis.db,
+                    BATCH,
+                    job.gen,
+                    &group,
+                    job.outcome,
+                    &poll,
+                );
+                job.pc = ACK;
+            }
+            ("poll", 0) => {
+                if self.field(&format!("k:done/{}", job.gen)).is_some() {
+                    return self.ack(w);
+                }
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "poll", item, None);
+                }
+                // A sent group is finished by the time it is polled.
+                let policy = self.policy();
+                protocol::completed(
+                    &mut self.redis.db,
+                    BATCH,
+                    &policy,
+                    &CompletedArgs {
+                        gen: job.gen,
+                        group: job.group.as_deref().unwrap_or(""),
+                        status: "COMPLETE",
+                        sent_success: 0,
+                        sent_failed: 0,
+                    },
+                );
+                self.sync_work();
+                job.pc = ACK;
+            }
+            ("delete", 0) => {
+                let group = job.group.clone().unwrap_or_default();
+                if self.field(&format!("k:discard/{group}")).is_some() {
+                    return self.ack(w);
+                }
+                if answer != Answer::Fail {
+                    if let Some(gi) = Self::group_index(&group) {
+                        if self.groups[gi].status == GroupStatus::Pending {
+                            self.groups[gi].status = GroupStatus::Deleted;
+                        }
+                    }
+                }
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "delete", item, None);
+                }
+                job.pc = 1;
+            }
+            ("delete", 1) => {
+                let group = job.group.clone().unwrap_or_default();
+                let kept = self
+                    .field(&format!("g:{}:group", job.gen))
+                    .unwrap_or("")
+                    .to_string();
+                let e = Event::GroupDiscarded(GroupDiscarded {
+                    gen: job.gen,
+                    group_id: group.clone(),
+                    kept,
+                });
+                protocol::append(&mut self.redis.db, BATCH, &format!("discard/{group}"), &e);
+                return self.ack(w);
+            }
+            ("report", 0) => {
+                if self.field("k:delivered").is_some() {
+                    return self.ack(w);
+                }
+                if self.field("report").is_none() {
+                    return self.dead(w, "report item without a report".into());
+                }
+                if answer != Answer::Fail {
+                    self.webhook += 1;
+                }
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "report", item, None);
+                }
+                job.pc = 1;
+            }
+            ("report", 1) => {
+                let e = Event::ReportDelivered(ReportDelivered { status: 200 });
+                protocol::append(&mut self.redis.db, BATCH, "delivered", &e);
+                return self.ack(w);
+            }
+            _ => return self.ack(w),
+        }
+        self.workers[w] = Some(job);
+    }
+
+    /// Whether every chunk now assigned to `gen` is wholly in group `gi`.
+    pub(super) fn complete(&self, gen: u32, gi: usize) -> bool {
+        let members = &self.groups[gi].members;
+        self.cfg.ingest.iter().all(|c| {
+            let assigned = self.field(&format!("s:{}", c.seq)).is_some_and(|s| {
+                s.starts_with(&format!("{gen}|")) && s.ends_with(&Self::digest(c))
+            });
+            // (Less its copies of numbers the batch already had, `x:<seq>`.)
+            let copies: Vec<usize> = (self.field(&format!("x:{}", c.seq)).unwrap_or(""))
+                .split(',')
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            !assigned
+                || (c.to.iter().enumerate())
+                    .all(|(k, t)| copies.contains(&k) || members.contains(t))
+        }) && self.field(&format!("g:{gen}:closed")).is_some()
+    }
+
+    /// Whether a step of `job` calls the provider (and can fail or lose its answer).
+    pub(super) fn calls_provider(&self, job: &Job) -> bool {
+        matches!(
+            (job.op, job.pc),
+            (CHUNK_OPS | "load", 2)
+                | ("create", 0)
+                | ("send", 1)
+                | ("send", 2)
+                | ("poll", 0)
+                | ("delete", 0)
+                | ("report", 0)
+        )
+    }
+
+    pub(super) fn job_for(&self, held: Held) -> Job {
+        let mut job = Job {
+            held,
+            op: CHUNK_OPS,
+            pc: 0,
+            gen: 0,
+            seq: 0,
+            chunk: 0,
+            to: vec![],
+            group: None,
+            registered: 0,
+            outcome: "",
+        };
+        if let Some(e) = match held {
+            Held::Work(id) => self.redis.db.work.iter().find(|e| e.id == id),
+            Held::Ingest(_) => None,
+        } {
+            job.op = match e.op.as_str() {
+                "create" => "create",
+                "load" => "load",
+                "send" => "send",
+                "poll" => "poll",
+                "delete" => "delete",
+                _ => "report",
+            };
+            job.gen = e.item.gen;
+            job.seq = e.item.seq.unwrap_or(0);
+            job.group = e.item.group_id.clone();
+            job.chunk = e.chunk.as_ref().map_or(0, |c| usize::from(c[0]));
+            job.to = e.chunk.as_ref().map_or(vec![], |c| c[1..].to_vec());
+            job.pc = if job.op == "load" { 2 } else { 0 };
+        }
+        job
+    }
+}
