@@ -314,6 +314,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut submitted: BTreeMap<(String, u32), u64> = BTreeMap::new();
     let mut chunks_total = 0usize;
     let mut peak_memory = mem_start;
+    let mut producer = crate::producer::Producer::new(store.clone());
     for (k, b) in batches.iter().enumerate() {
         let per_part = plan.chunk_size * 50;
         let mut seq_base = 0u32;
@@ -332,7 +333,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
                 c.last = c.seq + 1 == total_chunks;
             }
             seq_base += part.len() as u32;
-            let ids = crate::producer::append_chunks(&store, &part).await?;
+            let ids = producer.append(&part).await?;
             for (c, id) in part.iter().zip(ids) {
                 submitted.insert((b.clone(), c.seq), crate::events::entry_millis(&id));
             }

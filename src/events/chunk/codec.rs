@@ -7,7 +7,8 @@
 use sha2::{Digest, Sha256};
 
 use super::model::{
-    Chunk, ChunkRef, KakaoRef, Parts, RecipientFields, RecipientRef, TemplateRef, VarsRef,
+    Chunk, ChunkRef, KakaoRef, Parts, Recipient, RecipientFields, RecipientRef, Template,
+    TemplateRef, VarsRef,
 };
 use super::MAX_CHUNK_BYTES;
 use crate::events::{decode_payload, encode_payload, DecodeError};
@@ -95,6 +96,46 @@ pub(super) fn encoded_len<R: RecipientFields>(chunk: &Parts<'_, R>) -> usize {
     let mut bytes = Counter(0);
     encode_chunk(chunk, &mut bytes);
     bytes.0
+}
+
+/// The bytes recipient `r` takes in [`Chunk::encode`]'s output, counted
+/// without encoding. With [`chunk_encoded_len`], a producer that reads
+/// recipients one at a time knows each chunk's size (and so whether it is
+/// under [`MAX_CHUNK_BYTES`]) without building the chunk.
+pub fn recipient_encoded_len(r: &impl RecipientFields) -> usize {
+    let mut bytes = Counter(0);
+    encode_recipient(r, &mut bytes);
+    bytes.0
+}
+
+/// The length of [`Chunk::encode`] for a chunk with these fields and
+/// `recipients` recipients whose [`recipient_encoded_len`]s add up to
+/// `recipient_bytes`.
+pub fn chunk_encoded_len(
+    batch: &str,
+    seq: u32,
+    last: bool,
+    template: &Template,
+    recipients: usize,
+    recipient_bytes: usize,
+) -> usize {
+    let none: &[Recipient] = &[];
+    let mut bytes = Counter(0);
+    encode_chunk(
+        &Parts {
+            batch,
+            seq,
+            last,
+            template: template.view(),
+            recipients: none,
+        },
+        &mut bytes,
+    );
+    // The empty chunk's recipient array header is one byte; a longer array
+    // has a longer one.
+    let mut header = Counter(0);
+    array(&mut header, recipients);
+    bytes.0 - 1 + header.0 + recipient_bytes
 }
 
 /// [`Chunk::digest`], for owned and borrowed chunks alike.
@@ -438,14 +479,28 @@ pub(super) fn encode_chunk<R: RecipientFields>(c: &Parts<'_, R>, w: &mut impl Si
         member(w, "template_id", k.template_id);
     }
     str(w, "recipients");
-    len(w, c.recipients.len(), 0x90, 16, None, 0xdc, 0xdd);
+    array(w, c.recipients.len());
     for r in c.recipients {
-        map(w, 2);
-        member(w, "to", r.to());
-        str(w, "vars");
-        map(w, r.var_count());
-        for (k, v) in r.vars() {
-            member(w, k, v);
-        }
+        encode_recipient(r, w);
+    }
+}
+
+/// An array header of `n` elements.
+#[inline]
+fn array(w: &mut impl Sink, n: usize) {
+    len(w, n, 0x90, 16, None, 0xdc, 0xdd);
+}
+
+/// Writes one recipient of a chunk's `recipients` array.
+#[inline]
+fn encode_recipient(r: &impl RecipientFields, w: &mut impl Sink) {
+    map(w, 2);
+    str(w, "to");
+    str(w, r.to());
+    str(w, "vars");
+    map(w, r.var_count());
+    for (k, v) in r.vars() {
+        str(w, k);
+        str(w, v);
     }
 }
