@@ -20,10 +20,10 @@ use serde::Deserialize;
 
 use super::{CliError, RedisArgs};
 use crate::events::chunk::{
-    chunk_encoded_len, recipient_encoded_len, KakaoTemplate, MAX_CHUNK_BYTES, MAX_CHUNK_RECIPIENTS,
-    MAX_TEXT_CHARS, MAX_VAR_CHARS,
+    chunk_encoded_len, recipient_encoded_len, ChunkEncoder, KakaoTemplate, RecipientFields,
+    MAX_CHUNK_BYTES, MAX_CHUNK_RECIPIENTS, MAX_TEXT_CHARS, MAX_VAR_CHARS,
 };
-use crate::events::{clip, Chunk, ChunkError, QUOTE_MAX};
+use crate::events::{clip, ChunkError, QUOTE_MAX};
 use crate::events::{Recipient, Template};
 use crate::keys::validate_batch_id;
 use crate::phone;
@@ -128,11 +128,19 @@ pub fn read_template(path: &Path) -> Result<Template, CliError> {
 pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient>, CliError> {
     let mut input = Input::open(path)?;
     check_recipients(&mut input, template, None)?;
-    let names = template.placeholders();
     let mut rows = Rows::new(&mut input)?;
+    let mut number = String::new();
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        out.push(recipient(path, row, &names)?);
+        row.number(path, &mut number)?;
+        out.push(Recipient {
+            to: number.clone(),
+            vars: row
+                .vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
     }
     Ok(out)
 }
@@ -212,10 +220,140 @@ fn spool(from: &mut File) -> std::io::Result<File> {
     Ok(to)
 }
 
-/// One row of a recipients file: its line and its fields by name.
-struct Row {
+/// One row of a recipients file, borrowed from the reader until the next.
+struct Row<'r> {
     line: usize,
-    fields: BTreeMap<String, String>,
+    /// The `to` field as written.
+    to: Option<&'r str>,
+    vars: Vars<'r>,
+}
+
+/// A row's fields other than `to`, by name: the template's variables.
+#[derive(Clone, Copy)]
+enum Vars<'r> {
+    /// A CSV record and its columns (name order, each name once: a repeated
+    /// column name keeps its last column).
+    Csv {
+        record: &'r csv::StringRecord,
+        columns: &'r [(String, usize)],
+    },
+    /// A JSON object's fields (with `to`, skipped here).
+    Json(&'r BTreeMap<String, String>),
+}
+
+impl<'r> Vars<'r> {
+    fn get(self, name: &str) -> Option<&'r str> {
+        match self {
+            Vars::Csv { record, columns } => columns
+                .binary_search_by(|(n, _)| n.as_str().cmp(name))
+                .ok()
+                .and_then(|i| record.get(columns[i].1)),
+            Vars::Json(fields) => fields
+                .get(name)
+                .filter(|_| name != "to")
+                .map(String::as_str),
+        }
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Vars::Csv { columns, .. } => columns.len(),
+            Vars::Json(fields) => fields.len() - usize::from(fields.contains_key("to")),
+        }
+    }
+
+    /// In name order.
+    fn iter(self) -> impl Iterator<Item = (&'r str, &'r str)> {
+        let (csv, json) = match self {
+            Vars::Csv { record, columns } => (Some((record, columns)), None),
+            Vars::Json(fields) => (None, Some(fields)),
+        };
+        let csv = csv.into_iter().flat_map(|(record, columns)| {
+            columns
+                .iter()
+                .map(move |(n, i)| (n.as_str(), record.get(*i).unwrap_or("")))
+        });
+        let json = json.into_iter().flat_map(|fields| {
+            fields
+                .iter()
+                .filter(|(k, _)| *k != "to")
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+        });
+        csv.chain(json)
+    }
+}
+
+/// A checked row as the chunk encoder reads it: the number as it will be
+/// sent (in a caller's buffer) and the row's variables.
+struct RowRecipient<'a> {
+    to: &'a str,
+    vars: Vars<'a>,
+}
+
+impl RecipientFields for RowRecipient<'_> {
+    fn to(&self) -> &str {
+        self.to
+    }
+    fn var(&self, name: &str) -> Option<&str> {
+        self.vars.get(name)
+    }
+    fn var_count(&self) -> usize {
+        self.vars.len()
+    }
+    fn vars(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.vars.iter()
+    }
+}
+
+impl Row<'_> {
+    /// Writes the row's number into `out` (without spaces around or
+    /// dashes) and checks it.
+    fn number(&self, path: &Path, out: &mut String) -> Result<(), CliError> {
+        let to = self
+            .to
+            .ok_or_else(|| field_error(path, self.line, "to", "missing".into()))?;
+        out.clear();
+        out.extend(to.trim().chars().filter(|&c| c != '-'));
+        if !phone::is_valid_number(out) {
+            return Err(field_error(
+                path,
+                self.line,
+                "to",
+                format!(
+                    "{:?} is not a valid phone number (digits only, 9 to 11, starting with 0)",
+                    clip(out, QUOTE_MAX)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the row has every variable the template uses, none too
+    /// long.
+    fn check_vars(&self, path: &Path, names: &[String]) -> Result<(), CliError> {
+        for n in names {
+            match self.vars.get(n) {
+                None => {
+                    return Err(field_error(
+                        path,
+                        self.line,
+                        n,
+                        format!("missing; the template uses #{{{n}}}"),
+                    ))
+                }
+                Some(v) if v.len() > MAX_VAR_CHARS && v.chars().count() > MAX_VAR_CHARS => {
+                    return Err(field_error(
+                        path,
+                        self.line,
+                        n,
+                        format!("longer than {MAX_VAR_CHARS} characters"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The rows of a recipients file, one at a time, from its start.
@@ -227,8 +365,10 @@ struct Rows<'a> {
 enum Source<'a> {
     Csv {
         reader: csv::Reader<&'a File>,
-        /// The header's names, trimmed.
-        names: Vec<String>,
+        /// The index of the `to` column (the last one of that name).
+        to: usize,
+        /// Every other column: its name (trimmed) and index.
+        columns: Vec<(String, usize)>,
         record: csv::StringRecord,
         /// Records read so far.
         records: usize,
@@ -236,6 +376,7 @@ enum Source<'a> {
     Jsonl {
         reader: BufReader<&'a File>,
         text: String,
+        fields: BTreeMap<String, String>,
         /// Lines read so far.
         lines: usize,
     },
@@ -262,16 +403,22 @@ impl<'a> Rows<'a> {
                 let headers = reader.headers().map_err(|e| {
                     usage(format!("{}:1: unreadable CSV header: {e}", path.display()))
                 })?;
-                let names: Vec<String> = headers.iter().map(|h| h.trim().to_string()).collect();
-                if !names.iter().any(|h| h == "to") {
+                // By name, the last column of each name.
+                let by_name: BTreeMap<String, usize> = headers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, h)| (h.trim().to_string(), i))
+                    .collect();
+                let Some(&to) = by_name.get("to") else {
                     return Err(usage(format!(
                         "{}:1: the header has no `to` column",
                         path.display()
                     )));
-                }
+                };
                 Source::Csv {
                     reader,
-                    names,
+                    to,
+                    columns: by_name.into_iter().filter(|(n, _)| n != "to").collect(),
                     record: csv::StringRecord::new(),
                     records: 0,
                 }
@@ -279,6 +426,7 @@ impl<'a> Rows<'a> {
             Format::Jsonl => Source::Jsonl {
                 reader: BufReader::with_capacity(READ_BUFFER, file),
                 text: String::new(),
+                fields: BTreeMap::new(),
                 lines: 0,
             },
         };
@@ -286,12 +434,13 @@ impl<'a> Rows<'a> {
     }
 
     /// The next row, if any.
-    fn next(&mut self) -> Result<Option<Row>, CliError> {
+    fn next(&mut self) -> Result<Option<Row<'_>>, CliError> {
         let path = self.path;
         match &mut self.source {
             Source::Csv {
                 reader,
-                names,
+                to,
+                columns,
                 record,
                 records,
             } => {
@@ -304,17 +453,16 @@ impl<'a> Rows<'a> {
                     return Ok(None);
                 }
                 *records += 1;
-                // A repeated column name keeps its last value.
-                let fields = names
-                    .iter()
-                    .cloned()
-                    .zip(record.iter().map(str::to_string))
-                    .collect();
-                Ok(Some(Row { line, fields }))
+                Ok(Some(Row {
+                    line,
+                    to: record.get(*to),
+                    vars: Vars::Csv { record, columns },
+                }))
             }
             Source::Jsonl {
                 reader,
                 text,
+                fields,
                 lines,
             } => loop {
                 text.clear();
@@ -329,14 +477,19 @@ impl<'a> Rows<'a> {
                 if text.trim().is_empty() {
                     continue;
                 }
-                return jsonl_row(path, n, text).map(Some);
+                *fields = jsonl_fields(path, n, text)?;
+                return Ok(Some(Row {
+                    line: n,
+                    to: fields.get("to").map(String::as_str),
+                    vars: Vars::Json(fields),
+                }));
             },
         }
     }
 }
 
-/// One JSONL line as a row.
-fn jsonl_row(path: &Path, n: usize, text: &str) -> Result<Row, CliError> {
+/// One JSONL line's fields.
+fn jsonl_fields(path: &Path, n: usize, text: &str) -> Result<BTreeMap<String, String>, CliError> {
     let v: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| usage(format!("{}:{n}: malformed JSON: {e}", path.display())))?;
     let serde_json::Value::Object(map) = v else {
@@ -362,7 +515,7 @@ fn jsonl_row(path: &Path, n: usize, text: &str) -> Result<Row, CliError> {
         };
         fields.insert(k, s);
     }
-    Ok(Row { line: n, fields })
+    Ok(fields)
 }
 
 /// The error for `field` of line `line`.
@@ -373,63 +526,6 @@ fn field_error(path: &Path, line: usize, field: &str, what: String) -> CliError 
     ))
 }
 
-/// A row's number: present, without spaces around or dashes, and valid.
-fn row_number(path: &Path, row: &mut Row) -> Result<String, CliError> {
-    let to = row
-        .fields
-        .remove("to")
-        .ok_or_else(|| field_error(path, row.line, "to", "missing".into()))?;
-    let to = to.trim().replace('-', "");
-    if !phone::is_valid_number(&to) {
-        return Err(field_error(
-            path,
-            row.line,
-            "to",
-            format!(
-                "{:?} is not a valid phone number (digits only, 9 to 11, starting with 0)",
-                clip(&to, QUOTE_MAX)
-            ),
-        ));
-    }
-    Ok(to)
-}
-
-/// Checks that a row has every variable the template uses, none too long.
-fn check_vars(path: &Path, row: &Row, names: &[String]) -> Result<(), CliError> {
-    for n in names {
-        match row.fields.get(n) {
-            None => {
-                return Err(field_error(
-                    path,
-                    row.line,
-                    n,
-                    format!("missing; the template uses #{{{n}}}"),
-                ))
-            }
-            Some(v) if v.chars().count() > MAX_VAR_CHARS => {
-                return Err(field_error(
-                    path,
-                    row.line,
-                    n,
-                    format!("longer than {MAX_VAR_CHARS} characters"),
-                ))
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// A checked row as a recipient (every other column is a variable).
-fn recipient(path: &Path, mut row: Row, names: &[String]) -> Result<Recipient, CliError> {
-    let to = row_number(path, &mut row)?;
-    check_vars(path, &row, names)?;
-    Ok(Recipient {
-        to,
-        vars: row.fields,
-    })
-}
-
 /// A valid number (9 to 11 ASCII digits) as one `u64`: its digits, and its
 /// length above them, since `0212345678` and `00212345678` differ.
 fn number_key(to: &str) -> u64 {
@@ -437,6 +533,15 @@ fn number_key(to: &str) -> u64 {
         .bytes()
         .fold(0u64, |n, d| n * 10 + u64::from(d.wrapping_sub(b'0')));
     ((to.len() as u64) << 40) | digits
+}
+
+/// How many rows the file can have at most (a row takes 10 bytes at least:
+/// 9 digits and a newline), capped: room reserved once for the numbers, so
+/// that growing never copies them (only the rows there are touch memory).
+fn rows_at_most(input: &Input) -> usize {
+    const CAP: u64 = 1 << 26;
+    let len = input.file.metadata().map(|m| m.len()).unwrap_or(0);
+    (len / 10).min(CAP) as usize
 }
 
 /// What checking a recipients file found: enough to cut it again and to
@@ -466,7 +571,9 @@ fn check_recipients(
 ) -> Result<Checked, CliError> {
     let (batch, size) = chunking.unwrap_or(("", usize::MAX));
     let names = template.placeholders();
-    let mut numbers: Vec<u64> = Vec::new();
+    // One per row: 8 bytes, where a set of the numbers as strings took ten
+    // times that.
+    let mut numbers: Vec<u64> = Vec::with_capacity(rows_at_most(input));
     let mut checked = Checked {
         recipients: 0,
         chunks: 0,
@@ -494,19 +601,19 @@ fn check_recipients(
     let scanned = (|| {
         let path = input.path.clone();
         let mut rows = Rows::new(input)?;
-        while let Some(mut row) = rows.next()? {
-            let to = row_number(&path, &mut row)?;
-            let key = number_key(&to);
+        let mut number = String::new();
+        while let Some(row) = rows.next()? {
+            row.number(&path, &mut number)?;
+            let key = number_key(&number);
             numbers.push(key);
-            check_vars(&path, &row, &names)?;
-            let r = Recipient {
-                to,
-                vars: row.fields,
-            };
+            row.check_vars(&path, &names)?;
             checked.recipients += 1;
             checked.fingerprint = fingerprint(checked.fingerprint, key);
             in_chunk += 1;
-            chunk_bytes += recipient_encoded_len(&r);
+            chunk_bytes += recipient_encoded_len(&RowRecipient {
+                to: &number,
+                vars: row.vars,
+            });
             if in_chunk == size {
                 end_chunk(&mut checked, in_chunk, chunk_bytes);
                 (in_chunk, chunk_bytes) = (0, 0);
@@ -554,11 +661,12 @@ fn first_repeat(input: &mut Input, numbers: &mut [u64]) -> Option<CliError> {
     let path = input.path.clone();
     let mut first_lines: HashMap<u64, usize> = HashMap::new();
     let mut rows = Rows::new(input).ok()?;
-    while let Ok(Some(mut row)) = rows.next() {
-        let Ok(to) = row_number(&path, &mut row) else {
+    let mut number = String::new();
+    while let Ok(Some(row)) = rows.next() {
+        if row.number(&path, &mut number).is_err() {
             continue;
-        };
-        let key = number_key(&to);
+        }
+        let key = number_key(&number);
         if !repeated.contains(&key) {
             continue;
         }
@@ -567,7 +675,7 @@ fn first_repeat(input: &mut Input, numbers: &mut [u64]) -> Option<CliError> {
                 &path,
                 row.line,
                 "to",
-                format!("{to} repeats line {first}"),
+                format!("{number} repeats line {first}"),
             ));
         }
     }
@@ -586,12 +694,29 @@ fn cut_recipients(
     out: &tokio::sync::mpsc::Sender<Vec<u8>>,
 ) -> Result<(), CliError> {
     let path = input.path.clone();
-    let names = template.placeholders();
     let changed = |what: &str| {
         CliError::Failed(format!(
             "{}: the file changed while it was submitted ({what}); the batch's last chunk was not appended, so it will not complete: submit the file again under another batch id",
             path.display()
         ))
+    };
+    // Stopped early: the appending side gave up (and says why).
+    let stopped = || CliError::Failed("submit stopped".into());
+    let last_seq = checked.chunks.saturating_sub(1);
+    let start = |seq: u32| {
+        let n = if seq < last_seq {
+            size
+        } else {
+            checked.recipients - size * last_seq as usize
+        };
+        ChunkEncoder::new(
+            batch,
+            seq,
+            seq == last_seq,
+            template,
+            n,
+            checked.largest_chunk,
+        )
     };
     let mut seen = Checked {
         recipients: 0,
@@ -599,45 +724,45 @@ fn cut_recipients(
         largest_chunk: checked.largest_chunk,
         fingerprint: 0,
     };
-    let mut part: Vec<Recipient> = Vec::with_capacity(size);
-    let chunk = |seq: u32, recipients: Vec<Recipient>| Chunk {
-        batch: batch.to_string(),
-        seq,
-        last: seq + 1 == checked.chunks,
-        template: template.clone(),
-        recipients,
-    };
-    // Stopped early: the appending side gave up (and says why).
-    let stopped = || CliError::Failed("submit stopped".into());
+    let mut chunk = start(0);
+    let mut in_chunk = 0;
+    let mut last = None;
     {
         let mut rows = Rows::new(input).map_err(|_| changed("unreadable"))?;
+        let mut number = String::new();
         while let Some(row) = rows.next().map_err(|_| changed("a row is now bad"))? {
-            let r = recipient(&path, row, &names).map_err(|_| changed("a row is now bad"))?;
-            seen.recipients += 1;
-            seen.fingerprint = fingerprint(seen.fingerprint, number_key(&r.to));
-            part.push(r);
-            if part.len() > size {
+            row.number(&path, &mut number)
+                .map_err(|_| changed("a row is now bad"))?;
+            if seen.chunks > last_seq {
                 return Err(changed("more rows"));
             }
-            if part.len() == size && seen.chunks + 1 < checked.chunks {
-                let c = chunk(
-                    seen.chunks,
-                    std::mem::replace(&mut part, Vec::with_capacity(size)),
-                );
-                out.blocking_send(c.encode()).map_err(|_| stopped())?;
+            seen.recipients += 1;
+            seen.fingerprint = fingerprint(seen.fingerprint, number_key(&number));
+            chunk.push(&RowRecipient {
+                to: &number,
+                vars: row.vars,
+            });
+            in_chunk += 1;
+            if in_chunk == size || seen.recipients == checked.recipients {
+                let full = std::mem::replace(&mut chunk, start(seen.chunks + 1));
+                let bytes = full.finish().ok_or_else(|| changed("other rows"))?;
+                if seen.chunks == last_seq {
+                    last = Some(bytes);
+                } else {
+                    out.blocking_send(bytes).map_err(|_| stopped())?;
+                }
                 seen.chunks += 1;
+                in_chunk = 0;
             }
         }
     }
-    if !part.is_empty() {
-        seen.chunks += 1;
+    match last {
+        Some(bytes) if seen == *checked => {
+            out.blocking_send(bytes).map_err(|_| stopped())?;
+            Ok(())
+        }
+        _ => Err(changed("other rows")),
     }
-    if seen != *checked {
-        return Err(changed("other rows"));
-    }
-    let c = chunk(seen.chunks - 1, part);
-    out.blocking_send(c.encode()).map_err(|_| stopped())?;
-    Ok(())
 }
 
 /// Runs submit.
@@ -755,6 +880,7 @@ const TELL_WAIT_AFTER: Duration = Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::Chunk;
 
     fn sms() -> Template {
         Template {

@@ -138,6 +138,59 @@ pub fn chunk_encoded_len(
     bytes.0 - 1 + header.0 + recipient_bytes
 }
 
+/// Writes [`Chunk::encode`]'s bytes one recipient at a time, for a producer
+/// that reads recipients as it goes and never builds the chunk.
+pub struct ChunkEncoder {
+    bytes: Vec<u8>,
+    /// Recipients announced and not pushed yet.
+    left: usize,
+}
+
+impl ChunkEncoder {
+    /// Starts a chunk that will have exactly `recipients` recipients, with
+    /// room for `capacity` bytes.
+    pub fn new(
+        batch: &str,
+        seq: u32,
+        last: bool,
+        template: &Template,
+        recipients: usize,
+        capacity: usize,
+    ) -> ChunkEncoder {
+        let none: &[Recipient] = &[];
+        let mut bytes = Vec::with_capacity(capacity);
+        encode_chunk(
+            &Parts {
+                batch,
+                seq,
+                last,
+                template: template.view(),
+                recipients: none,
+            },
+            &mut bytes,
+        );
+        // The empty array's one-byte header, replaced by the real one.
+        bytes.pop();
+        array(&mut bytes, recipients);
+        ChunkEncoder {
+            bytes,
+            left: recipients,
+        }
+    }
+
+    /// Appends the next recipient.
+    pub fn push(&mut self, r: &impl RecipientFields) {
+        encode_recipient(r, &mut self.bytes);
+        self.left = self.left.wrapping_sub(1);
+    }
+
+    /// The encoded chunk, or `None` when the recipients pushed were not as
+    /// many as announced (the bytes would not decode).
+    pub fn finish(self) -> Option<Vec<u8>> {
+        (self.left == 0).then_some(self.bytes)
+    }
+}
+
 /// [`Chunk::digest`], for owned and borrowed chunks alike.
 fn digest<R: RecipientFields>(chunk: &Parts<'_, R>) -> String {
     let mut w = HashWriter::new();
