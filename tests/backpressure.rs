@@ -18,19 +18,6 @@ use groupcast::producer::Producer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_groupcast");
 
-/// Polls `cond` until it holds, failing the test after `limit`.
-async fn wait_until<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_library_producer_stops_at_the_bound_and_resumes_as_workers_read() {
     const BOUND: u64 = 6;

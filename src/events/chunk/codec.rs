@@ -119,23 +119,20 @@ pub fn chunk_encoded_len(
     recipients: usize,
     recipient_bytes: usize,
 ) -> usize {
-    let none: &[Recipient] = &[];
     let mut bytes = Counter(0);
-    encode_chunk(
-        &Parts {
-            batch,
-            seq,
-            last,
-            template: template.view(),
-            recipients: none,
-        },
-        &mut bytes,
-    );
-    // The empty chunk's recipient array header is one byte; a longer array
-    // has a longer one.
-    let mut header = Counter(0);
-    array(&mut header, recipients);
-    bytes.0 - 1 + header.0 + recipient_bytes
+    encode_head(&head(batch, seq, last, template), recipients, &mut bytes);
+    bytes.0 + recipient_bytes
+}
+
+/// A chunk's fields without its recipients.
+fn head<'a>(batch: &'a str, seq: u32, last: bool, template: &'a Template) -> Parts<'a, Recipient> {
+    Parts {
+        batch,
+        seq,
+        last,
+        template: template.view(),
+        recipients: &[],
+    }
 }
 
 /// Writes [`Chunk::encode`]'s bytes one recipient at a time, for a producer
@@ -157,21 +154,8 @@ impl ChunkEncoder {
         recipients: usize,
         capacity: usize,
     ) -> ChunkEncoder {
-        let none: &[Recipient] = &[];
         let mut bytes = Vec::with_capacity(capacity);
-        encode_chunk(
-            &Parts {
-                batch,
-                seq,
-                last,
-                template: template.view(),
-                recipients: none,
-            },
-            &mut bytes,
-        );
-        // The empty array's one-byte header, replaced by the real one.
-        bytes.pop();
-        array(&mut bytes, recipients);
+        encode_head(&head(batch, seq, last, template), recipients, &mut bytes);
         ChunkEncoder {
             bytes,
             left: recipients,
@@ -507,6 +491,15 @@ pub(super) fn uint(w: &mut impl Sink, v: u32) {
 /// Writes the chunk exactly as `rmp_serde::to_vec_named` writes a
 /// [`Chunk`].
 pub(super) fn encode_chunk<R: RecipientFields>(c: &Parts<'_, R>, w: &mut impl Sink) {
+    encode_head(c, c.recipients.len(), w);
+    for r in c.recipients {
+        encode_recipient(r, w);
+    }
+}
+
+/// Writes everything of a chunk before its first recipient, announcing
+/// `recipients` of them (whatever `c.recipients` holds).
+fn encode_head<R: RecipientFields>(c: &Parts<'_, R>, recipients: usize, w: &mut impl Sink) {
     /// A string member `name: value`.
     #[inline]
     fn member(w: &mut impl Sink, name: &str, value: &str) {
@@ -532,10 +525,7 @@ pub(super) fn encode_chunk<R: RecipientFields>(c: &Parts<'_, R>, w: &mut impl Si
         member(w, "template_id", k.template_id);
     }
     str(w, "recipients");
-    array(w, c.recipients.len());
-    for r in c.recipients {
-        encode_recipient(r, w);
-    }
+    array(w, recipients);
 }
 
 /// An array header of `n` elements.
