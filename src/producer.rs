@@ -1,9 +1,31 @@
 //! Producing chunks: cutting recipients into chunks and appending them to the
 //! batch's shard's ingest stream, exactly as a producer in any language does
 //! (see `schemas/README.md`).
+//!
+//! [`Producer`] appends with backpressure: it pauses while the shard's ingest
+//! stream holds [`DEFAULT_MAX_UNREAD_CHUNKS`] chunks (or the bound it was
+//! given) that no worker has read yet, so that Redis holds the work in
+//! flight, not the whole input. [`append_chunks`] appends without waiting.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use crate::events::{Chunk, Recipient, Template, ENVELOPE_VERSION};
+use crate::keys::LOADERS_GROUP;
 use crate::store::{Store, StoreResult};
+
+/// How many chunks a [`Producer`] lets wait unread in a shard's ingest
+/// stream before it pauses. Each producer counts for itself: with several
+/// producers on one shard the stream holds up to this many per producer.
+pub const DEFAULT_MAX_UNREAD_CHUNKS: u64 = 64;
+/// The most chunks in one pipelined round trip.
+pub const ROUND_CHUNKS: usize = 32;
+/// The most payload bytes in one pipelined round trip (unless one chunk
+/// alone is larger), so that large chunks do not make huge pipelines.
+pub const ROUND_BYTES: usize = 4 * 1024 * 1024;
+/// How long a waiting producer sleeps between looks at the stream: from the
+/// first to the second value, doubling.
+const WAIT_POLL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
 
 /// Cuts recipients into chunks of `size` (the last one flagged).
 pub fn cut(
@@ -33,15 +55,12 @@ pub fn cut(
 
 /// The fields of an ingest entry for a chunk.
 pub fn ingest_fields(chunk: &Chunk) -> [(&'static str, Vec<u8>); 3] {
-    [
-        ("v", ENVELOPE_VERSION.as_bytes().to_vec()),
-        ("t", b"chunk".to_vec()),
-        ("d", chunk.encode()),
-    ]
+    entry(chunk.encode())
 }
 
 /// Appends chunks (of any batches) to their ingest streams, pipelined per
-/// stream. Returns the entry ids.
+/// stream, without backpressure (a [`Producer`] waits for the workers).
+/// Returns the entry ids.
 pub async fn append_chunks(store: &Store, chunks: &[Chunk]) -> StoreResult<Vec<String>> {
     let mut ids = Vec::with_capacity(chunks.len());
     for group in
@@ -64,4 +83,164 @@ pub async fn append_raw(
     fields: &[(String, Vec<u8>)],
 ) -> StoreResult<String> {
     store.append_entry(stream, fields).await
+}
+
+/// A pause of a [`Producer`]: the stream it waits for and how long so far.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    /// The ingest stream.
+    pub stream: String,
+    /// The chunks unread in it at the last look.
+    pub unread: u64,
+    /// The bound the producer waits to get under.
+    pub max_unread: u64,
+    /// Since when this pause lasts.
+    pub waited: Duration,
+}
+
+/// What a [`Producer`] calls at every look at the stream while it waits.
+type OnWait = Box<dyn FnMut(&Waiting) + Send>;
+
+/// Appends chunks to ingest streams in pipelined rounds, pausing while a
+/// shard's ingest stream holds more than a bound of unread chunks, so that
+/// Redis memory follows the work in flight and not the input size.
+///
+/// The unread count comes from Redis (the loaders' consumer group's `lag`,
+/// see [`Store::unread`]). After one look the producer knows how many chunks
+/// it may still append (the bound minus the unread ones: the workers only
+/// ever lower the count) and looks again only when that credit is spent, so
+/// the check costs one command per many chunks.
+pub struct Producer {
+    store: Store,
+    /// 0: no bound.
+    max_unread: u64,
+    /// Per shard: chunks that may still be appended before looking again.
+    credit: HashMap<u32, u64>,
+    on_wait: Option<OnWait>,
+    waited: Duration,
+}
+
+impl Producer {
+    /// A producer with the default bound ([`DEFAULT_MAX_UNREAD_CHUNKS`]).
+    pub fn new(store: Store) -> Producer {
+        Producer {
+            store,
+            max_unread: DEFAULT_MAX_UNREAD_CHUNKS,
+            credit: HashMap::new(),
+            on_wait: None,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// Sets the bound on unread chunks per ingest stream; 0 appends without
+    /// waiting.
+    pub fn max_unread(mut self, chunks: u64) -> Producer {
+        self.max_unread = chunks;
+        self.credit.clear();
+        self
+    }
+
+    /// Calls `f` at every look at the stream while paused (to tell a user
+    /// that nothing reads the stream, for instance).
+    pub fn on_wait(mut self, f: impl FnMut(&Waiting) + Send + 'static) -> Producer {
+        self.on_wait = Some(Box::new(f));
+        self
+    }
+
+    /// The time spent paused so far.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// Appends chunks (of any batches) to their ingest streams, in order.
+    /// Returns the entry ids.
+    pub async fn append(&mut self, chunks: &[Chunk]) -> StoreResult<Vec<String>> {
+        let mut ids = Vec::with_capacity(chunks.len());
+        let keys = self.store.keys.clone();
+        for group in chunks.chunk_by(|a, b| keys.shard_of(&a.batch) == keys.shard_of(&b.batch)) {
+            let payloads = group.iter().map(Chunk::encode).collect();
+            ids.extend(
+                self.append_encoded(keys.shard_of(&group[0].batch), payloads)
+                    .await?,
+            );
+        }
+        Ok(ids)
+    }
+
+    /// Appends encoded chunks ([`Chunk::encode`], the `d` field) to shard
+    /// `shard`'s ingest stream, in order. Returns the entry ids.
+    pub async fn append_encoded(
+        &mut self,
+        shard: u32,
+        payloads: Vec<Vec<u8>>,
+    ) -> StoreResult<Vec<String>> {
+        let stream = self.store.keys.ingest(shard);
+        let mut ids = Vec::with_capacity(payloads.len());
+        let mut rest = payloads.into_iter().peekable();
+        while rest.peek().is_some() {
+            let credit = self.credit(shard, &stream, rest.len()).await?;
+            let mut round = Vec::new();
+            let mut bytes = 0;
+            while let Some(p) = rest.next_if(|p| {
+                round.is_empty()
+                    || (round.len() < ROUND_CHUNKS.min(credit) && bytes + p.len() <= ROUND_BYTES)
+            }) {
+                bytes += p.len();
+                round.push(entry(p));
+            }
+            if self.max_unread > 0 {
+                let left = credit.saturating_sub(round.len());
+                self.credit.insert(shard, left as u64);
+            }
+            ids.extend(self.store.append_entries(&stream, &round).await?);
+        }
+        Ok(ids)
+    }
+
+    /// How many chunks may be appended to `stream` now (at least 1): waits
+    /// until the workers have read enough. `want` is how many there are to
+    /// append; a small credit is worth a round only when it covers them, or a
+    /// quarter of the bound (so that a producer just behind the workers
+    /// appends in rounds, not chunk by chunk with a look between each).
+    async fn credit(&mut self, shard: u32, stream: &str, want: usize) -> StoreResult<usize> {
+        if self.max_unread == 0 {
+            return Ok(usize::MAX);
+        }
+        if let Some(&c) = self.credit.get(&shard) {
+            if c > 0 {
+                return Ok(usize::try_from(c).unwrap_or(usize::MAX));
+            }
+        }
+        let enough = (want as u64).min((self.max_unread / 4).max(1));
+        let started = Instant::now();
+        let mut poll = WAIT_POLL.0;
+        loop {
+            let unread = self.store.unread(stream, LOADERS_GROUP).await?;
+            let credit = self.max_unread.saturating_sub(unread);
+            if credit >= enough {
+                self.waited += started.elapsed();
+                self.credit.insert(shard, credit);
+                return Ok(usize::try_from(credit).unwrap_or(usize::MAX));
+            }
+            if let Some(f) = &mut self.on_wait {
+                f(&Waiting {
+                    stream: stream.to_string(),
+                    unread,
+                    max_unread: self.max_unread,
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(WAIT_POLL.1);
+        }
+    }
+}
+
+/// The fields of an ingest entry for an encoded chunk.
+fn entry(payload: Vec<u8>) -> [(&'static str, Vec<u8>); 3] {
+    [
+        ("v", ENVELOPE_VERSION.as_bytes().to_vec()),
+        ("t", b"chunk".to_vec()),
+        ("d", payload),
+    ]
 }

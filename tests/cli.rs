@@ -163,19 +163,6 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     assert_eq!(n, 2);
 }
 
-/// Polls `cond` until it holds or `limit` passes.
-async fn wait_until<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn worker_process(
     redis_url: &str,
     mock: &groupcast::mock::MockHandle,

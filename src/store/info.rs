@@ -91,6 +91,19 @@ impl Store {
         Ok(GroupInfo::from_reply(&groups, group))
     }
 
+    /// How many entries of `stream` consumer group `group` has not read yet:
+    /// the group's `lag` (Redis >= 7.0); else the stream's length, when the
+    /// group does not exist (nobody has read anything) or Redis cannot say
+    /// (an older server, or entries deleted in the middle). The length counts
+    /// read entries not yet trimmed too, so it never under-counts. One
+    /// `XINFO GROUPS` in the usual case.
+    pub async fn unread(&self, stream: &str, group: &str) -> StoreResult<u64> {
+        match self.group_if_any(stream, group).await?.and_then(|g| g.lag) {
+            Some(lag) => Ok(lag),
+            None => self.stream_len(stream).await,
+        }
+    }
+
     /// Whether `stream` has any consumer group yet.
     pub async fn has_groups(&self, stream: &str) -> StoreResult<bool> {
         let groups: Value = redis::cmd("XINFO")

@@ -306,3 +306,16 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// Polls `cond` until it holds, failing the test after `limit`.
+pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

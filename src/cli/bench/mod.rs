@@ -238,11 +238,14 @@ async fn produce(store: &Store, plan: &Plan, peak_memory: &mut f64) -> Result<Pr
         appended: BTreeMap::new(),
         chunks: 0,
     };
+    // Appends pause while the ingest stream holds too many unread chunks,
+    // as every producer's do.
+    let mut producer = crate::producer::Producer::new(store.clone());
     for (index, batch) in plan.batch_ids().iter().enumerate() {
         let appended = produced.appended.entry(batch.clone()).or_default();
         for from in plan.append_starts() {
             let part = plan.append_chunks(&template, index, batch, from);
-            let ids = crate::producer::append_chunks(store, &part).await?;
+            let ids = producer.append(&part).await?;
             for (c, id) in part.iter().zip(ids) {
                 appended.insert(c.seq, crate::events::entry_millis(&id));
             }

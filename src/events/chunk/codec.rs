@@ -7,7 +7,8 @@
 use sha2::{Digest, Sha256};
 
 use super::model::{
-    Chunk, ChunkRef, KakaoRef, Parts, RecipientFields, RecipientRef, TemplateRef, VarsRef,
+    Chunk, ChunkRef, KakaoRef, Parts, Recipient, RecipientFields, RecipientRef, Template,
+    TemplateRef, VarsRef,
 };
 use super::MAX_CHUNK_BYTES;
 use crate::events::{decode_payload, encode_payload, DecodeError};
@@ -95,6 +96,83 @@ pub(super) fn encoded_len<R: RecipientFields>(chunk: &Parts<'_, R>) -> usize {
     let mut bytes = Counter(0);
     encode_chunk(chunk, &mut bytes);
     bytes.0
+}
+
+/// The bytes recipient `r` takes in [`Chunk::encode`]'s output, counted
+/// without encoding. With [`chunk_encoded_len`], a producer that reads
+/// recipients one at a time knows each chunk's size (and so whether it is
+/// under [`MAX_CHUNK_BYTES`]) without building the chunk.
+pub fn recipient_encoded_len(r: &impl RecipientFields) -> usize {
+    let mut bytes = Counter(0);
+    encode_recipient(r, &mut bytes);
+    bytes.0
+}
+
+/// The length of [`Chunk::encode`] for a chunk with these fields and
+/// `recipients` recipients whose [`recipient_encoded_len`]s add up to
+/// `recipient_bytes`.
+pub fn chunk_encoded_len(
+    batch: &str,
+    seq: u32,
+    last: bool,
+    template: &Template,
+    recipients: usize,
+    recipient_bytes: usize,
+) -> usize {
+    let mut bytes = Counter(0);
+    encode_head(&head(batch, seq, last, template), recipients, &mut bytes);
+    bytes.0 + recipient_bytes
+}
+
+/// A chunk's fields without its recipients.
+fn head<'a>(batch: &'a str, seq: u32, last: bool, template: &'a Template) -> Parts<'a, Recipient> {
+    Parts {
+        batch,
+        seq,
+        last,
+        template: template.view(),
+        recipients: &[],
+    }
+}
+
+/// Writes [`Chunk::encode`]'s bytes one recipient at a time, for a producer
+/// that reads recipients as it goes and never builds the chunk.
+pub struct ChunkEncoder {
+    bytes: Vec<u8>,
+    /// Recipients announced and not pushed yet.
+    left: usize,
+}
+
+impl ChunkEncoder {
+    /// Starts a chunk that will have exactly `recipients` recipients, with
+    /// room for `capacity` bytes.
+    pub fn new(
+        batch: &str,
+        seq: u32,
+        last: bool,
+        template: &Template,
+        recipients: usize,
+        capacity: usize,
+    ) -> ChunkEncoder {
+        let mut bytes = Vec::with_capacity(capacity);
+        encode_head(&head(batch, seq, last, template), recipients, &mut bytes);
+        ChunkEncoder {
+            bytes,
+            left: recipients,
+        }
+    }
+
+    /// Appends the next recipient.
+    pub fn push(&mut self, r: &impl RecipientFields) {
+        encode_recipient(r, &mut self.bytes);
+        self.left = self.left.wrapping_sub(1);
+    }
+
+    /// The encoded chunk, or `None` when the recipients pushed were not as
+    /// many as announced (the bytes would not decode).
+    pub fn finish(self) -> Option<Vec<u8>> {
+        (self.left == 0).then_some(self.bytes)
+    }
 }
 
 /// [`Chunk::digest`], for owned and borrowed chunks alike.
@@ -413,6 +491,15 @@ pub(super) fn uint(w: &mut impl Sink, v: u32) {
 /// Writes the chunk exactly as `rmp_serde::to_vec_named` writes a
 /// [`Chunk`].
 pub(super) fn encode_chunk<R: RecipientFields>(c: &Parts<'_, R>, w: &mut impl Sink) {
+    encode_head(c, c.recipients.len(), w);
+    for r in c.recipients {
+        encode_recipient(r, w);
+    }
+}
+
+/// Writes everything of a chunk before its first recipient, announcing
+/// `recipients` of them (whatever `c.recipients` holds).
+fn encode_head<R: RecipientFields>(c: &Parts<'_, R>, recipients: usize, w: &mut impl Sink) {
     /// A string member `name: value`.
     #[inline]
     fn member(w: &mut impl Sink, name: &str, value: &str) {
@@ -438,14 +525,25 @@ pub(super) fn encode_chunk<R: RecipientFields>(c: &Parts<'_, R>, w: &mut impl Si
         member(w, "template_id", k.template_id);
     }
     str(w, "recipients");
-    len(w, c.recipients.len(), 0x90, 16, None, 0xdc, 0xdd);
-    for r in c.recipients {
-        map(w, 2);
-        member(w, "to", r.to());
-        str(w, "vars");
-        map(w, r.var_count());
-        for (k, v) in r.vars() {
-            member(w, k, v);
-        }
+    array(w, recipients);
+}
+
+/// An array header of `n` elements.
+#[inline]
+fn array(w: &mut impl Sink, n: usize) {
+    len(w, n, 0x90, 16, None, 0xdc, 0xdd);
+}
+
+/// Writes one recipient of a chunk's `recipients` array.
+#[inline]
+fn encode_recipient(r: &impl RecipientFields, w: &mut impl Sink) {
+    map(w, 2);
+    str(w, "to");
+    str(w, r.to());
+    str(w, "vars");
+    map(w, r.var_count());
+    for (k, v) in r.vars() {
+        str(w, k);
+        str(w, v);
     }
 }

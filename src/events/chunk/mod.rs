@@ -13,6 +13,7 @@ mod codec;
 mod model;
 mod validate;
 
+pub use codec::{chunk_encoded_len, recipient_encoded_len, ChunkEncoder};
 pub use model::{
     placeholders, Chunk, ChunkRef, KakaoRef, KakaoTemplate, Recipient, RecipientFields,
     RecipientRef, Template, TemplateRef, VarsRef,

@@ -342,3 +342,39 @@ fn digest_ignores_encoding_but_not_content() {
     d.recipients[0].to = "01012345679".into();
     assert_ne!(c.digest(), d.digest());
 }
+
+#[test]
+fn chunks_encoded_or_counted_recipient_by_recipient_are_the_encoding() {
+    for n in [1usize, 15, 16, 17, 300, 10_000] {
+        for seq in [0u32, 127, 128, 70_000] {
+            let recipients: Vec<Recipient> = (0..n)
+                .map(|i| Recipient {
+                    to: format!("010{i:08}"),
+                    vars: (0..i % 3)
+                        .map(|k| (format!("v{k}"), "x".repeat(i % 40)))
+                        .collect(),
+                })
+                .collect();
+            let c = Chunk {
+                batch: "sizes".into(),
+                seq,
+                last: n % 2 == 0,
+                template: template("Hi #{v0}"),
+                recipients,
+            };
+            let mut e = ChunkEncoder::new(&c.batch, c.seq, c.last, &c.template, n, 0);
+            for r in &c.recipients {
+                e.push(r);
+            }
+            assert_eq!(e.finish(), Some(c.encode()), "{n} recipients, seq {seq}");
+            let short = ChunkEncoder::new(&c.batch, c.seq, c.last, &c.template, n + 1, 0);
+            assert_eq!(short.finish(), None, "a recipient missing");
+            let bytes: usize = c.recipients.iter().map(recipient_encoded_len).sum();
+            assert_eq!(
+                chunk_encoded_len(&c.batch, c.seq, c.last, &c.template, n, bytes),
+                c.encode().len(),
+                "{n} recipients, seq {seq}"
+            );
+        }
+    }
+}
