@@ -318,15 +318,28 @@ async fn a_scraped_batch_adds_up_in_prometheus_and_the_dashboard_uses_only_emitt
     let state = rig.store.batch(&batch).state().await.expect("state");
     let registered = state.int("registered");
     assert_eq!(registered, 2_000);
-    let stall_events = rig
-        .store
-        .batch(&batch)
-        .events()
+    // The other batch's only chunk (flagged last) was refused: it waits for
+    // a corrected copy until an operator closes it; then it reports too.
+    let refused = "rejected".to_string();
+    rig.store
+        .batch(&refused)
+        .close("its only chunk was refused")
         .await
-        .expect("events")
-        .into_iter()
-        .filter(|r| matches!(r, Ok(r) if matches!(r.event, Event::BatchStalled(_))))
-        .count();
+        .expect("close");
+    rig.wait_reported(std::slice::from_ref(&refused), Duration::from_secs(30))
+        .await;
+    let mut stall_events = 0;
+    for b in [&batch, &refused] {
+        stall_events += rig
+            .store
+            .batch(b)
+            .events()
+            .await
+            .expect("events")
+            .into_iter()
+            .filter(|r| matches!(r, Ok(r) if matches!(r.event, Event::BatchStalled(_))))
+            .count();
+    }
     assert!(stall_events >= 1, "the provider stall was recorded");
 
     // The exposition, once the gauges have been sampled after the report.

