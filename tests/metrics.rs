@@ -295,7 +295,17 @@ async fn a_scraped_batch_adds_up_in_prometheus_and_the_dashboard_uses_only_emitt
     };
     let rig = Rig::start(1, config, mock_config()).await;
     let batch = "scraped".to_string();
-    let chunks = shuffled_chunks(&batch, 3, 2_000, 250, 11);
+    let mut chunks = shuffled_chunks(&batch, 3, 2_000, 250, 11);
+    // One number in two chunks (every copy of seq 0 gets seq 1's first
+    // number): sent once, counted as a duplicate.
+    let copy = chunks
+        .iter()
+        .find(|c| c.seq == 1)
+        .map(|c| c.recipients[0].clone())
+        .expect("seq 1");
+    for c in chunks.iter_mut().filter(|c| c.seq == 0) {
+        c.recipients.push(copy.clone());
+    }
     // A chunk that can never be accepted (an unknown message type): it is
     // rejected and dead-lettered.
     let mut bad = groupcast::producer::cut("rejected", &template(), recipients(4, 3), 10);
@@ -431,10 +441,13 @@ async fn a_scraped_batch_adds_up_in_prometheus_and_the_dashboard_uses_only_emitt
         registered as f64
     );
     assert_eq!(value("groupcast_batch_stalls_total"), stall_events as f64);
+    assert_eq!(value("groupcast_recipients_duplicate_total"), 1.0);
     assert_eq!(value("groupcast_batches_reported_total"), 1.0);
+    // Both batches' reports were appended: the scraped one's by a worker,
+    // the closed one's by the close (in this process too).
     assert_eq!(
         value("groupcast_events_appended_total{type=\"batch_reported\"}"),
-        1.0
+        2.0
     );
     assert_eq!(
         value("groupcast_chunks_total{outcome=\"loaded\"}"),

@@ -103,7 +103,7 @@ async fn handle_chunk(
             ctx.gen_hint(chunk.batch),
         )
         .await?;
-    let (gen, group, duplicates) = match accepted {
+    let (gen, group, duplicates, first) = match accepted {
         Accepted::Conflict(reason) | Accepted::Rejected(reason) => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);
             tracing::warn!(%reason, "chunk rejected");
@@ -120,7 +120,7 @@ async fn handle_chunk(
             duplicates,
         } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "accepted").increment(1);
-            (gen, group, duplicates)
+            (gen, group, duplicates, true)
         }
         Accepted::Duplicate {
             gen,
@@ -129,7 +129,7 @@ async fn handle_chunk(
             ..
         } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
-            (gen, group, duplicates)
+            (gen, group, duplicates, false)
         }
     };
     tracing::Span::current().record("gen", gen);
@@ -139,8 +139,12 @@ async fn handle_chunk(
     let (chunk, payload) = if duplicates.is_empty() {
         (chunk.clone(), data.to_vec())
     } else {
-        metrics::counter!("groupcast_recipients_duplicate_total")
-            .increment(duplicates.len() as u64);
+        if first {
+            // Counted at the chunk's first acceptance only (a repeat
+            // delivery answers the same positions).
+            metrics::counter!("groupcast_recipients_duplicate_total")
+                .increment(duplicates.len() as u64);
+        }
         let rest = chunk.without(&duplicates);
         let bytes = rest.to_chunk().encode();
         (rest, bytes)
