@@ -4,17 +4,21 @@
 -- ARGV: 3 gen, 4 group id, 5 status, 6 sent success, 7 sent failed
 -- Returns {'completed'} or {'reported'} or {'duplicate'}
 local gen, ss, sf = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local f = redis.call('HMGET', STATE, 'k:done/' .. gen, 'done', 'sent_success', 'sent_failed')
+-- One read: this group's key, then the fields the report decision reads.
+local f = redis.call('HMGET', STATE, 'k:done/' .. gen, unpack(REPORT_FIELDS))
 if f[1] then
   return reply({'duplicate'})
 end
+table.remove(f, 1)
 emit('done/' .. gen, 'group_completed',
   cmsgpack.pack({gen = gen, group_id = ARGV[4], status = ARGV[5], sent_success = ss, sent_failed = sf}))
+-- (indexes in REPORT_FIELDS: 7 done, 11 sent_success, 12 sent_failed)
+f[7], f[11], f[12] = num(f[7]) + 1, num(f[11]) + ss, num(f[12]) + sf
 put('g:' .. gen .. ':done', ARGV[5])
-put('done', num(f[2]) + 1)
-put('sent_success', num(f[3]) + ss)
-put('sent_failed', num(f[4]) + sf)
-if try_report() then
+put('done', f[7])
+put('sent_success', f[11])
+put('sent_failed', f[12])
+if report_from(f) then
   return reply({'reported'})
 end
 return reply({'completed'})

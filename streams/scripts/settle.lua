@@ -51,15 +51,21 @@ end
 -- chunks were expected is unknown); `failed` when nobody was registered;
 -- otherwise `partial`.
 -- Returns whether it was decided now.
-local function try_report()
-  flush()
-  local f = redis.call('HMGET', STATE, 'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done',
-    'recipients', 'registered', 'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing')
+--
+-- `report_from` decides from the fields REPORT_FIELDS, as the caller read
+-- (and updated) them, so that a caller that reads them anyway saves a read;
+-- what the caller put() is written with the report, in one HSET.
+local REPORT_FIELDS = {'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done', 'recipients', 'registered',
+  'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing'}
+
+local function report_from(f)
   if f[1] or not settled(f[2], f[3], f[4], f[5]) then
+    flush()
     return false
   end
   local gens = f[6] and tonumber(f[6]) + 1 or 0
   if num(f[7]) ~= gens then
+    flush()
     return false
   end
   local registered, failed, rejected, missing = num(f[9]), num(f[10]), num(f[14]), num(f[15])
@@ -103,6 +109,12 @@ local function try_report()
   redis.call('DEL', DEDUPE)
   redis.call('ZADD', REPORTED, string.match(id, '^(%d+)'), BATCH)
   return true
+end
+
+-- The decision, from the state as written now.
+local function try_report()
+  flush()
+  return report_from(redis.call('HMGET', STATE, unpack(REPORT_FIELDS)))
 end
 
 -- The batch takes no more chunks now: its current generation (if any) is
