@@ -114,6 +114,20 @@ local function holds(s, rec) -- an aligned occurrence of rec in s
   return false
 end
 
+-- Reads and writes go in pages: Lua's unpack() takes at most ~8,000
+-- values, and a large chunk of a large batch touches a bucket per number.
+local PAGE = 1000
+local function read_buckets(list)
+  local out = {}
+  for i = 1, #list, PAGE do
+    local got = redis.call('HMGET', DEDUPE, unpack(list, i, math.min(i + PAGE - 1, #list)))
+    for k = 1, #got do
+      out[i + k - 1] = got[k]
+    end
+  end
+  return out
+end
+
 local b0 = bucket_count(recipients)
 local i0, p0 = layout(b0)
 local content, dirty, pending, fresh = {}, {}, {}, {}
@@ -143,7 +157,7 @@ do
   end
 end
 if recipients > 0 then
-  local got = redis.call('HMGET', DEDUPE, unpack(names))
+  local got = read_buckets(names)
   for k, b in ipairs(names) do
     content[b] = got[k] or ''
   end
@@ -190,8 +204,8 @@ for b in pairs(dirty) do
   writes[#writes + 1] = b
   writes[#writes + 1] = content[b]
 end
-if #writes > 0 then
-  redis.call('HSET', DEDUPE, unpack(writes))
+for i = 1, #writes, 2 * PAGE do
+  redis.call('HSET', DEDUPE, unpack(writes, i, math.min(i + 2 * PAGE - 1, #writes)))
 end
 count = added
 

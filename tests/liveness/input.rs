@@ -546,3 +546,52 @@ async fn every_state_changing_script_answers_the_same_when_run_again() {
         "live state = its replay"
     );
 }
+
+/// A batch large enough that one chunk touches thousands of dedupe buckets
+/// (sequential numbers fall in distinct buckets): every copy is still
+/// found, and the numbers kept cost at most 32 bytes each in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_batch_is_deduplicated_across_thousands_of_buckets() {
+    let (_server, store) = store(1).await;
+    let log = store.batch("large");
+    let number = |i: usize| format!("010{:08}", 20_000_000 + i);
+    let size = 5_000;
+    let chunks = 40;
+    for seq in 0..chunks {
+        let numbers: Vec<String> = (seq * size..(seq + 1) * size).map(number).collect();
+        let records = dedupe_records(numbers.iter().map(String::as_str));
+        let a = log
+            .accept_with_hint(seq as u32, false, &records, &format!("d{seq}"), u64::MAX, 0)
+            .await
+            .expect("accept");
+        assert!(
+            matches!(&a, Accepted::Assigned { duplicates, .. } if duplicates.is_empty()),
+            "seq {seq}: {a:?}"
+        );
+    }
+    // A last chunk: 4,990 new numbers and 10 copies spread over the batch.
+    let kept = chunks * size;
+    let mut numbers: Vec<String> = (kept..kept + size - 10).map(number).collect();
+    let copies: Vec<usize> = (0..10).map(|k| k * 19_997).collect();
+    numbers.extend(copies.iter().map(|&i| number(i)));
+    let records = dedupe_records(numbers.iter().map(String::as_str));
+    let a = log
+        .accept_with_hint(chunks as u32, true, &records, "dlast", u64::MAX, 0)
+        .await
+        .expect("accept");
+    let expected: Vec<u32> = ((size - 10) as u32..size as u32).collect();
+    assert!(
+        matches!(&a, Accepted::Assigned { duplicates, .. } if *duplicates == expected),
+        "{a:?}"
+    );
+    let st = log.state().await.expect("state");
+    assert_eq!(st.int("recipients"), (kept + size - 10) as i64);
+    assert_eq!(st.int("duplicates"), 10);
+    let bytes = store
+        .memory_usage(&log.keys.dedupe, true)
+        .await
+        .expect("memory usage")
+        .expect("the dedupe hash exists");
+    let per = bytes as f64 / (kept + size - 10) as f64;
+    assert!(per <= 32.0, "{per:.1} bytes per number kept");
+}
