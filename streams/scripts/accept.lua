@@ -115,8 +115,9 @@ local function holds(s, rec) -- an aligned occurrence of rec in s
 end
 
 -- Reads and writes go in pages: Lua's unpack() takes at most ~8,000
--- values, and a large chunk of a large batch touches a bucket per number.
-local PAGE = 1000
+-- values, and a large chunk of a large batch touches a bucket per number
+-- (a write page is 2 * PAGE values).
+local PAGE = 3000
 local function read_buckets(list)
   local out = {}
   for i = 1, #list, PAGE do
