@@ -284,9 +284,11 @@ fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool)
         );
     }
     // 3. Loaded once, into the generation's own group.
+    // (A chunk of copies only adds nobody: it names no group.)
     let wrong_group: Vec<u32> = st
         .loaded
         .iter()
+        .filter(|(_, l)| l.registered > 0 || l.failed > 0)
         .filter(|(_, l)| Some(&l.group_id) != kept)
         .map(|(s, _)| *s)
         .collect();
@@ -750,6 +752,18 @@ mod tests {
     fn a_load_into_another_group_breaks_invariant_3() {
         let mut e = good();
         e[4] = loaded(0, 1, "G9", 2);
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![3]);
+    }
+
+    #[test]
+    fn a_chunk_of_copies_only_names_no_group() {
+        let mut e = good();
+        e.insert(2, assigned(0, 2, 0));
+        e.insert(5, loaded(0, 2, "", 0));
+        assert_eq!(failing(&e, 5, true, Some(2)), Vec::<u8>::new());
+        // A chunk that registered someone must name the kept group.
+        let mut e = good();
+        e[4] = loaded(0, 1, "", 2);
         assert_eq!(failing(&e, 5, true, Some(1)), vec![3]);
     }
 
