@@ -136,8 +136,10 @@ async fn handle_chunk(
     ctx.remember_gen(chunk.batch, gen);
     // Numbers the batch already had are recorded (in the assignment), not
     // sent: what is parked or loaded is the chunk without them.
-    let (chunk, payload) = if duplicates.is_empty() {
-        (chunk.clone(), data.to_vec())
+    // Borrowed as received on the usual path: no copy of the chunk.
+    let without_copies;
+    let (chunk, payload): (&ChunkRef<'_>, std::borrow::Cow<'_, [u8]>) = if duplicates.is_empty() {
+        (chunk, data.into())
     } else {
         if first {
             // Counted at the chunk's first acceptance only (a repeat
@@ -145,9 +147,9 @@ async fn handle_chunk(
             metrics::counter!("groupcast_recipients_duplicate_total")
                 .increment(duplicates.len() as u64);
         }
-        let rest = chunk.without(&duplicates);
-        let bytes = rest.to_chunk().encode();
-        (rest, bytes)
+        without_copies = chunk.without(&duplicates);
+        let bytes = without_copies.to_chunk().encode();
+        (&without_copies, bytes.into())
     };
     if chunk.recipients.is_empty() {
         // Every number was a copy: nothing to add, the chunk is done.
@@ -165,7 +167,7 @@ async fn handle_chunk(
             Parked::Group(g) => g,
         },
     };
-    let outcome = load_chunk::run_ref(ctx, &log, &chunk, gen, &group).await?;
+    let outcome = load_chunk::run_ref(ctx, &log, chunk, gen, &group).await?;
     // Should the add fail, the retry is a `load` work item carrying the chunk.
     let retry = WorkItem {
         batch: chunk.batch.to_string(),
@@ -177,7 +179,7 @@ async fn handle_chunk(
     };
     Ok(Handled {
         outcome,
-        retry_as: Some((Op::Load, retry, Some(payload))),
+        retry_as: Some((Op::Load, retry, Some(payload.into_owned()))),
     })
 }
 

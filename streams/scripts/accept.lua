@@ -129,6 +129,15 @@ local function read_buckets(list)
   return out
 end
 
+-- The split after bucket p at level i: the next bucket to split.
+local function next_split(i, p)
+  p = p + 1
+  if p == 2 ^ i then
+    return i + 1, 0
+  end
+  return i, p
+end
+
 local b0 = bucket_count(recipients)
 local i0, p0 = layout(b0)
 local content, dirty, pending, fresh = {}, {}, {}, {}
@@ -151,10 +160,7 @@ do
       wanted[p] = true
       names[#names + 1] = p
     end
-    p = p + 1
-    if p == 2 ^ i then
-      i, p = i + 1, 0
-    end
+    i, p = next_split(i, p)
   end
 end
 if recipients > 0 then
@@ -194,10 +200,7 @@ do
     end
     content[p], content[high] = table.concat(stay), table.concat(move)
     dirty[p], dirty[high] = true, true
-    p = p + 1
-    if p == 2 ^ i then
-      i, p = i + 1, 0
-    end
+    i, p = next_split(i, p)
   end
 end
 local writes = {}

@@ -58,6 +58,16 @@ async fn the_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str) -> serde_json::Va
     receipts[0].1.clone()
 }
 
+/// The dead letters, once there are at least `n` (bounded wait).
+async fn wait_dead_letters<R>(rig: &Rig<R>, n: usize) -> Vec<(String, String)> {
+    wait_until("the dead letters arrive", Duration::from_secs(20), || {
+        let store = rig.store.clone();
+        async move { dead_letters(&store).await.len() >= n }
+    })
+    .await;
+    dead_letters(&rig.store).await
+}
+
 /// A chunk of `batch` holding `recipients`.
 fn chunk(
     batch: &str,
@@ -247,16 +257,7 @@ async fn a_seq_that_never_comes_is_given_up_by_close() {
     append_chunks(&rig.store, &chunks[2..3])
         .await
         .expect("append");
-    wait_until(
-        "the late chunk is dead-lettered",
-        Duration::from_secs(20),
-        || {
-            let store = rig.store.clone();
-            async move { !dead_letters(&store).await.is_empty() }
-        },
-    )
-    .await;
-    let letters = dead_letters(&rig.store).await;
+    let letters = wait_dead_letters(&rig, 1).await;
     assert!(
         letters[0].1.contains("was already reported (partial)"),
         "{letters:?}"
@@ -328,16 +329,7 @@ async fn a_last_flag_on_too_low_a_seq_reports_partial_with_the_refused_chunks() 
     let report = the_report(&rig, &hook, batch).await;
     // The refused chunks may arrive before or after the report: before, they
     // are counted; after, they are refused as chunks of a reported batch.
-    wait_until(
-        "both late chunks are dead-lettered",
-        Duration::from_secs(20),
-        || {
-            let store = rig.store.clone();
-            async move { dead_letters(&store).await.len() == 2 }
-        },
-    )
-    .await;
-    let letters = dead_letters(&rig.store).await;
+    let letters = wait_dead_letters(&rig, 2).await;
     let rejected = report["rejected"].as_u64().unwrap_or(0);
     assert_eq!(
         report["outcome"],
@@ -393,16 +385,7 @@ async fn a_late_copy_after_retention_is_refused_by_the_tombstone() {
     append_chunks(&rig.store, &chunks[..1])
         .await
         .expect("append");
-    wait_until(
-        "the late copy is dead-lettered",
-        Duration::from_secs(20),
-        || {
-            let store = rig.store.clone();
-            async move { !dead_letters(&store).await.is_empty() }
-        },
-    )
-    .await;
-    let letters = dead_letters(&rig.store).await;
+    let letters = wait_dead_letters(&rig, 1).await;
     assert!(
         letters[0].1.contains("its events have expired"),
         "{letters:?}"
