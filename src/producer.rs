@@ -46,6 +46,7 @@ pub fn cut(
             seq,
             last: seq as usize + 1 == n,
             template: template.clone(),
+            options: Default::default(),
             recipients: part,
         });
         seq += 1;

@@ -6,6 +6,7 @@ use tracing::Instrument;
 use crate::events::chunk::ChunkRef;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
+use crate::protocol::accept::AcceptArgs;
 use crate::store::batch::{dedupe_records, Accepted, Parked, Rejection};
 use crate::store::queue::Entry;
 use crate::worker::ops::{load_chunk, Op, OpError, Outcome, WorkItem};
@@ -92,14 +93,19 @@ async fn handle_chunk(
             },
         )));
     }
+    // Valid (checked above), so this is their canonical form.
+    let opts = chunk.options.canonical().unwrap_or_default();
     let records = dedupe_records(chunk.recipients.iter().map(|r| r.to));
     let accepted = log
-        .accept_with_hint(
-            chunk.seq,
-            chunk.last,
-            &records,
-            &digest,
-            ctx.config.group_cap,
+        .accept_chunk(
+            &AcceptArgs {
+                seq: chunk.seq,
+                last: chunk.last,
+                records: &records,
+                digest: &digest,
+                cap: ctx.config.group_cap,
+                opts: &opts,
+            },
             ctx.gen_hint(chunk.batch),
         )
         .await?;

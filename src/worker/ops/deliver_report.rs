@@ -3,6 +3,7 @@
 
 use serde_json::json;
 
+use crate::events::options::SendWindow;
 use crate::events::{Event, ReportDelivered};
 use crate::projection::{event_key, field, Projection};
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
@@ -19,6 +20,7 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
                 "registered": p.gen_int(g, "reg"),
                 "failed": p.gen_int(g, "fail"),
                 "status": p.gen_field(g, "done"),
+                "scheduledAt": p.gen_field(g, "at").and_then(|ms| rfc3339(ms.parse().ok()?)),
             })
         })
         .collect();
@@ -32,8 +34,15 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
             ))
         })
         .collect();
+    let window = p
+        .get(field::OPTIONS)
+        .and_then(SendWindow::from_canonical)
+        .unwrap_or_default();
     json!({
         "batchId": batch,
+        "priority": window.priority.name(),
+        "sendAt": window.send_at_text(),
+        "quietHours": window.quiet_text(),
         "outcome": p.get("report"),
         "chunks": p.int("seqs"),
         "recipients": p.int("recipients"),
@@ -49,6 +58,13 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "sentFailed": p.int("sent_failed"),
         "groups": groups,
     })
+}
+
+/// Unix ms as RFC 3339 (UTC).
+fn rfc3339(ms: i64) -> Option<String> {
+    jiff::Timestamp::from_millisecond(ms)
+        .ok()
+        .map(|t| t.to_string())
 }
 
 /// Runs a report item.
