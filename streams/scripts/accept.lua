@@ -18,7 +18,7 @@ local seq, is_last, count, digest, cap, hint, numbers = tonumber(ARGV[3]), ARGV[
 local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
   hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
-  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates')
+  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled')
 
 local function refused(why)
   return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
@@ -35,7 +35,7 @@ if f[1] then
     local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
     return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0', f[13] or ''})
   end
-  if f[14] or f[15] then
+  if f[14] or f[15] or f[21] then
     return refused('has ended: seq ' .. seq .. ' came again with other content')
   end
   return rejected('conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d ..
@@ -43,6 +43,9 @@ if f[1] then
 end
 if f[14] then
   return refused('was already reported (' .. f[14] .. '): it takes no more chunks')
+end
+if f[21] then
+  return refused('was cancelled (' .. f[21] .. '): it takes no more chunks')
 end
 if f[15] then
   return refused('was closed (' .. f[15] .. '): it takes no more chunks')
