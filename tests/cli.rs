@@ -531,20 +531,38 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
     log.accept(0, false, 2, "d0", 2).await.expect("accept");
     log.accept(1, false, 2, "d1", 2).await.expect("accept");
     log.record_group(0, "G0").await.expect("group");
-    assert_eq!(log.loaded(&loaded(0, 0, "G0", 2)).await.expect("loaded"), Some(true));
-    assert!(matches!(log.claim_send(0).await.expect("claim"), Claim::Claimed(_)));
+    assert_eq!(
+        log.loaded(&loaded(0, 0, "G0", 2)).await.expect("loaded"),
+        Some(true)
+    );
+    assert!(matches!(
+        log.claim_send(0).await.expect("claim"),
+        Claim::Claimed(_)
+    ));
     let out = groupcast(&url, &["cancel", "promo", "--reason", "wrong coupon"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         stdout.contains("cancelled (wrong coupon); 1 generation(s) stopped"),
         "{stdout}"
     );
     assert!(stdout.contains("go out: [0]"), "{stdout}");
-    assert!(stdout.contains("reports `cancelled` once those are done"), "{stdout}");
+    assert!(
+        stdout.contains("reports `cancelled` once those are done"),
+        "{stdout}"
+    );
     let again = groupcast(&url, &["cancel", "promo", "--reason", "twice"]);
     assert_eq!(again.status.code(), Some(0));
-    assert_eq!(String::from_utf8_lossy(&again.stdout), stdout, "the same answer");
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        stdout,
+        "the same answer"
+    );
     let status = groupcast(&url, &["status", "promo"]);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(
@@ -573,9 +591,14 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
     done.accept(0, true, 1, "d", 10).await.expect("accept");
     done.record_group(0, "G9").await.expect("group");
     done.loaded(&loaded(0, 0, "G9", 1)).await.expect("loaded");
-    assert!(matches!(done.claim_send(0).await.expect("claim"), Claim::Claimed(_)));
+    assert!(matches!(
+        done.claim_send(0).await.expect("claim"),
+        Claim::Claimed(_)
+    ));
     done.sent(0, "G9", "sent", 10, b"poll").await.expect("sent");
-    done.completed(0, "G9", "COMPLETE", 1, 0).await.expect("completed");
+    done.completed(0, "G9", "COMPLETE", 1, 0)
+        .await
+        .expect("completed");
     let out = groupcast(&url, &["cancel", "done"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

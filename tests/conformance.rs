@@ -815,7 +815,9 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             let mut diffs = Vec::new();
             // `append` and a claim answer with an entry id: translate the model's.
             let want_cmp: Vec<String> = match (&call, want.as_slice()) {
-                (Call::Append { .. }, [t, id]) | (Call::Claim { .. }, [t, id]) if t != "cancelled" => {
+                (Call::Append { .. }, [t, id]) | (Call::Claim { .. }, [t, id])
+                    if t != "cancelled" =>
+                {
                     let seen = read(&store, &log).await;
                     let m = db.batch(batch).expect("appended");
                     vec![t.clone(), real_id(m, &seen, id).unwrap_or("?").to_string()]

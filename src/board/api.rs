@@ -372,7 +372,9 @@ pub async fn close(
     match log.close(&reason).await? {
         Closing::Closed { missing } => {
             tracing::info!(batch = %id, %reason, missing, "closed from the board");
-            Ok(Json(json!({ "closed": id, "reason": reason, "missing": missing })))
+            Ok(Json(
+                json!({ "closed": id, "reason": reason, "missing": missing }),
+            ))
         }
         Closing::AlreadyReported(outcome) => Err(ApiError(
             StatusCode::CONFLICT,

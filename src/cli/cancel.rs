@@ -39,10 +39,7 @@ pub async fn run(args: CancelArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     let b = &args.batch;
     match log.cancel(&args.reason).await? {
-        Cancelling::Cancelled {
-            seen: false,
-            ..
-        } => {
+        Cancelling::Cancelled { seen: false, .. } => {
             println!(
                 "batch {b}: cancelled, never seen: no chunk of it was recorded (check the batch id and --prefix); \
                  it is remembered as cancelled and reported so, and its chunks are refused when they come"
@@ -54,7 +51,9 @@ pub async fn run(args: CancelArgs) -> Result<(), CliError> {
         } => {
             let p = log.state().await?;
             let sending: Vec<u32> = (0..p.generations())
-                .filter(|&g| p.gen_field(g, "claimed").is_some() || p.gen_field(g, "sent").is_some())
+                .filter(|&g| {
+                    p.gen_field(g, "claimed").is_some() || p.gen_field(g, "sent").is_some()
+                })
                 .collect();
             let reason = p.cancelled().unwrap_or(&args.reason);
             println!(

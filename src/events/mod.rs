@@ -135,7 +135,8 @@ events! {
     GroupCreated(GroupCreated) = "group_created",
     /// The parked chunks of a generation were released to the work stream.
     ChunksReleased(ChunksReleased) = "chunks_released",
-    /// A group that lost the creation race was deleted at the provider.
+    /// A group that lost the creation race, or the group of a generation a
+    /// cancel stopped, was deleted at the provider.
     GroupDiscarded(GroupDiscarded) = "group_discarded",
     /// Every message of a chunk was accepted by the provider.
     ChunkLoaded(ChunkLoaded) = "chunk_loaded",
@@ -196,7 +197,8 @@ pub struct GenerationClosed {
     /// The generation.
     pub gen: u32,
     /// `full` (the next chunk would pass the cap), `final` (every seq is
-    /// assigned, or refused for good) or `closed` (the batch was closed).
+    /// assigned, or refused for good), `closed` (the batch was closed) or
+    /// `cancelled` (the batch was cancelled).
     pub reason: String,
     /// Chunks assigned to it.
     pub chunks: u32,
@@ -245,7 +247,9 @@ pub struct GroupDiscarded {
     pub gen: u32,
     /// The deleted group.
     pub group_id: String,
-    /// The group kept instead.
+    /// The group kept instead (the deleted group itself when a cancel
+    /// stopped its generation; empty when the batch was cancelled before
+    /// the generation had a group).
     pub kept: String,
 }
 
@@ -319,7 +323,9 @@ pub struct GroupCompleted {
     pub gen: u32,
     /// The group.
     pub group_id: String,
-    /// The provider's final status (`COMPLETE` or `FAILED`).
+    /// The provider's final status (`COMPLETE` or `FAILED`); or `empty`
+    /// (nobody registered: never sent) or `cancelled` (stopped by a
+    /// cancel: never sent).
     pub status: String,
     /// Messages the provider delivered.
     pub sent_success: u64,

@@ -168,6 +168,10 @@ pub fn accept(
         if d == a.digest {
             let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
             let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
+            if let (Some(c), false) = (&cancelled, loaded) {
+                // Cancelled before it was loaded: it never will be.
+                return refused(format!("was cancelled ({c}): seq {seq} will not be loaded"));
+            }
             let positions = r.get(&format!("x:{seq}")).unwrap_or_default();
             return vec![
                 "duplicate".into(),

@@ -113,7 +113,11 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
         rejected: rejected as u64,
         missing: missing as u64,
         failed_by_reason,
-        stopped: if cancelled { r.num("stopped") as u32 } else { 0 },
+        stopped: if cancelled {
+            r.num("stopped") as u32
+        } else {
+            0
+        },
         unsent: if cancelled { r.num("unsent") as u64 } else { 0 },
     };
     r.emit("report", Event::BatchReported(report.clone()), true);

@@ -33,6 +33,10 @@ if f[1] then
   local g, d = string.match(f[1], '^(%d+)|%d+|(.*)$')
   if d == digest then
     local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
+    if f[21] and not h[2] then
+      -- Cancelled before it was loaded: it never will be.
+      return refused('was cancelled (' .. f[21] .. '): seq ' .. seq .. ' will not be loaded')
+    end
     return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0', f[13] or ''})
   end
   if f[14] or f[15] or f[21] then

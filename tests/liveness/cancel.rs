@@ -126,7 +126,11 @@ async fn cancel_before_the_send_sends_nothing_and_deletes_the_group() {
             );
         }
     }
-    assert_eq!(registrations(&rig, batch).len(), 300, "registered, not sent");
+    assert_eq!(
+        registrations(&rig, batch).len(),
+        300,
+        "registered, not sent"
+    );
     // The last chunk, late: refused by the cancelled (reported) batch.
     append_chunks(&rig.store, &chunks[3..])
         .await
@@ -272,22 +276,26 @@ async fn a_claimed_send_goes_out_and_an_unclaimed_one_never_does() {
     wait_deleted(&rig, unclaimed, &[0]).await;
     // The unclaimed generation's send item ran and never reached the
     // provider's send: every work item is handled, none waits for a retry.
-    wait_until("every work item is handled", Duration::from_secs(30), || {
-        let store = rig.store.clone();
-        async move {
-            store
-                .stream_health()
-                .await
-                .map(|h| {
-                    h.iter().all(|s| match s.what {
-                        "work" => s.pending == Some(0) && s.lag == Some(0),
-                        "delayed retries" => s.length == 0,
-                        _ => true,
+    wait_until(
+        "every work item is handled",
+        Duration::from_secs(30),
+        || {
+            let store = rig.store.clone();
+            async move {
+                store
+                    .stream_health()
+                    .await
+                    .map(|h| {
+                        h.iter().all(|s| match s.what {
+                            "work" => s.pending == Some(0) && s.lag == Some(0),
+                            "delayed retries" => s.length == 0,
+                            _ => true,
+                        })
                     })
-                })
-                .unwrap_or(false)
-        }
-    })
+                    .unwrap_or(false)
+            }
+        },
+    )
     .await;
     let sent = |b: &str| -> usize { groups_of(&rig, b).values().flatten().map(sends).sum() };
     assert_eq!(sent(claimed), 1);
@@ -331,8 +339,7 @@ async fn cancel_racing_the_workers_sends_each_generation_once_or_never() {
         let store = rig.store.clone();
         let middle = middle.to_vec();
         let appending = tokio::spawn(async move { append_chunks(&store, &middle).await });
-        let Cancelling::Cancelled { stopped, .. } =
-            log.cancel("race").await.expect("cancel")
+        let Cancelling::Cancelled { stopped, .. } = log.cancel("race").await.expect("cancel")
         else {
             panic!("the cancel of a batch in flight cancels it");
         };

@@ -21,9 +21,9 @@
 //! or a cancel would stop a generation that was sent).
 
 use crate::events::{Event, SendRefused};
-use crate::store::batch::Claim;
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
+use crate::store::batch::Claim;
 use crate::store::queue::DelayedEntry;
 use crate::worker::ops::{
     durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
@@ -123,7 +123,6 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         Claim::Claimed(id) => id,
         Claim::Cancelled(why) => {
             tracing::info!(batch = %item.batch, gen, reason = %why, "batch cancelled before this generation's send: not sent");
-            metrics::counter!("groupcast_sends_cancelled_total").increment(1);
             return Ok(Outcome::Done);
         }
     };
