@@ -22,7 +22,7 @@ local opts = ARGV[10]
 local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
   hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
-  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'opts')
+  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled', 'opts')
 
 local function refused(why)
   return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
@@ -37,9 +37,13 @@ if f[1] then
   local g, d = string.match(f[1], '^(%d+)|%d+|(.*)$')
   if d == digest then
     local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
+    if f[21] and not h[2] then
+      -- Cancelled before it was loaded: it never will be.
+      return refused('was cancelled (' .. f[21] .. '): seq ' .. seq .. ' will not be loaded')
+    end
     return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0', f[13] or ''})
   end
-  if f[14] or f[15] then
+  if f[14] or f[15] or f[21] then
     return refused('has ended: seq ' .. seq .. ' came again with other content')
   end
   return rejected('conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d ..
@@ -47,6 +51,9 @@ if f[1] then
 end
 if f[14] then
   return refused('was already reported (' .. f[14] .. '): it takes no more chunks')
+end
+if f[21] then
+  return refused('was cancelled (' .. f[21] .. '): it takes no more chunks')
 end
 if f[15] then
   return refused('was closed (' .. f[15] .. '): it takes no more chunks')
@@ -76,8 +83,8 @@ end
 if count > cap then
   return rejected('rejected', 'chunk has ' .. count .. ' recipients, more than the group cap ' .. cap, true)
 end
-if f[21] and f[21] ~= opts then
-  return rejected('conflict', 'seq ' .. seq .. ' has the batch options ' .. opts .. ', but the batch has ' .. f[21], true)
+if f[22] and f[22] ~= opts then
+  return rejected('conflict', 'seq ' .. seq .. ' has the batch options ' .. opts .. ', but the batch has ' .. f[22], true)
 end
 
 -- Batch-wide dedupe. The numbers given so far live in the hash DEDUPE as
@@ -248,7 +255,7 @@ end
 n, c, seqs, recipients = n + count, c + 1, seqs + 1, recipients + count
 local assigned = {seq = seq, gen = gen, count = count, last = is_last, digest = digest}
 local positions = table.concat(dups, ',')
-if not f[21] then
+if not f[22] then
   assigned.opts = opts
 end
 if #dups > 0 then
@@ -272,7 +279,7 @@ put('recipients', recipients)
 if not max or seq > max then
   put('max', seq)
 end
-if not f[21] then
+if not f[22] then
   put('opts', opts)
 end
 if is_last then
