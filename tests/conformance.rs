@@ -1033,6 +1033,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
             last: false,
             records: dedupe_records([format!("0700{seq:07}").as_str()]),
             digest: format!("d{seq}"),
+            opts: "|normal|".into(),
             hint: seq.saturating_sub(1),
         });
     }
@@ -1118,6 +1119,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
                 last: true,
                 records: dedupe_records(["07000000001"]),
                 digest: "d0".into(),
+                opts: "|normal|".into(),
                 hint: 0,
             },
             Call::Reject {
@@ -1134,6 +1136,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
                 last: true,
                 records: dedupe_records(["07000000001"]),
                 digest: "d0".into(),
+                opts: "|normal|".into(),
                 hint: 0,
             },
         ],
