@@ -8,17 +8,16 @@
 //! `409` means another worker's send already happened.
 //!
 //! When Redis may lose its last acknowledged writes in a crash, the send also
-//! waits until the generation's `ready` event is older than
-//! `config.durable_after`: a send must never rest on facts Redis can still
-//! take back (the generation would be redone in a new group and sent twice).
+//! waits until the generation's `ready` event is on disk
+//! (`config.durable`, [`on_disk`]): a send must never rest on facts Redis
+//! can still take back (the generation would be redone in a new group and
+//! sent twice).
 
 use crate::events::{Event, SendRefused};
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{
-    durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
-};
+use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -45,11 +44,12 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
-    if let Some(delay) = durability_wait(ctx, &log, &[ready_id]).await? {
-        return Ok(wait_for_disk(
-            delay,
-            format!("generation {gen} just became ready"),
-        ));
+    if let Some(wait) = on_disk(ctx, &log, &[(&ready_key, ready_id)], || {
+        format!("generation {gen} just became ready")
+    })
+    .await?
+    {
+        return Ok(wait);
     }
     let Some(group_id) = p.group_of(gen).map(str::to_string) else {
         return Ok(Outcome::Dead(format!(
