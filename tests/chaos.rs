@@ -568,7 +568,7 @@ async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
             silent.push(format!("{b} (dead letters)"));
         }
         // Beyond detection: the adds and sends wait until what they rely on
-        // is on disk (durable_after), so a lost second breaks nothing at the
+        // is on disk (`--durability`), so a lost second breaks nothing at the
         // provider; what verify may say is only that writes were lost.
         if ledger_bad {
             failures.push(format!(

@@ -225,6 +225,10 @@ pub enum OpError {
     /// Redis failed: the entry stays pending and is reclaimed later.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A chunk's assignment kept disappearing (Redis losing its writes
+    /// again and again): the entry stays pending and is reclaimed later.
+    #[error("{0}")]
+    Unassigned(String),
 }
 
 /// Whether an add or a send may go out now, resting on the events in
