@@ -1,4 +1,6 @@
-//! `delete`: delete a group that lost the creation race, and record it.
+//! `delete`: delete a group that lost the creation race (or whose creator
+//! found the batch cancelled), or the group of a generation a cancel
+//! stopped, and record it.
 
 use crate::events::{Event, GroupDiscarded};
 use crate::projection::event_key;
@@ -34,7 +36,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
                 Ok(g) if g.status == GroupStatus::Deleted => {}
                 Ok(_) => {
                     return Ok(Outcome::Dead(format!(
-                        "cannot delete losing group {group_id}: {e}"
+                        "cannot delete group {group_id}: {e}"
                     )))
                 }
                 Err(ge) => return Ok(Outcome::from_provider(&ge)),

@@ -7,15 +7,23 @@
 //! silent rejection at the provider must never go out as a partial send. A
 //! `409` means another worker's send already happened.
 //!
+//! Right before the send, the send is *claimed* (`claim_send.lua`, the
+//! `send_claimed` event): the claim and a cancel are linearized on the
+//! batch's state, so either the cancel came first (the claim is refused and
+//! the group is never sent; the cancel deletes it) or the claim did (the
+//! cancel leaves the generation alone: it is sent and counted). A worker that
+//! crashes after the claim finds it again on the retry and sends.
+//!
 //! When Redis may lose its last acknowledged writes in a crash, the send also
-//! waits until the generation's `ready` event is on disk
+//! waits until the generation's `ready` event and the claim are on disk
 //! (`config.durable`, [`on_disk`]): a send must never rest on facts Redis
 //! can still take back (the generation would be redone in a new group and
-//! sent twice).
+//! sent twice, or a cancel would stop a generation that was sent).
 
 use crate::events::{Event, SendRefused};
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
+use crate::store::batch::Claim;
 use crate::store::queue::DelayedEntry;
 use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
@@ -44,13 +52,6 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
-    if let Some(wait) = on_disk(ctx, &log, &[(&ready_key, ready_id)], || {
-        format!("generation {gen} just became ready")
-    })
-    .await?
-    {
-        return Ok(wait);
-    }
     let Some(group_id) = p.group_of(gen).map(str::to_string) else {
         return Ok(Outcome::Dead(format!(
             "generation {gen} is ready but has no group"
@@ -83,6 +84,12 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),
     };
+    if group.status == GroupStatus::Deleted {
+        // Only a cancel deletes a generation's own group, and only one whose
+        // send was not claimed: this item is stale.
+        tracing::info!(batch = %item.batch, gen, group = %group_id, "group deleted by a cancel: not sent");
+        return Ok(Outcome::Done);
+    }
     if group.status != GroupStatus::Pending {
         log.sent(gen, &group_id, "already_sent", poll_ms, &poll)
             .await?;
@@ -109,6 +116,24 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         });
         log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
+    }
+    let claim = match log.claim_send(gen).await? {
+        Claim::Claimed(id) => id,
+        Claim::Cancelled(why) => {
+            tracing::info!(batch = %item.batch, gen, reason = %why, "batch cancelled before this generation's send: not sent");
+            return Ok(Outcome::Done);
+        }
+    };
+    let claim_key = event_key::claim(gen);
+    if let Some(wait) = on_disk(
+        ctx,
+        &log,
+        &[(&ready_key, ready_id), (&claim_key, &claim)],
+        || format!("generation {gen} just became ready, or its send was just claimed"),
+    )
+    .await?
+    {
+        return Ok(wait);
     }
     if let Some(back) = provider_slots(ctx, 1).await? {
         return Ok(back);
