@@ -160,6 +160,12 @@ impl Keyspace {
     pub fn limiter(&self) -> String {
         format!("{}:{{limiter}}:provider", self.prefix)
     }
+    /// The key a `WAITAOF` round writes before it waits (see
+    /// [`crate::store::aof`]); expires a minute after the last round.
+    pub fn fsync_marker(&self) -> String {
+        format!("{}:{{fsync}}:marker", self.prefix)
+    }
+
     /// The lock that lets one watchdog scan at a time.
     pub fn watchdog_lock(&self) -> String {
         format!("{}:{{watchdog}}:lock", self.prefix)

@@ -41,6 +41,9 @@ pub struct Ctx {
     /// This process's consumer name: unique per process start, so that a
     /// restarted worker never inherits (and hides) a dead one's entries.
     pub consumer: String,
+    /// The `WAITAOF` waiter, when adds and sends wait with it
+    /// ([`crate::worker::DurableWait::WaitAof`]).
+    pub aof: Option<crate::store::aof::AofWaiter>,
     gen_hints: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
@@ -49,6 +52,10 @@ impl Ctx {
     pub fn new(store: Store, provider: ProviderClient, config: WorkerConfig) -> Ctx {
         let store = store.with_policy(config.batch_policy());
         let limiter = Limiter::new(store.clone(), config.rate_limit, config.rate_burst);
+        let aof = match config.durable {
+            crate::worker::DurableWait::WaitAof { replicas } => Some(store.aof_waiter(replicas)),
+            _ => None,
+        };
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
         Ctx {
             store,
@@ -60,6 +67,7 @@ impl Ctx {
                 .unwrap_or_default(),
             consumer: format!("{host}-{}-{}", std::process::id(), ulid::Ulid::new()),
             gen_hints: Default::default(),
+            aof,
             config,
         }
     }
