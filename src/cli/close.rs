@@ -38,7 +38,9 @@ pub async fn run(args: CloseArgs) -> Result<(), CliError> {
         retention: args.retention.into(),
         deliver: true,
     });
-    match store.batch(&args.batch).close(&args.reason).await? {
+    // Its work (the sends a close makes ready) goes to its lane.
+    let log = store.batch_in_its_lane(&args.batch).await?;
+    match log.close(&args.reason).await? {
         Closing::Closed { missing } => {
             println!(
                 "batch {}: closed ({}); {missing} missing seq(s) given up on; what was loaded is sent, then it reports",

@@ -11,6 +11,7 @@ use super::info::GroupInfo;
 use super::queue::{parse_entries, Entry};
 use super::{Store, StoreError, StoreResult};
 use crate::events::chunk::ChunkRef;
+use crate::events::options::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 
 /// One stream (or the delayed-retries set) of one shard.
@@ -135,6 +136,26 @@ impl Store {
             for (key, what, group) in [
                 (keys.ingest(shard), "ingest", Some(LOADERS_GROUP)),
                 (keys.work(shard), "work", Some(OPERATORS_GROUP)),
+                (
+                    keys.ingest_in(shard, Priority::Urgent),
+                    "ingest (urgent)",
+                    Some(LOADERS_GROUP),
+                ),
+                (
+                    keys.work_in(shard, Priority::Urgent),
+                    "work (urgent)",
+                    Some(OPERATORS_GROUP),
+                ),
+                (
+                    keys.ingest_in(shard, Priority::Bulk),
+                    "ingest (bulk)",
+                    Some(LOADERS_GROUP),
+                ),
+                (
+                    keys.work_in(shard, Priority::Bulk),
+                    "work (bulk)",
+                    Some(OPERATORS_GROUP),
+                ),
                 (keys.dead_letters(shard), "dead letters", None),
                 (keys.reports(shard), "reports", None),
             ] {

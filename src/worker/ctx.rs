@@ -48,7 +48,12 @@ impl Ctx {
     /// Builds a context.
     pub fn new(store: Store, provider: ProviderClient, config: WorkerConfig) -> Ctx {
         let store = store.with_policy(config.batch_policy());
-        let limiter = Limiter::new(store.clone(), config.rate_limit, config.rate_burst);
+        let limiter = Limiter::new(
+            store.clone(),
+            config.rate_limit,
+            config.rate_burst,
+            config.bulk_share,
+        );
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
         Ctx {
             store,

@@ -4,18 +4,19 @@
 
 use std::collections::BTreeMap;
 
+use crate::events::options::Priority;
 use crate::store::batch::GroupRecord;
 use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a create item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
-    let log = ctx.store.batch(&item.batch);
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     if log.group_of(gen).await?.is_some() {
         return Ok(Outcome::Done);
     }
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let fields = BTreeMap::from([

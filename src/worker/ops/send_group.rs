@@ -12,6 +12,7 @@
 //! `config.durable_after`: a send must never rest on facts Redis can still
 //! take back (the generation would be redone in a new group and sent twice).
 
+use crate::events::options::Priority;
 use crate::events::{Event, SendRefused};
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
@@ -22,8 +23,8 @@ use crate::worker::ops::{
 use crate::worker::Ctx;
 
 /// Runs a send item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
-    let log = ctx.store.batch(&item.batch);
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
     let p = log
@@ -72,11 +73,12 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             since: 0,
         }),
         c: None,
+        lane,
     }
     .encode();
     let poll_ms = ctx.config.poll_interval.as_millis() as u64;
 
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let group = match ctx.provider.get_group(&group_id).await {
@@ -110,7 +112,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
         log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let outcome = match ctx.provider.send_group(&group_id).await {
