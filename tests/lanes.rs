@@ -74,14 +74,26 @@ async fn an_urgent_batch_overtakes_a_bulk_batch_at_the_rate_limit() {
     mock.faults.rate_limit_per_sec = Some(25);
     let rig = Rig::start(1, config, mock).await;
     let (bulk, urgent) = ("lanes-bulk", "lanes-urgent");
-    submit(&rig, Priority::Bulk, &cut(bulk, &template(), recipients(1, 100_000), 250)).await;
+    submit(
+        &rig,
+        Priority::Bulk,
+        &cut(bulk, &template(), recipients(1, 100_000), 250),
+    )
+    .await;
     // "2 s later": once the bulk batch holds the rate limit (50 adds in).
-    wait_until(Duration::from_secs(60), "the bulk batch to load 50 chunks", || async {
-        registered(&rig, bulk) >= 50 * 250
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the bulk batch to load 50 chunks",
+        || async { registered(&rig, bulk) >= 50 * 250 },
+    )
     .await;
     let submitted = Instant::now();
-    submit(&rig, Priority::Urgent, &cut(urgent, &template(), recipients(2, 20), 250)).await;
+    submit(
+        &rig,
+        Priority::Urgent,
+        &cut(urgent, &template(), recipients(2, 20), 250),
+    )
+    .await;
     wait_until(Duration::from_secs(60), "the urgent batch's report", || {
         reported(&rig, urgent)
     })
@@ -125,12 +137,24 @@ async fn bulk_keeps_its_share_while_urgent_work_keeps_coming() {
     };
     let rig = Rig::start(1, config, mock_config()).await;
     let (bulk, urgent) = ("share-bulk", "share-urgent");
-    submit(&rig, Priority::Bulk, &cut(bulk, &template(), recipients(3, 50_000), 250)).await;
-    wait_until(Duration::from_secs(60), "the bulk batch to start loading", || async {
-        registered(&rig, bulk) > 0
-    })
+    submit(
+        &rig,
+        Priority::Bulk,
+        &cut(bulk, &template(), recipients(3, 50_000), 250),
+    )
     .await;
-    submit(&rig, Priority::Urgent, &cut(urgent, &template(), recipients(4, 600), 1)).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the bulk batch to start loading",
+        || async { registered(&rig, bulk) > 0 },
+    )
+    .await;
+    submit(
+        &rig,
+        Priority::Urgent,
+        &cut(urgent, &template(), recipients(4, 600), 1),
+    )
+    .await;
     // A window in which urgent work is always waiting: from its 100th add
     // to its 400th (200 more are queued behind it).
     wait_until(Duration::from_secs(60), "100 urgent adds", || async {
@@ -156,4 +180,61 @@ async fn bulk_keeps_its_share_while_urgent_work_keeps_coming() {
         "urgent work was not served first: {du} urgent adds against {db} bulk ones"
     );
     rig.stop().await;
+}
+
+/// The limiter script's lane rules, on one schedule at 1 request/s (long
+/// enough that the microseconds between calls never matter): a lane books
+/// up to its horizon, an owed lower lane past it, and urgent past what the
+/// lower lanes booked.
+#[tokio::test]
+async fn the_limiter_books_lanes_by_horizon_and_owed_share() {
+    use groupcast::store::coord::LaneLimit;
+    let (_server, store) = store(1).await;
+    let key = store.keys.limiter();
+    let max_wait = Duration::from_secs(80);
+    let limit = |lane: Priority| LaneLimit {
+        max_wait_ms: 80_000,
+        horizon_ms: groupcast::worker::limiter::horizon(lane, max_wait).as_millis() as u64,
+        share: groupcast::worker::limiter::guaranteed(lane, 1, 10),
+        share_key: store.keys.limiter_share(lane),
+    };
+    let book = |lane: Priority| {
+        let (store, key, l) = (store.clone(), key.clone(), limit(lane));
+        async move {
+            store
+                .reserve_rate(&key, 1, 1, 1, Some(&l))
+                .await
+                .expect("rate_limit")
+        }
+    };
+    // Bulk's horizon is 80 s / 8 = 10 s: slots 0..=10 s are booked.
+    for k in 0..=10 {
+        let wait = book(Priority::Bulk).await;
+        assert!(
+            (k * 1000 - 5..=k * 1000).contains(&wait),
+            "bulk slot {k}: {wait}"
+        );
+    }
+    // 11 s is past the horizon, but bulk is owed a slot: booked.
+    let owed = book(Priority::Bulk).await;
+    assert!((10_995..=11_000).contains(&owed), "owed bulk slot: {owed}");
+    // The next one is not owed for 10 s: refused, back when the wait fits
+    // the horizon (in 2 s).
+    let refused = book(Priority::Bulk).await;
+    assert!(
+        (-2_000..=-1_990).contains(&refused),
+        "bulk past its horizon: {refused}"
+    );
+    // Normal's horizon is 20 s: booked at 12 s.
+    let normal = book(Priority::Normal).await;
+    assert!((11_995..=12_000).contains(&normal), "normal: {normal}");
+    // Urgent's is 40 s: booked at 13 s, past everything bulk booked.
+    let urgent = book(Priority::Urgent).await;
+    assert!((12_995..=13_000).contains(&urgent), "urgent: {urgent}");
+    // Without a longest wait (no lane), every booking is taken.
+    let any = store
+        .reserve_rate(&key, 1, 1, 1, None)
+        .await
+        .expect("rate_limit");
+    assert!((13_995..=14_000).contains(&any), "no lane: {any}");
 }
