@@ -473,6 +473,7 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 Parked::Parked => vec![s("parked")],
                 Parked::Group(g) => vec![s("group"), g],
                 Parked::AlreadyLoaded => vec![s("loaded")],
+                Parked::Unassigned => vec![s("unassigned")],
             }
         }
         Call::RecordGroup { gen, group } => {
@@ -844,6 +845,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Expire:expired",
         "Park:parked",
         "Park:group",
+        "Park:unassigned",
         "RecordGroup:won",
         "RecordGroup:lost",
         "Loaded:loaded",

@@ -4,9 +4,15 @@
 use super::{reply, work_item, Db, Run};
 use crate::events::{ChunkParked, Event, GroupRequested};
 
-/// `park.lua`. Returns `parked`, `group, id` (load now) or `loaded`.
+/// `park.lua`. Returns `parked`, `group, id` (load now), `loaded`, or
+/// `unassigned` (the chunk is not assigned to `gen`, its assignment lost
+/// with Redis's unsynced writes: nothing parked, the caller accepts again).
 pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec<String> {
     let mut r = Run::new(db, batch);
+    let assigned = r.get(&format!("s:{seq}"));
+    if assigned.as_deref().and_then(|s| s.split('|').next()) != Some(gen.to_string().as_str()) {
+        return reply(["unassigned"]);
+    }
     if let Some(g) = r.get(&format!("g:{gen}:group")) {
         return reply(["group", &g]);
     }

@@ -139,6 +139,9 @@ pub enum Parked {
     Group(String),
     /// The chunk is already loaded.
     AlreadyLoaded,
+    /// The chunk is not assigned to this generation (its assignment was
+    /// lost with Redis's unsynced writes): nothing parked; accept it again.
+    Unassigned,
 }
 
 /// What `record_group` decided.
@@ -474,6 +477,7 @@ impl BatchLog {
         match r.as_slice() {
             [t] if t == "parked" => Ok(Parked::Parked),
             [t] if t == "loaded" => Ok(Parked::AlreadyLoaded),
+            [t] if t == "unassigned" => Ok(Parked::Unassigned),
             [t, id] if t == "group" => Ok(Parked::Group(id.clone())),
             _ => Err(unexpected("park", &r)),
         }

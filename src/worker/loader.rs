@@ -7,9 +7,10 @@ use crate::events::chunk::ChunkRef;
 use crate::events::options::Priority;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
-use crate::store::batch::{dedupe_records, Accepted, Parked, Rejection};
+use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection};
 use crate::store::queue::Entry;
-use crate::worker::ops::{load_chunk, Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::load_chunk::{self, Load};
+use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
 use crate::worker::{Ctx, Handled};
 
 /// Handles one ingest entry of shard `shard`'s `lane`: the batch's work
@@ -101,12 +102,48 @@ async fn handle_chunk(
         )));
     }
     let records = dedupe_records(chunk.recipients.iter().map(|r| r.to));
+    // Under `everysec`, Redis can lose the chunk's assignment after
+    // `accept.lua` (a restart from disk). Parking or adding it then would
+    // acknowledge a chunk the batch no longer counts, and the batch would
+    // wait for it for good: it is accepted again instead
+    // (docs/protocol.md, counterexamples).
+    for round in 1..=ACCEPT_ROUNDS {
+        match accept_and_load(ctx, &log, chunk, data, &records, &digest).await? {
+            Some(handled) => return Ok(handled),
+            None => tracing::warn!(
+                round,
+                "the chunk's assignment is gone (lost Redis writes?): accepting it again"
+            ),
+        }
+    }
+    Err(OpError::Unassigned(format!(
+        "chunk {} of batch {} lost its assignment {ACCEPT_ROUNDS} times in a row",
+        chunk.seq, chunk.batch
+    )))
+}
+
+/// How many times a chunk is accepted again when its assignment turns out
+/// lost, before its entry is left pending (and delivered again later).
+const ACCEPT_ROUNDS: u32 = 3;
+
+/// Accepts a valid chunk, then parks it or loads it into its group. None:
+/// its assignment was lost meanwhile (nothing parked, nothing added).
+async fn accept_and_load(
+    ctx: &Ctx,
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    data: &[u8],
+    records: &[u8],
+    digest: &str,
+) -> Result<Option<Handled>, OpError> {
+    let dead = |reason: String| Ok(Some(Handled::new(Outcome::Dead(reason))));
+    let done = || Ok(Some(Handled::new(Outcome::Done)));
     let accepted = log
         .accept_with_hint(
             chunk.seq,
             chunk.last,
-            &records,
-            &digest,
+            records,
+            digest,
             ctx.config.group_cap,
             ctx.gen_hint(chunk.batch),
         )
@@ -120,7 +157,7 @@ async fn handle_chunk(
         Accepted::Refused(why) => return dead(refused(&why)),
         Accepted::Duplicate { loaded: true, .. } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
-            return Ok(Handled::new(Outcome::Done));
+            return done();
         }
         Accepted::Assigned {
             gen,
@@ -161,21 +198,25 @@ async fn handle_chunk(
     };
     if chunk.recipients.is_empty() {
         // Every number was a copy: nothing to add, the chunk is done.
-        load_chunk::record_nothing_to_load(&log, chunk.seq, gen, group.as_deref()).await?;
-        return Ok(Handled::new(Outcome::Done));
+        load_chunk::record_nothing_to_load(log, chunk.seq, gen, group.as_deref()).await?;
+        return done();
     }
     let group = match group {
         Some(g) => g,
         None => match log.park(chunk.seq, gen, &payload).await? {
             Parked::Parked => {
                 metrics::counter!("groupcast_chunks_total", "outcome" => "parked").increment(1);
-                return Ok(Handled::new(Outcome::Done));
+                return done();
             }
-            Parked::AlreadyLoaded => return Ok(Handled::new(Outcome::Done)),
+            Parked::AlreadyLoaded => return done(),
+            Parked::Unassigned => return Ok(None),
             Parked::Group(g) => g,
         },
     };
-    let outcome = load_chunk::run_ref(ctx, &log, chunk, gen, &group).await?;
+    let outcome = match load_chunk::run_ref(ctx, log, chunk, gen, &group).await? {
+        Load::Handled(outcome) => outcome,
+        Load::Stale => return Ok(None),
+    };
     // Should the add fail, the retry is a `load` work item carrying the chunk.
     let retry = WorkItem {
         batch: chunk.batch.to_string(),
@@ -185,10 +226,10 @@ async fn handle_chunk(
         attempt: 0,
         since: 0,
     };
-    Ok(Handled {
+    Ok(Some(Handled {
         outcome,
         retry_as: Some((Op::Load, retry, Some(payload.into_owned()))),
-    })
+    }))
 }
 
 /// The dead-letter reason of a chunk of a batch that has ended.

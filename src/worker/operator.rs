@@ -77,7 +77,11 @@ async fn run(
             if item.attempt > 0 && log.is_loaded(item.gen, seq).await? {
                 Outcome::Done
             } else {
-                ops::load_chunk::run_ref(ctx, &log, &chunk, item.gen, group).await?
+                match ops::load_chunk::run_ref(ctx, &log, &chunk, item.gen, group).await? {
+                    ops::load_chunk::Load::Handled(outcome) => outcome,
+                    // Dropped: its chunk is loaded through what survived.
+                    ops::load_chunk::Load::Stale => Outcome::Done,
+                }
             }
         }
     };

@@ -4,10 +4,16 @@
 -- ARGV: batch, seq, gen, chunk payload
 -- Returns {'parked'} or {'group', id} (the group appeared meanwhile: load now)
 --      or {'loaded'} (nothing to do)
+--      or {'unassigned'}: the chunk is not (any more) assigned to `gen`
+--         (Redis lost the assignment with its unsynced writes, under
+--         `everysec`): nothing parked; the caller accepts the chunk again.
 local PARKED, WORK = KEYS[3], KEYS[4]
 local seq, gen = ARGV[2], ARGV[3]
 local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'k:park/' .. seq, 'k:create/' .. gen,
-  'k:loaded/' .. gen .. '/' .. seq)
+  'k:loaded/' .. gen .. '/' .. seq, 's:' .. seq)
+if not f[5] or string.match(f[5], '^(%d+)|') ~= gen then
+  return reply({'unassigned'})
+end
 if f[1] then
   return reply({'group', f[1]})
 end

@@ -86,6 +86,30 @@ pub struct Config {
     /// has recorded something.
     pub closes: u8,
     pub mutant: Option<Mutant>,
+    /// Whether liveness is also claimed after Redis lost writes (it does
+    /// not hold: docs/protocol.md, counterexamples).
+    pub live_after_losses: bool,
+}
+
+impl Config {
+    /// Whether the batch is whole: seqs 0..=L each arrive with one content,
+    /// and only L is flagged last. A batch that is not (a seq missing, a
+    /// wrong `last`) ends only when an operator closes it.
+    pub fn whole(&self) -> bool {
+        let Some(top) = self.ingest.iter().map(|c| c.seq).max() else {
+            return false;
+        };
+        let one = |s: u32| {
+            let mut v = self.ingest.iter().filter(|c| c.seq == s);
+            v.next()
+                .is_some_and(|first| v.all(|c| c == first) && c_last(first, top))
+        };
+        (0..=top).all(one)
+    }
+}
+
+fn c_last(c: &ChunkSpec, top: u32) -> bool {
+    c.last == (c.seq == top)
 }
 
 /// An entry's consumer-group state.
@@ -268,6 +292,76 @@ impl World {
         }
     }
 
+    /// A worker's key for symmetry (naming no worker): its job, and the
+    /// entries pending for it, by content, in Redis and on disk.
+    pub(crate) fn worker_key(&self, w: usize) -> u64 {
+        use std::hash::Hasher;
+        let mut h = crate::checker::Fx::default();
+        if let Some(j) = &self.workers[w] {
+            let held = match j.held {
+                Held::Ingest(i) => (1u8, i),
+                Held::Work(_) => (2u8, 0),
+            };
+            (
+                held,
+                j.op,
+                j.pc,
+                j.gen,
+                j.seq,
+                j.chunk,
+                &j.to,
+                &j.group,
+                j.registered,
+                j.outcome,
+            )
+                .hash(&mut h);
+        }
+        let mine = Delivery::Pending(Some(w as u8));
+        let pending = |r: &Redis, h: &mut crate::checker::Fx| {
+            for (i, d) in r.ingest.iter().enumerate() {
+                if *d == mine {
+                    (0u8, i).hash(h);
+                }
+            }
+            let mut work: Vec<_> = (r.db.work.iter().zip(&r.work))
+                .filter(|(_, d)| **d == mine)
+                .map(|(e, _)| {
+                    (
+                        e.op.as_str(),
+                        e.item.gen,
+                        e.item.seq,
+                        e.item.group_id.as_deref(),
+                    )
+                })
+                .collect();
+            work.sort();
+            work.hash(h);
+        };
+        pending(&self.redis, &mut h);
+        if self.tracking() {
+            255u8.hash(&mut h);
+            pending(&self.synced, &mut h);
+        }
+        h.finish()
+    }
+
+    /// Whether Redis lost writes on the way here. Liveness is not claimed
+    /// after that: an entry acknowledged after Redis lost what its handling
+    /// wrote strands the batch (docs/protocol.md, counterexamples); lost
+    /// writes are prevented from causing a second add or send, and detected
+    /// (docs/durability.md), not recovered from.
+    pub(crate) fn lost(&self) -> bool {
+        !self.cfg.live_after_losses && self.redis_losses < self.cfg.redis_losses
+    }
+
+    /// Whether what Redis has on disk still matters: under `everysec`, while
+    /// a loss can still come. Once none can, every write may as well be on
+    /// disk at once: a durability wait only delays a step past a `Sync`,
+    /// which is always possible, so the same orderings are reached.
+    pub(crate) fn tracking(&self) -> bool {
+        self.cfg.everysec && self.redis_losses > 0
+    }
+
     /// Whether a worker is on entry `h` now.
     fn held(&self, h: Held) -> bool {
         self.workers.iter().flatten().any(|j| j.held == h)
@@ -277,7 +371,7 @@ impl World {
     /// facts it rests on (`durability_wait`): an add, on the chunk's
     /// assignment and its generation's group; a send, on `ready`.
     fn waiting(&self, job: &Job) -> bool {
-        if !self.cfg.everysec {
+        if !self.tracking() {
             return false;
         }
         match (job.op, job.pc) {
@@ -340,10 +434,13 @@ impl World {
         self.redis.work.resize(n, Delivery::New);
     }
 
-    /// XACK.
+    /// XACK: of a pending entry (whoever it is pending for); an entry
+    /// whose delivery Redis lost is not pending, and stays as it is.
     fn ack(&mut self, w: usize) {
         if let Some(job) = self.workers[w].take() {
-            self.set_delivery(job.held, Delivery::Acked);
+            if let Some(Delivery::Pending(_)) = self.delivery(job.held) {
+                self.set_delivery(job.held, Delivery::Acked);
+            }
         }
     }
 

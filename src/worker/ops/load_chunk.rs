@@ -39,6 +39,19 @@ async fn add_all<R: RecipientFields>(
     Ok(total)
 }
 
+/// What a load came to.
+#[derive(Debug)]
+pub enum Load {
+    /// Added and recorded, or to be retried or dead-lettered as it says.
+    Handled(Outcome),
+    /// Under `everysec`: the chunk's assignment to the generation, or the
+    /// generation's group, is not what the load was given (Redis lost the
+    /// writes that made them): nothing was added. A load item is dropped
+    /// (its chunk is loaded through what survived); the ingest handler
+    /// accepts the chunk again.
+    Stale,
+}
+
 /// Loads `chunk`, read in place ([`ChunkRef::decode`]), into `group_id` and
 /// records it.
 pub async fn run_ref(
@@ -47,7 +60,7 @@ pub async fn run_ref(
     chunk: &ChunkRef<'_>,
     gen: u32,
     group_id: &str,
-) -> Result<Outcome, OpError> {
+) -> Result<Load, OpError> {
     load(
         ctx,
         log,
@@ -69,7 +82,7 @@ async fn load<R: RecipientFields + Sync>(
     recipients: &[R],
     gen: u32,
     group_id: &str,
-) -> Result<Outcome, OpError> {
+) -> Result<Load, OpError> {
     if !ctx.config.durable_after.is_zero() {
         // The add relies on the chunk's assignment to `gen` and on `group_id`
         // being that generation's group: both must still hold (an item from
@@ -93,22 +106,22 @@ async fn load<R: RecipientFields + Sync>(
                 "load of a chunk into a group our events no longer show for it (lost Redis writes?): dropped"
             );
             metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
-            return Ok(Outcome::Done);
+            return Ok(Load::Stale);
         }
         let ids: Vec<&str> = [p.appended(&assign_key), p.appended(&group_key)]
             .into_iter()
             .flatten()
             .collect();
         if let Some(delay) = durability_wait(ctx, log, &ids).await? {
-            return Ok(wait_for_disk(
+            return Ok(Load::Handled(wait_for_disk(
                 delay,
                 format!("chunk {seq} was just assigned to generation {gen} or its group"),
-            ));
+            )));
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
     if let Some(back) = provider_slots(ctx, log.keys.lane, requests).await? {
-        return Ok(back);
+        return Ok(Load::Handled(back));
     }
     let summary = match add_all(ctx, group_id, template, recipients).await {
         Ok(s) => s,
@@ -119,10 +132,10 @@ async fn load<R: RecipientFields + Sync>(
                 // already sent (400 InvalidGroupStatus): harmless if the chunk
                 // is recorded as loaded.
                 if log.is_loaded(gen, seq).await? {
-                    return Ok(Outcome::Done);
+                    return Ok(Load::Handled(Outcome::Done));
                 }
             }
-            return Ok(outcome);
+            return Ok(Load::Handled(outcome));
         }
     };
     // 1026 counts as registered: already in this group, i.e. an earlier
@@ -162,7 +175,7 @@ async fn load<R: RecipientFields + Sync>(
             tracing::info!(batch = %log.batch, gen, "generation complete: send enqueued");
         }
     }
-    Ok(Outcome::Done)
+    Ok(Load::Handled(Outcome::Done))
 }
 
 /// Records chunk `seq` of generation `gen` as loaded with nobody to add:

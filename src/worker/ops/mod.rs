@@ -227,6 +227,10 @@ pub enum OpError {
     /// Redis failed: the entry stays pending and is reclaimed later.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A chunk's assignment kept disappearing (Redis losing its writes
+    /// again and again): the entry stays pending and is reclaimed later.
+    #[error("{0}")]
+    Unassigned(String),
 }
 
 /// When Redis may lose its last acknowledged writes in a crash

@@ -84,6 +84,8 @@ impl World {
                         job.group = Some(r[1].clone());
                         job.pc = 2;
                     }
+                    // Its assignment was lost: the loader accepts it again.
+                    "unassigned" => job.pc = 0,
                     _ => return self.ack(w),
                 }
             }
@@ -98,6 +100,13 @@ impl World {
                     if assigned != Some(job.gen)
                         || self.field(&format!("g:{}:group", job.gen)) != Some(group.as_str())
                     {
+                        // Stale: a load item is dropped; the ingest
+                        // handler accepts its chunk again.
+                        if job.op == CHUNK_OPS {
+                            job.pc = 0;
+                            self.workers[w] = Some(job);
+                            return;
+                        }
                         return self.ack(w);
                     }
                 }

@@ -62,7 +62,7 @@ impl Model for World {
         if !self.redis.db.delayed.is_empty() {
             out.push(Action::Promote);
         }
-        if self.cfg.everysec && self.redis != *self.synced {
+        if self.tracking() && self.redis != *self.synced {
             out.push(Action::Sync);
             if self.redis_losses > 0 {
                 out.push(Action::LoseWrites);
@@ -164,6 +164,24 @@ impl Model for World {
     }
 
     fn identity<H: Hasher>(&self, h: &mut H) {
+        // Workers are interchangeable: a state is identified up to their
+        // order. Each worker gets a key that names no worker (its job, and
+        // the entries pending for it, by content); workers are hashed in
+        // the order of their keys, and an entry pending for worker `w` names
+        // `w`'s rank in that order. Workers with equal keys are symmetric,
+        // so that ties do not matter.
+        let n = self.workers.len();
+        let keys: Vec<u64> = (0..n).map(|w| self.worker_key(w)).collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&w| keys[w]);
+        let mut rank = [0u8; 8];
+        for (r, &w) in order.iter().enumerate() {
+            rank[w] = r as u8;
+        }
+        let canon = |d: Delivery| match d {
+            Delivery::Pending(Some(w)) => Delivery::Pending(Some(rank[usize::from(w)])),
+            d => d,
+        };
         // Redis: the state hash without ids and clock readings (which only
         // order events), the work entries by content, parked, delayed.
         let id_free = |r: &Redis, h: &mut H| {
@@ -197,45 +215,28 @@ impl Model for World {
                             e.item.seq,
                             e.item.group_id.as_deref(),
                             e.chunk.as_ref(),
-                            *d,
+                            canon(*d),
                         )
                     })
                     .collect();
             work.sort();
             put(h, &work);
-            put(h, &r.ingest);
+            for d in &r.ingest {
+                put(h, &canon(*d));
+            }
             put(h, &r.db.delayed);
             put(h, &r.db.active);
             put(h, &r.dead);
         };
         id_free(&self.redis, h);
-        if self.cfg.everysec {
+        if self.tracking() {
             id_free(&self.synced, h);
         }
-        for job in &self.workers {
-            match job {
+        for &w in &order {
+            match &self.workers[w] {
                 Some(j) => {
-                    // A work entry by its content (in the job), not its id.
-                    let held = match j.held {
-                        Held::Ingest(i) => (0u8, i),
-                        Held::Work(_) => (1u8, 0),
-                    };
-                    put(h, &held);
-                    put(h, &self.delivery(j.held));
-                    put(
-                        h,
-                        &(
-                            j.op,
-                            j.pc,
-                            j.gen,
-                            j.seq,
-                            j.chunk,
-                            &j.to,
-                            &j.group,
-                            j.registered,
-                            j.outcome,
-                        ),
-                    );
+                    put(h, &keys[w]);
+                    put(h, &self.delivery(j.held).map(canon));
                 }
                 None => put(h, &0u8),
             }
@@ -297,6 +298,21 @@ impl Model for World {
                 }
             }
         }
+        // 9. A parked chunk is assigned to the generation it waits in (a
+        // chunk parked without its assignment is never loaded: the release
+        // of its load finds it stale).
+        if let Some(b) = self.redis.db.batch(BATCH) {
+            for (gen, parked) in &b.parked {
+                for (seq, _) in parked {
+                    let s = b.state.get(&format!("s:{seq}"));
+                    if s.and_then(|s| s.split('|').next()) != Some(gen.to_string().as_str()) {
+                        return Some(format!(
+                            "chunk {seq} is parked for generation {gen} but assigned {s:?}"
+                        ));
+                    }
+                }
+            }
+        }
         // 4. The report decided once.
         if self.reports.len() > 1 {
             return Some(format!(
@@ -312,6 +328,10 @@ impl Model for World {
     }
 
     fn eventually(&self) -> Option<String> {
+        // After a lost write, only the `always` properties are claimed.
+        if self.lost() {
+            return None;
+        }
         // 7. The batch ends: one report.
         if self.reports.len() != 1 {
             return Some(format!(
@@ -365,6 +385,49 @@ impl Model for World {
             }
         }
         None
+    }
+
+    fn fair(&self, a: &Action) -> bool {
+        match a {
+            Action::Read(..) | Action::Promote | Action::Sync | Action::Watchdog => true,
+            Action::Expire => true,
+            Action::Step(_, answer) => *answer == Answer::Ok,
+            // A redelivery of an entry nobody is on is the system's own
+            // recovery; taking one from a worker still on it is a fault.
+            Action::Reclaim(h) => !self.held(*h),
+            Action::Crash(_) | Action::LoseWrites => false,
+            // A close is what ends a batch whose chunks do not all arrive
+            // (or whose `last` is wrong); a batch that is whole must end
+            // without one.
+            Action::Close => !self.cfg.whole(),
+        }
+    }
+
+    fn goal(&self) -> bool {
+        self.lost() || self.reports.len() == 1 && (!self.cfg.webhook || self.webhook > 0)
+    }
+
+    fn stuck(&self) -> String {
+        let fields: Vec<String> = ["seqs", "last", "gen", "closed", "report", "holes"]
+            .iter()
+            .filter_map(|f| self.field(f).map(|v| format!("{f}={v}")))
+            .collect();
+        format!(
+            "reports {:?}; batch {:?}; workers {:?}; ingest {:?}; work {:?}; dead letters {:?}; groups {:?}",
+            self.reports,
+            fields,
+            self.workers
+                .iter()
+                .map(|j| j.as_ref().map(|j| (j.op, j.pc, j.gen, j.seq)))
+                .collect::<Vec<_>>(),
+            self.redis.ingest,
+            (self.redis.db.work.iter())
+                .zip(&self.redis.work)
+                .map(|(e, d)| format!("{}:{}:{:?}:{:?}", e.op, e.item.gen, e.item.seq, d))
+                .collect::<Vec<_>>(),
+            self.redis.dead,
+            self.groups
+        )
     }
 
     fn describe(&self, a: &Action) -> String {
