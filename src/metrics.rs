@@ -350,7 +350,7 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
         ("groupcast_stream_length", "stream") => strs(&["ingest", "work", "dlq", "reports"]),
         (_, "stream") => strs(&["ingest", "work"]),
         (_, "type") => strs(crate::events::Event::TYPE_NAMES),
-        (_, "lane") => strs(&crate::events::options::Priority::ALL.map(|p| p.name())),
+        (_, "lane") => strs(&crate::keys::Priority::ALL.map(|p| p.name())),
         ("groupcast_chunks_total", "outcome") => strs(&[
             "accepted",
             "duplicate",

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::events::options::Priority;
 use crate::events::{Chunk, Recipient, Template, ENVELOPE_VERSION};
+use crate::keys::Priority;
 use crate::keys::LOADERS_GROUP;
 use crate::store::{Store, StoreResult};
 

@@ -10,8 +10,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use groupcast::events::options::Priority;
 use groupcast::events::Chunk;
+use groupcast::keys::Priority;
 use groupcast::producer::{cut, Producer};
 use groupcast::worker::WorkerConfig;
 

@@ -787,7 +787,7 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
 
     let store = args.redis.connect().await?;
     let shard = store.keys.shard_of(&args.batch);
-    let lane = crate::events::options::Priority::Normal;
+    let lane = crate::keys::Priority::Normal;
     let stream = store.keys.ingest_in(shard, lane);
     let json = args.json;
     let mut told = false;

@@ -15,7 +15,6 @@
 //! fields and never a positional array. `schemas/` documents each one.
 
 pub mod chunk;
-pub mod options;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;

@@ -5,9 +5,9 @@ use redis::{AsyncCommands, Value};
 
 use super::scripts::SCRIPTS;
 use super::{RedisConn, Store, StoreError, StoreResult};
-use crate::events::options::Priority;
 use crate::events::{ChunkLoaded, Event, Recorded};
 use crate::keys::BatchKeys;
+use crate::keys::Priority;
 use crate::projection::{self, event_key, field, Projection, Update};
 
 /// How a batch ends, for the scripts that can end one (`settle.lua`): how

@@ -11,7 +11,7 @@ use super::info::GroupInfo;
 use super::queue::{parse_entries, Entry};
 use super::{Store, StoreError, StoreResult};
 use crate::events::chunk::ChunkRef;
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 
 /// One stream (or the delayed-retries set) of one shard.

@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::scripts::SCRIPTS;
 use super::{BlockingConn, Store, StoreResult};
-use crate::events::options::Priority;
+use crate::keys::Priority;
 
 /// One stream entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
 use crate::events::encode_payload;
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, DelayedEntry, Entry};
 use crate::worker::ops::{load_chunk, Op, Outcome, WorkItem};

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::store::{Store, StoreResult};
 
 /// The shared limiter.

@@ -4,9 +4,9 @@
 use tracing::Instrument;
 
 use crate::events::chunk::ChunkRef;
-use crate::events::options::Priority;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
+use crate::keys::Priority;
 use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection};
 use crate::store::queue::Entry;
 use crate::worker::ops::load_chunk::{self, Load};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::{Store, StoreResult};
 use crate::worker::Ctx;

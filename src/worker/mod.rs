@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 pub use config::{Role, WorkerConfig};
 pub use ctx::{Ctx, Handled};
 
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::store::StoreResult;
 
 /// A running worker.

@@ -3,9 +3,9 @@
 use tracing::Instrument;
 
 use crate::events::chunk::ChunkRef;
-use crate::events::options::Priority;
 use crate::events::{clip, decode_payload, QUOTE_MAX};
 use crate::keys::validate_batch_id;
+use crate::keys::Priority;
 use crate::store::queue::Entry;
 use crate::worker::ops::{self, Op, OpError, Outcome, WorkItem};
 use crate::worker::{Ctx, Handled};

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::store::batch::GroupRecord;
 use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;

@@ -1,7 +1,7 @@
 //! `delete`: delete a group that lost the creation race, and record it.
 
-use crate::events::options::Priority;
 use crate::events::{Event, GroupDiscarded};
+use crate::keys::Priority;
 use crate::projection::event_key;
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::worker::ops::{provider_slots, OpError, Outcome, WorkItem};

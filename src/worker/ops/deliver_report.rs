@@ -3,8 +3,8 @@
 
 use serde_json::json;
 
-use crate::events::options::Priority;
 use crate::events::{Event, ReportDelivered};
+use crate::keys::Priority;
 use crate::projection::{event_key, field, Projection};
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;

@@ -210,7 +210,7 @@ pub const GIVEN_UP: &str = "given_up";
 /// that (`g:<gen>:unsure`). A chunk already recorded loaded stays as it is.
 pub async fn give_up(
     ctx: &Ctx,
-    lane: crate::events::options::Priority,
+    lane: crate::keys::Priority,
     item: &crate::worker::ops::WorkItem,
     chunk_bytes: &[u8],
     reason: &str,

@@ -200,7 +200,7 @@ impl RetryCause {
 /// [`WorkerConfig::max_limiter_wait`]: crate::worker::WorkerConfig::max_limiter_wait
 pub async fn provider_slots(
     ctx: &crate::worker::Ctx,
-    lane: crate::events::options::Priority,
+    lane: crate::keys::Priority,
     requests: u32,
 ) -> Result<Option<Outcome>, StoreError> {
     match ctx

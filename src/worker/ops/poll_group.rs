@@ -1,7 +1,7 @@
 //! `poll`: read a sent group until the provider finishes it, then record it
 //! (which decides the batch's report when it is the last one).
 
-use crate::events::options::Priority;
+use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::GroupStatus;
 use crate::store::batch::Completion;

@@ -12,8 +12,8 @@
 //! `config.durable_after`: a send must never rest on facts Redis can still
 //! take back (the generation would be redone in a new group and sent twice).
 
-use crate::events::options::Priority;
 use crate::events::{Event, SendRefused};
+use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::queue::DelayedEntry;
