@@ -4,10 +4,12 @@
 //! (`groupcast::protocol`, held to the real scripts by `tests/conformance.rs`).
 //! See docs/protocol.md.
 //!
-//! Each run prints its summary past the output capture. The exhaustive
-//! configurations are not here yet (docs/protocol.md, "Status and numbers"):
-//! these tests are the mutants the checker must catch, a fixed finding, and
-//! one it must keep finding until it is fixed.
+//! Each run prints its summary past the output capture:
+//! `exhaustive_configurations` one line per configuration
+//! (`model: <name> states=<N> violations=<V> mutants_caught=<C>/<M>`); the
+//! other tests are the mutants on small configurations, with their
+//! counterexamples, a fixed finding, and one the checker must keep finding
+//! until it is fixed.
 
 #[path = "model/checker.rs"]
 mod checker;
@@ -131,6 +133,209 @@ fn finding_an_ack_after_lost_writes_strands_the_batch() {
             .is_some_and(|(v, _)| v.contains("no report")),
         "{text}"
     );
+}
+
+/// One exhaustive configuration: its full exploration must find no
+/// violation, and each mutant that applies to it must be caught.
+struct Exhaustive {
+    cfg: Config,
+    mutants: &'static [Mutant],
+}
+
+/// What one exhaustive configuration came to.
+struct Outcome {
+    line: String,
+    states: usize,
+    failures: Vec<String>,
+}
+
+fn explore(e: &Exhaustive) -> Outcome {
+    let name = e.cfg.name;
+    let r = check(World::new(e.cfg.clone()), LIMIT);
+    let mut failures = Vec::new();
+    if r.violation.is_some() {
+        failures.push(show(name, &r));
+    }
+    let mut caught = 0;
+    for &m in e.mutants {
+        let rm = check(
+            World::new(Config {
+                mutant: Some(m),
+                ..e.cfg.clone()
+            }),
+            LIMIT,
+        );
+        // A counterexample, not the state limit.
+        if rm
+            .violation
+            .as_ref()
+            .is_some_and(|(v, p)| !p.is_empty() && !v.starts_with("more than"))
+        {
+            caught += 1;
+        } else {
+            failures.push(format!(
+                "{name}: mutant {m:?} not caught ({} states)",
+                rm.states
+            ));
+        }
+    }
+    Outcome {
+        line: format!(
+            "model: {name} states={} violations={} mutants_caught={caught}/{}",
+            r.states,
+            usize::from(r.violation.is_some()),
+            e.mutants.len()
+        ),
+        states: r.states,
+        failures,
+    }
+}
+
+/// Every exhaustive configuration, two at a time (the machine's cores):
+/// one summary line each, no violation, every mutant caught, and at least
+/// a million distinct states in all.
+#[test]
+fn exhaustive_configurations() {
+    let all = configurations();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(2));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(e) = all.get(i) else { break };
+                let started = std::time::Instant::now();
+                let o = explore(e);
+                shout(&o.line);
+                let took = started.elapsed();
+                if let Ok(mut r) = results.lock() {
+                    r.push((o, took));
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_default();
+    let total: usize = results.iter().map(|(o, _)| o.states).sum();
+    let failures: Vec<&String> = results.iter().flat_map(|(o, _)| &o.failures).collect();
+    let slowest = results.iter().map(|(_, t)| *t).max().unwrap_or_default();
+    shout(&format!(
+        "model: {} configurations, {total} states in all (the slowest took {slowest:.1?})",
+        results.len()
+    ));
+    assert_eq!(results.len(), all.len());
+    assert!(
+        failures.is_empty(),
+        "{}",
+        failures
+            .iter()
+            .map(|f| f.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(total >= 1_000_000, "only {total} states in all");
+}
+
+/// Three chunks in two generations under a cap of 2.
+fn three_chunks() -> Vec<ChunkSpec> {
+    vec![
+        chunk(0, false, &[1, 2]),
+        chunk(1, false, &[3]),
+        chunk(2, true, &[4]),
+    ]
+}
+
+/// The configurations `exhaustive_configurations` explores.
+fn configurations() -> Vec<Exhaustive> {
+    use Mutant::*;
+    vec![
+        // A cap of 2 over chunks of 2 and 1: two generations; a crash.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, false, &[1, 2]), chunk(1, true, &[3])],
+                cap: 2,
+                crashes: 1,
+                ..base("two-workers-rollover-crash")
+            },
+            mutants: &[LoadedTwice, SendWithoutMarker],
+        },
+        // Three chunks, two generations, any order.
+        Exhaustive {
+            cfg: Config {
+                ingest: three_chunks(),
+                cap: 2,
+                ..base("two-workers-three-chunks")
+            },
+            mutants: &[],
+        },
+        // The same, one worker, a crash anywhere.
+        Exhaustive {
+            cfg: Config {
+                workers: 1,
+                ingest: three_chunks(),
+                cap: 2,
+                crashes: 1,
+                ..base("one-worker-three-chunks-crash")
+            },
+            mutants: &[LoadedTwice, SendWithoutMarker],
+        },
+        // A number in two chunks, a chunk delivered twice, a stolen lease.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![
+                    chunk(0, false, &[1, 2]),
+                    chunk(1, true, &[2, 3]),
+                    chunk(1, true, &[2, 3]),
+                ],
+                cap: 3,
+                steals: 1,
+                ..base("duplicates-stolen-lease")
+            },
+            mutants: &[RecordGroupOverwrites, LoadedTwice, SendWithoutMarker],
+        },
+        // Provider answers failed and lost, the last chunk first, a webhook.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(1, true, &[3]), chunk(0, false, &[1, 2])],
+                cap: 2,
+                failures: 1,
+                lost_answers: 1,
+                webhook: true,
+                ..base("provider-faults-webhook")
+            },
+            mutants: &[GiveBackApproval, SendWithoutMarker],
+        },
+        // Redis losing its unsynced writes once (everysec).
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, false, &[1]), chunk(1, true, &[2])],
+                cap: 2,
+                redis_losses: 1,
+                everysec: true,
+                ..base("everysec-lost-writes")
+            },
+            mutants: &[SendWithoutMarker],
+        },
+        // Three workers, a wrong `last` (seqs 1 and 2 both flagged last):
+        // whichever comes first ends the batch, or the operator's close
+        // does; the watchdog and retention run.
+        Exhaustive {
+            cfg: Config {
+                workers: 3,
+                ingest: vec![
+                    chunk(0, false, &[1]),
+                    chunk(2, true, &[3]),
+                    chunk(1, true, &[2]),
+                ],
+                cap: 2,
+                closes: 1,
+                watchdog: 1,
+                retention: true,
+                ..base("three-workers-wrong-last-close")
+            },
+            mutants: &[],
+        },
+    ]
 }
 
 /// A mutant on a small configuration: the checker must find a

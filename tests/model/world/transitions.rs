@@ -368,10 +368,38 @@ impl Model for World {
         // refused, given up or closed, it is `completed`.
         let report = self.reports.iter().next().map_or("", String::as_str);
         let outcome = report.split(' ').next().unwrap_or("");
-        if outcome == "completed" && sent != wanted {
-            return Some(format!(
-                "the report says {report:?}, but of recipients {wanted:?} only {sent:?} were sent"
-            ));
+        // (A chunk past the last seq the batch accepted, which a wrong
+        // `last` makes, is refused, and dead-lettered: the batch ended
+        // before it. The batch must have known its last seq.)
+        if outcome == "completed" {
+            let n: u32 = (report.split(' '))
+                .find_map(|f| f.strip_prefix("chunks="))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let of_batch: BTreeSet<u8> = (self.cfg.ingest.iter())
+                .filter(|c| c.seq < n)
+                .flat_map(|c| c.to.iter().copied())
+                .collect();
+            if !of_batch.is_subset(&sent) {
+                return Some(format!(
+                    "the report says {report:?}, but of recipients {of_batch:?} only {sent:?} were sent"
+                ));
+            }
+            if !(self.cfg.ingest.iter()).any(|c| c.last && c.seq + 1 == n) {
+                return Some(format!(
+                    "the report says {report:?}, but no chunk {} flagged last was there",
+                    n.saturating_sub(1)
+                ));
+            }
+            for c in self.cfg.ingest.iter().filter(|c| c.seq >= n) {
+                let named = format!("chunk {} ", c.seq);
+                if !self.redis.dead.iter().any(|d| d.starts_with(&named)) {
+                    return Some(format!(
+                        "the report says {report:?}, but chunk {} is neither in it nor dead-lettered",
+                        c.seq
+                    ));
+                }
+            }
         }
         if !lossy && self.redis.dead.is_empty() && outcome != "completed" {
             return Some(format!(
