@@ -18,7 +18,7 @@
 //! | `gen` | the newest generation |
 //! | `g:<g>:n`, `g:<g>:c` | recipients and chunks assigned to generation g |
 //! | `g:<g>:l` | chunks loaded into it |
-//! | `g:<g>:closed` | `full` or `final` |
+//! | `g:<g>:closed` | `full`, `final`, `closed` or `cancelled` |
 //! | `g:<g>:group` | its provider group |
 //! | `g:<g>:reg`, `g:<g>:fail` | recipients registered / refused in it |
 //! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress |
@@ -28,6 +28,8 @@
 //! | `r:<seq>`, `holes`, `rmax` | `1` while refused seq `seq` has no data (a hole; `0` once a corrected copy is assigned); how many; the highest |
 //! | `fr:<code>` | recipients refused for that reason (a provider code, or `given_up`) |
 //! | `closed`, `missing` | why the batch was closed; seqs it gave up on |
+//! | `g:<g>:claimed` | `1` once generation g's send was claimed (a cancel leaves it alone) |
+//! | `cancelled`, `stopped`, `unsent` | why the batch was cancelled; generations it stopped (done with status `cancelled`); registered recipients in them |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //!
@@ -123,6 +125,17 @@ pub mod field {
     pub const CLOSED: &str = "closed";
     /// How many holes.
     pub const HOLES: &str = "holes";
+    /// Why the batch was cancelled.
+    pub const CANCELLED: &str = "cancelled";
+    /// Generations the cancel stopped.
+    pub const STOPPED: &str = "stopped";
+    /// Registered recipients of the generations the cancel stopped.
+    pub const UNSENT: &str = "unsent";
+
+    /// `g:<gen>:claimed`: generation `gen`'s send was claimed.
+    pub fn claimed(gen: u32) -> String {
+        self::gen(gen, "claimed")
+    }
 }
 
 /// The idempotency keys of the events appended outside the batch scripts,
@@ -167,6 +180,14 @@ pub mod event_key {
     pub fn discard(group_id: &str) -> String {
         format!("discard/{group_id}")
     }
+
+    /// `send_claimed` of generation `gen`.
+    pub fn claim(gen: u32) -> String {
+        format!("claim/{gen}")
+    }
+
+    /// `batch_cancelled`.
+    pub const CANCELLED: &str = "cancelled";
 
     /// `batch_stalled` for the heartbeat `hb` found stale.
     pub fn stalled(hb: &str) -> String {
@@ -252,6 +273,12 @@ pub fn updates(event: &Event) -> Vec<Update> {
             u
         }
         Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
+        Event::SendClaimed(e) => vec![Set(field::claimed(e.gen), "1".into())],
+        Event::BatchCancelled(e) => vec![
+            Set(field::CANCELLED.into(), e.reason.clone()),
+            Set(field::STOPPED.into(), e.stopped.len().to_string()),
+            Set(field::UNSENT.into(), e.unsent.to_string()),
+        ],
         Event::ChunkParked(_)
         | Event::GroupRequested(_)
         | Event::ChunksReleased(_)
@@ -438,6 +465,11 @@ impl Projection {
     /// The report's outcome, once decided.
     pub fn report(&self) -> Option<&str> {
         self.get(field::REPORT)
+    }
+
+    /// Why the batch was cancelled, if it was.
+    pub fn cancelled(&self) -> Option<&str> {
+        self.get(field::CANCELLED)
     }
 
     /// The assignment of a seq: (gen, count, digest).

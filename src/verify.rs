@@ -2,7 +2,9 @@
 //! provider client is given, from the provider's own view of each group:
 //! the six safety invariants, and the seventh's truthful report (its
 //! outcome and counts agree with the events; a reported batch has its
-//! tombstone).
+//! tombstone). A cancelled batch: no generation is sent after the cancel
+//! unless its send was claimed before it, the generations it stopped are
+//! never sent, and the report says `cancelled`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -75,6 +77,10 @@ struct Gen {
     closed: bool,
     /// Done with nobody to send to (status `empty`): never sent.
     empty: bool,
+    /// Where its `send_claimed` stands in the log.
+    claim: Option<usize>,
+    /// Stopped by a cancel (done with status `cancelled`): never sent.
+    cancelled: bool,
 }
 
 impl Gen {
@@ -113,6 +119,9 @@ struct Tally {
     closed: Option<Vec<u32>>,
     /// The report decided, if any.
     report: Option<crate::events::BatchReported>,
+    /// Where the `batch_cancelled` stands in the log, if the batch was
+    /// cancelled.
+    cancelled: Option<usize>,
 }
 
 impl Tally {
@@ -144,6 +153,15 @@ impl Tally {
                 Event::SendRefused(e) => t.gen(e.gen).refused.push(e.reason.clone()),
                 Event::GenerationClosed(e) => t.gen(e.gen).closed = true,
                 Event::GroupCompleted(e) if e.status == "empty" => t.gen(e.gen).empty = true,
+                Event::GroupCompleted(e) if e.status == "cancelled" => {
+                    t.gen(e.gen).cancelled = true
+                }
+                Event::SendClaimed(e) => {
+                    t.gen(e.gen).claim.get_or_insert(i);
+                }
+                Event::BatchCancelled(_) => {
+                    t.cancelled.get_or_insert(i);
+                }
                 Event::BatchReported(e) => {
                     t.reports += 1;
                     t.report.get_or_insert_with(|| e.clone());
@@ -228,7 +246,16 @@ fn log_checks(
 }
 
 /// Invariants 1, 2, 3 and 6 of one generation, from our events alone.
-fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool) {
+/// `cancel_at`: where the batch's cancel stands in its log, if it was
+/// cancelled.
+fn generation_checks(
+    c: &mut Checks,
+    g: u32,
+    st: &Gen,
+    cap: u64,
+    reported: bool,
+    cancel_at: Option<usize>,
+) {
     // 1. One group per generation.
     let kept = st.kept();
     c.check(
@@ -236,9 +263,10 @@ fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool)
         st.created.len() <= 1,
         format!("gen {g}: {} group(s) recorded", st.created.len()),
     );
+    // (A cancel deletes the group of a generation it stopped.)
     c.check(
         1,
-        st.discarded.iter().all(|d| Some(d) != kept),
+        st.cancelled || st.discarded.iter().all(|d| Some(d) != kept),
         format!("gen {g}: the kept group was never discarded"),
     );
     // 2. Sent once, only when fully loaded.
@@ -269,7 +297,7 @@ fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool)
             all_loaded_before,
             format!("gen {g}: closed and every assigned chunk loaded before the send"),
         );
-    } else if reported && !st.empty {
+    } else if reported && !st.empty && !st.cancelled {
         c.check(
             2,
             false,
@@ -281,6 +309,31 @@ fn generation_checks(c: &mut Checks, g: u32, st: &Gen, cap: u64, reported: bool)
             2,
             st.sends.is_empty() && st.registered() == 0,
             format!("gen {g}: done with nobody registered, and not sent"),
+        );
+    }
+    // A cancel: a generation it stopped is never claimed nor sent; one sent
+    // after it had its send claimed before it.
+    if st.cancelled {
+        c.check(
+            2,
+            cancel_at.is_some() && st.sends.is_empty() && st.claim.is_none(),
+            format!(
+                "gen {g}: stopped by a cancel, and never claimed nor sent ({} send(s), claim {:?})",
+                st.sends.len(),
+                st.claim
+            ),
+        );
+    }
+    if let Some(at) = cancel_at {
+        let late: Vec<usize> = st.sends.iter().copied().filter(|&s| s > at).collect();
+        let claimed_before = st.claim.is_some_and(|cl| cl < at);
+        c.check(
+            2,
+            late.is_empty() || claimed_before,
+            format!(
+                "gen {g}: no send after the cancel without a claim before it (sends at {:?}, claim at {:?}, cancel at {at})",
+                st.sends, st.claim
+            ),
         );
     }
     // 3. Loaded once, into the generation's own group.
@@ -423,9 +476,11 @@ fn batch_checks(
                     .collect()
             })
             .unwrap_or_default();
+        // A cancel gives up on whatever had not arrived.
         c.check(
             5,
-            (top.is_some() || t.gens.is_empty()) && unaccounted.is_empty(),
+            t.cancelled.is_some()
+                || ((top.is_some() || t.gens.is_empty()) && unaccounted.is_empty()),
             format!("every seq 0..={top:?} assigned, refused or given up (not: {unaccounted:?})"),
         );
         let accounted: u64 = t
@@ -434,9 +489,11 @@ fn batch_checks(
             .flat_map(|g| g.loaded.values())
             .map(|l| u64::from(l.registered) + l.failed as u64)
             .sum();
+        // A cancel stops the loading of generations it stopped: their
+        // recipients not loaded yet are neither registered nor failed.
         c.check(
             5,
-            accounted == t.recipients,
+            accounted == t.recipients || (t.cancelled.is_some() && accounted <= t.recipients),
             format!(
                 "{accounted} of {} recipients registered or listed as failures",
                 t.recipients
@@ -453,7 +510,9 @@ fn batch_checks(
                 .sum();
             let missing_n = missing.len() as u64;
             let rejected = t.rejected.len() as u64;
-            let expected = if registered == 0 {
+            let expected = if t.cancelled.is_some() {
+                "cancelled"
+            } else if registered == 0 {
                 "failed"
             } else if failed == 0 && rejected == 0 && missing_n == 0 && last.is_some() {
                 "completed"
@@ -482,6 +541,21 @@ fn batch_checks(
                 r.failed_by_reason.values().sum::<u64>() == r.failed,
                 format!("failures by reason add up to {}", r.failed),
             );
+            if t.cancelled.is_some() {
+                let stopped = t.gens.values().filter(|g| g.cancelled);
+                let ours = (
+                    stopped.clone().count() as u32,
+                    stopped.map(Gen::registered).sum::<u64>(),
+                );
+                c.check(
+                    7,
+                    (r.stopped, r.unsent) == ours,
+                    format!(
+                        "report (stopped, unsent) {:?}, events {ours:?}",
+                        (r.stopped, r.unsent)
+                    ),
+                );
+            }
         }
         c.check(7, tombstoned, "a reported batch is remembered (tombstone)");
     }
@@ -519,7 +593,7 @@ pub async fn verify_batch(
 
     let tally = Tally::of(&events);
     for (g, st) in &tally.gens {
-        generation_checks(&mut c, *g, st, cap, tally.reported());
+        generation_checks(&mut c, *g, st, cap, tally.reported(), tally.cancelled);
         if let (Some(p), Some(kept)) = (provider, st.kept()) {
             let view = provider_view(p, kept, &st.discarded).await;
             provider_checks(&mut c, *g, st, &view, cap);
@@ -703,7 +777,7 @@ mod tests {
         }
         let mut c = Checks::default();
         for (g, st) in &t.gens {
-            generation_checks(&mut c, *g, st, cap, t.reported());
+            generation_checks(&mut c, *g, st, cap, t.reported(), t.cancelled);
         }
         batch_checks(&mut c, &t, last, usize::from(reported), 0, true);
         c.0.iter().filter(|c| !c.ok).map(|c| c.invariant).collect()
@@ -792,7 +866,7 @@ mod tests {
                     duplicates: 0,
                     rejected,
                     missing: 0,
-                    failed_by_reason: Default::default(),
+                    ..Default::default()
                 }),
             )
         };

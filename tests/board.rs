@@ -348,3 +348,139 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
     );
     rig.stop().await;
 }
+
+/// The batch page's Close and Cancel buttons, and the actions behind them:
+/// refused without the token, from another origin or without the board's
+/// header (nothing changes), performed with it; a read-only board shows the
+/// buttons disabled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_board_closes_and_cancels_a_batch_only_with_the_token() {
+    require_chromium();
+    let rig = Rig::start(1, test_config(), mock_config()).await;
+    let url = rig.server.url();
+    // Two batches whose seq 1 never comes.
+    let (to_cancel, to_close) = ("cancel-me", "close-me");
+    for (k, b) in [to_cancel, to_close].iter().enumerate() {
+        let mut chunks = cut(b, &template(), recipients(20 + k as u32, 300), 100);
+        chunks.remove(1);
+        append_chunks(&rig.store, &chunks).await.expect("append");
+        let log = rig.store.batch(b);
+        wait_until(Duration::from_secs(30), "two chunks loaded", || {
+            let log = log.clone();
+            async move { log.state().await.is_ok_and(|s| s.int("g:0:l") == 2) }
+        })
+        .await;
+    }
+    let board = start_board(&url, Some(TOKEN)).await;
+    let http = reqwest::Client::new();
+    let api = |p: &str| format!("{}{p}", board.base);
+    let dom = dump_dom(&api(&format!("/batches/{to_cancel}")));
+    assert!(
+        dom.contains("id=\"cancel\"") && dom.contains("id=\"close\""),
+        "the batch page has no Close and Cancel buttons:\n{dom}"
+    );
+    let cancel = api(&format!(
+        "/api/batches/{to_cancel}/cancel?reason=wrong%20coupon"
+    ));
+    for (what, req, status) in [
+        (
+            "no token",
+            http.post(&cancel).header("X-Groupcast-Board", "1"),
+            401,
+        ),
+        (
+            "another origin",
+            http.post(&cancel)
+                .header("X-Groupcast-Board", "1")
+                .header("Origin", "https://evil.example")
+                .bearer_auth(TOKEN),
+            403,
+        ),
+        (
+            "no board header",
+            http.post(&cancel).bearer_auth(TOKEN),
+            403,
+        ),
+    ] {
+        let r = req.send().await.expect("post");
+        assert_eq!(r.status().as_u16(), status, "{what}");
+        let st = rig.store.batch(to_cancel).state().await.expect("state");
+        assert!(
+            st.cancelled().is_none(),
+            "a refused cancel ({what}) cancelled"
+        );
+    }
+    let r = http
+        .post(&cancel)
+        .header("X-Groupcast-Board", "1")
+        .header("Origin", board.base.clone())
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(v["stopped"], 1, "{v}");
+    assert_eq!(v["reason"], "wrong coupon", "{v}");
+    let r = http
+        .post(api(&format!("/api/batches/{to_close}/close")))
+        .header("X-Groupcast-Board", "1")
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.expect("json");
+    assert_eq!(v["missing"], 1, "{v}");
+    rig.wait_reported(
+        &[to_cancel.to_string(), to_close.to_string()],
+        Duration::from_secs(30),
+    )
+    .await;
+    for (b, outcome) in [(to_cancel, "cancelled"), (to_close, "partial")] {
+        let st = rig.store.batch(b).state().await.expect("state");
+        assert_eq!(st.report(), Some(outcome), "{b}");
+    }
+    // Cancelling again answers the same; a batch reported otherwise has
+    // nothing to cancel (409).
+    let r = http
+        .post(&cancel)
+        .header("X-Groupcast-Board", "1")
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "cancelling again answers the same"
+    );
+    let r = http
+        .post(api(&format!("/api/batches/{to_close}/cancel")))
+        .header("X-Groupcast-Board", "1")
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 409);
+    // A read-only board: the buttons are there, disabled.
+    let stuck = "stuck-read-only";
+    let mut chunks = cut(stuck, &template(), recipients(22, 300), 100);
+    chunks.remove(1);
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    let read_only = start_board(&url, None).await;
+    wait_json(
+        &http,
+        &format!("{}/api/batches/{stuck}", read_only.base),
+        "the read-only board sees the batch",
+        |v| v["chunks"] == 2,
+    )
+    .await;
+    let dom = dump_dom(&format!("{}/batches/{stuck}", read_only.base));
+    let button = dom
+        .find("id=\"cancel\"")
+        .map(|at| &dom[dom[..at].rfind('<').unwrap_or(0)..at + 40])
+        .unwrap_or_else(|| panic!("no Cancel button on a read-only board:\n{dom}"));
+    assert!(button.contains("disabled"), "{button}");
+    rig.stop().await;
+}

@@ -505,3 +505,105 @@ async fn status_and_audit_tell_a_queued_batch_and_whether_a_worker_reads_it() {
     let out = groupcast(&url, &["status", "nobody"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// `groupcast cancel`: what it stopped and what still goes out, exit 0, the
+/// same answer when run again, and `status` shows it; a batch never seen is
+/// remembered as cancelled (said so, exit 0) and its chunks refused; a batch
+/// that reported otherwise exits 1; a bad id exits 2.
+#[tokio::test]
+async fn cancel_says_what_it_stopped_with_its_exit_codes() {
+    use groupcast::events::ChunkLoaded;
+    use groupcast::store::batch::{Accepted, Claim};
+    let (server, store) = common::store(1).await;
+    let url = server.url();
+    let loaded = |gen: u32, seq: u32, group: &str, registered: u32| ChunkLoaded {
+        gen,
+        seq,
+        group_id: group.into(),
+        registered,
+        duplicates: 0,
+        failed: Vec::new(),
+        given_up: None,
+    };
+    // Two generations (cap 2): the first loaded, ready and its send claimed;
+    // the second still loading.
+    let log = store.batch("promo");
+    log.accept(0, false, 2, "d0", 2).await.expect("accept");
+    log.accept(1, false, 2, "d1", 2).await.expect("accept");
+    log.record_group(0, "G0").await.expect("group");
+    assert_eq!(
+        log.loaded(&loaded(0, 0, "G0", 2)).await.expect("loaded"),
+        Some(true)
+    );
+    assert!(matches!(
+        log.claim_send(0).await.expect("claim"),
+        Claim::Claimed(_)
+    ));
+    let out = groupcast(&url, &["cancel", "promo", "--reason", "wrong coupon"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("cancelled (wrong coupon); 1 generation(s) stopped"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("go out: [0]"), "{stdout}");
+    assert!(
+        stdout.contains("reports `cancelled` once those are done"),
+        "{stdout}"
+    );
+    let again = groupcast(&url, &["cancel", "promo", "--reason", "twice"]);
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        stdout,
+        "the same answer"
+    );
+    let status = groupcast(&url, &["status", "promo"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("cancelled (wrong coupon): 1 generation(s) stopped"),
+        "{text}"
+    );
+    let status = groupcast(&url, &["status", "promo", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
+    assert_eq!(v["cancelled"], "wrong coupon", "{v}");
+    assert_eq!(v["stoppedGenerations"], 1, "{v}");
+    assert_eq!(v["generations"][1]["done"], "cancelled", "{v}");
+    assert_eq!(v["generations"][0]["claimed"], true, "{v}");
+
+    // Never seen: remembered, said so; its chunk is refused when it comes.
+    let out = groupcast(&url, &["cancel", "ghost"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("never seen"), "{stdout}");
+    assert!(matches!(
+        store.batch("ghost").accept(0, true, 1, "d", 10).await.expect("accept"),
+        Accepted::Refused(why) if why.contains("already reported (cancelled)")
+    ));
+
+    // Reported (completed) before: nothing to cancel, exit 1.
+    let done = store.batch("done");
+    done.accept(0, true, 1, "d", 10).await.expect("accept");
+    done.record_group(0, "G9").await.expect("group");
+    done.loaded(&loaded(0, 0, "G9", 1)).await.expect("loaded");
+    assert!(matches!(
+        done.claim_send(0).await.expect("claim"),
+        Claim::Claimed(_)
+    ));
+    done.sent(0, "G9", "sent", 10, b"poll").await.expect("sent");
+    done.completed(0, "G9", "COMPLETE", 1, 0)
+        .await
+        .expect("completed");
+    let out = groupcast(&url, &["cancel", "done"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("already reported (completed)"), "{stderr}");
+
+    let out = groupcast(&url, &["cancel", "a}b"]);
+    assert_eq!(out.status.code(), Some(2));
+}

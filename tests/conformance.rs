@@ -20,8 +20,8 @@ use groupcast::events::{
 use groupcast::keys::Keyspace;
 use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry};
 use groupcast::store::batch::{
-    dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Closing, Completion, GroupRecord,
-    Parked, Rejection,
+    dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, Closing,
+    Completion, GroupRecord, Loading, Parked, Rejection,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -118,6 +118,13 @@ enum Call {
     Close {
         reason: String,
     },
+    Cancel {
+        reason: String,
+    },
+    /// `claim_send` of a generation's send.
+    Claim {
+        gen: u32,
+    },
     Park {
         seq: u32,
         gen: u32,
@@ -187,9 +194,9 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         .field(batch, &format!("g:{sgen}:group"))
         .map(str::to_string)
         .unwrap_or_else(|| format!("G{sgen}-0"));
-    let choice = match rng.random_range(0..106) {
-        // A clean run has no rejections and no close.
-        100..=105 if chunks.clean => rng.random_range(0..30),
+    let choice = match rng.random_range(0..112) {
+        // A clean run has no rejections, no close and no cancel.
+        100..=105 | 111 if chunks.clean => rng.random_range(0..30),
         n => n,
     };
     match choice {
@@ -232,6 +239,10 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
                 }
             }
         }
+        106..=110 => Call::Claim { gen },
+        111 => Call::Cancel {
+            reason: "wrong campaign".into(),
+        },
         30..=42 => Call::Park {
             seq,
             gen: sgen,
@@ -359,6 +370,8 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
             reason,
         } => protocol::reject(db, batch, p, *seq, digest, reason),
         Call::Close { reason } => protocol::close(db, batch, p, reason),
+        Call::Cancel { reason } => protocol::cancel(db, batch, p, reason),
+        Call::Claim { gen } => protocol::claim_send(db, batch, *gen),
         Call::Park { seq, gen, payload } => protocol::park(db, batch, *seq, *gen, payload),
         Call::RecordGroup { gen, group } => protocol::record_group(db, batch, *gen, group),
         Call::Loaded(e) => protocol::loaded(db, batch, p, e),
@@ -460,6 +473,24 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             Closing::AlreadyReported(o) => vec![s("reported"), o],
             Closing::Unknown => vec![s("unknown")],
         },
+        Call::Cancel { reason } => match log.cancel(reason).await.expect(fail) {
+            Cancelling::Cancelled {
+                stopped,
+                unsent,
+                seen,
+            } => vec![
+                s("cancelled"),
+                s(stopped),
+                s(unsent),
+                s(if seen { "1" } else { "0" }),
+            ],
+            Cancelling::AlreadyReported(o) => vec![s("reported"), o],
+            Cancelling::Forgotten => vec![s("forgotten")],
+        },
+        Call::Claim { gen } => match log.claim_send(*gen).await.expect(fail) {
+            Claim::Claimed(id) => vec![s("claimed"), id],
+            Claim::Cancelled(why) => vec![s("cancelled"), why],
+        },
         Call::Expire => {
             let mut conn = store.raw_conn();
             let _: () = conn
@@ -480,11 +511,13 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             match log.record_group(*gen, group).await.expect(fail) {
                 GroupRecord::Won => vec![s("won"), group.clone()],
                 GroupRecord::Lost { kept } => vec![s("lost"), kept],
+                GroupRecord::Cancelled => vec![s("cancelled")],
             }
         }
-        Call::Loaded(e) => match log.loaded(e).await.expect(fail) {
-            Some(ready) => vec![s("loaded"), s(if ready { "1" } else { "0" })],
-            None => vec![s("duplicate")],
+        Call::Loaded(e) => match log.record_loaded(e).await.expect(fail) {
+            Loading::Loaded { ready } => vec![s("loaded"), s(if ready { "1" } else { "0" })],
+            Loading::Duplicate => vec![s("duplicate")],
+            Loading::Cancelled => vec![s("cancelled")],
         },
         Call::Sent {
             gen,
@@ -781,9 +814,11 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             *kinds.entry(kind).or_default() += 1;
             history.push(format!("{batch} {call:?} -> {want:?}"));
             let mut diffs = Vec::new();
-            // `append` answers with an entry id: translate the model's.
+            // `append` and a claim answer with an entry id: translate the model's.
             let want_cmp: Vec<String> = match (&call, want.as_slice()) {
-                (Call::Append { .. }, [t, id]) => {
+                (Call::Append { .. }, [t, id]) | (Call::Claim { .. }, [t, id])
+                    if t != "cancelled" =>
+                {
                     let seen = read(&store, &log).await;
                     let m = db.batch(batch).expect("appended");
                     vec![t.clone(), real_id(m, &seen, id).unwrap_or("?").to_string()]
@@ -842,6 +877,12 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Close:closed",
         "Close:reported",
         "Close:unknown",
+        "Cancel:cancelled",
+        "Cancel:reported",
+        "Claim:claimed",
+        "Claim:cancelled",
+        "Loaded:cancelled",
+        "RecordGroup:cancelled",
         "Expire:expired",
         "Park:parked",
         "Park:group",
@@ -860,7 +901,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     ] {
         assert!(kinds.get(k).is_some_and(|&n| n > 0), "no {k} in {kinds:?}");
     }
-    for o in ["completed", "partial", "failed"] {
+    for o in ["completed", "partial", "failed", "cancelled"] {
         assert!(
             outcomes.get(o).is_some_and(|&n| n > 0),
             "no {o} report in {outcomes:?}"
@@ -924,4 +965,156 @@ async fn close_reads_thousands_of_seqs() {
         "{:?}",
         db.field(batch, "missing")
     );
+}
+
+/// Runs `calls` through the model and the scripts on `batch`, comparing
+/// every reply and everything the scripts touch after each call.
+async fn replay_both(store: &Store, db: &mut Db, batch: &str, cap: u64, calls: &[Call]) {
+    let log = store.batch(batch);
+    let p = BatchPolicy::default();
+    for call in calls {
+        let want = model(db, batch, &p, cap, call);
+        let got = real(store, &log, cap, call).await;
+        let seen = read(store, &log).await;
+        let want = match (call, want.as_slice()) {
+            (Call::Claim { .. }, [t, id]) if t == "claimed" => {
+                let m = db.batch(batch).expect("claimed");
+                vec![t.clone(), real_id(m, &seen, id).unwrap_or("?").to_string()]
+            }
+            _ => want,
+        };
+        assert_eq!(want, got, "{batch}: {call:?}");
+        let diffs = compare(db, batch, &seen);
+        assert!(diffs.is_empty(), "{batch}: {call:?}: {}", diffs.join("\n"));
+    }
+}
+
+/// `cancel` of a batch with more than a thousand generations (a cap of one
+/// recipient): the script reads the generations in pages, stops every one
+/// neither done nor claimed, deletes the groups of those that have one, and
+/// decides as its mirror. Then a batch never seen (remembered: it reports at
+/// once and its chunks are refused), and one reported whose events expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
+    let server = common::redis();
+    let store = Store::connect(&server.url(), Keyspace::new("cancel", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(BatchPolicy::default());
+    let mut db = Db::default();
+    let batch = "many-gens";
+    let mut calls = Vec::new();
+    for seq in 0..1100u32 {
+        calls.push(Call::Accept {
+            seq,
+            last: false,
+            records: dedupe_records([format!("0700{seq:07}").as_str()]),
+            digest: format!("d{seq}"),
+            hint: seq.saturating_sub(1),
+        });
+    }
+    for gen in [3u32, 700, 1098] {
+        calls.push(Call::RecordGroup {
+            gen,
+            group: format!("G{gen}"),
+        });
+        calls.push(Call::Loaded(ChunkLoaded {
+            gen,
+            seq: gen,
+            group_id: format!("G{gen}"),
+            registered: 1,
+            duplicates: 0,
+            failed: Vec::new(),
+            given_up: None,
+        }));
+    }
+    // Generation 3 is claimed and sent (left alone); 700 claimed only.
+    calls.push(Call::Claim { gen: 3 });
+    calls.push(Call::Claim { gen: 700 });
+    calls.push(Call::Sent {
+        gen: 3,
+        group: "G3".into(),
+        outcome: "sent".into(),
+        poll: b"poll|3".to_vec(),
+    });
+    calls.push(Call::Cancel {
+        reason: "wrong campaign".into(),
+    });
+    calls.push(Call::Cancel {
+        reason: "again".into(),
+    });
+    calls.push(Call::Claim { gen: 5 });
+    calls.push(Call::Claim { gen: 700 });
+    calls.push(Call::Completed {
+        gen: 3,
+        group: "G3".into(),
+        status: "COMPLETE".into(),
+        ss: 1,
+        sf: 0,
+    });
+    calls.push(Call::Completed {
+        gen: 700,
+        group: "G700".into(),
+        status: "COMPLETE".into(),
+        ss: 1,
+        sf: 0,
+    });
+    calls.push(Call::Cancel {
+        reason: "after the report".into(),
+    });
+    replay_both(&store, &mut db, batch, 1, &calls).await;
+    // 1100 generations, 3 and 700 claimed: 1098 stopped, the groups of 1098
+    // (loaded) deleted; one registered recipient unsent.
+    assert_eq!(db.field(batch, "stopped"), Some("1098"));
+    assert_eq!(db.field(batch, "unsent"), Some("1"));
+    assert_eq!(db.field(batch, "report"), Some("cancelled"));
+    let deletes: Vec<u32> = db
+        .work
+        .iter()
+        .filter(|w| w.op == "delete")
+        .map(|w| w.item.gen)
+        .collect();
+    assert_eq!(deletes, vec![1098]);
+
+    // Never seen: remembered, reported at once, its chunks refused.
+    let unseen = "never-seen";
+    replay_both(
+        &store,
+        &mut db,
+        unseen,
+        1,
+        &[
+            Call::Cancel {
+                reason: "typo upstream".into(),
+            },
+            Call::Cancel {
+                reason: "typo upstream".into(),
+            },
+            Call::Accept {
+                seq: 0,
+                last: true,
+                records: dedupe_records(["07000000001"]),
+                digest: "d0".into(),
+                hint: 0,
+            },
+            Call::Reject {
+                seq: 1,
+                digest: "bad".into(),
+                reason: "invalid".into(),
+            },
+            Call::Expire,
+            Call::Cancel {
+                reason: "once more".into(),
+            },
+            Call::Accept {
+                seq: 0,
+                last: true,
+                records: dedupe_records(["07000000001"]),
+                digest: "d0".into(),
+                hint: 0,
+            },
+        ],
+    )
+    .await;
+    assert!(db.reported.contains(unseen));
 }

@@ -10,3 +10,6 @@ mod retry;
 
 #[path = "liveness/input.rs"]
 mod input;
+
+#[path = "liveness/cancel.rs"]
+mod cancel;

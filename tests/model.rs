@@ -46,6 +46,7 @@ fn base(name: &'static str) -> Config {
         watchdog: 0,
         retention: false,
         closes: 0,
+        cancels: 0,
         mutant: None,
         live_after_losses: false,
     }
@@ -316,6 +317,16 @@ fn configurations() -> Vec<Exhaustive> {
             },
             mutants: &[SendWithoutMarker],
         },
+        // An operator's cancel at any point, two generations racing it.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, false, &[1, 2]), chunk(1, true, &[3])],
+                cap: 2,
+                cancels: 1,
+                ..base("cancel-racing-sends")
+            },
+            mutants: &[SendWithoutClaim],
+        },
         // Three workers, a wrong `last` (seqs 1 and 2 both flagged last):
         // whichever comes first ends the batch, or the operator's close
         // does; the watchdog and retention run.
@@ -388,6 +399,17 @@ fn mutant_giving_back_an_approval_is_caught() {
 #[test]
 fn mutant_loaded_without_its_key_is_caught() {
     caught(Mutant::LoadedTwice, racers());
+}
+
+#[test]
+fn mutant_send_without_its_claim_is_caught() {
+    caught(
+        Mutant::SendWithoutClaim,
+        Config {
+            cancels: 1,
+            ..small()
+        },
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ use crate::cli::status::{generations_json, now_ms, queued_json};
 use crate::events::{entry_millis, Event};
 use crate::keys::validate_batch_id;
 use crate::projection::Projection;
+use crate::store::batch::{BatchLog, Cancelling, Closing};
 use crate::store::overview::Queued;
 use crate::store::StoreError;
 
@@ -76,6 +77,7 @@ fn row(board: &Board, batch: &str, shard: u32, p: &Projection, now: u64, queued:
         "failed": p.int("failed"),
         "rejected": p.int("rejected"),
         "stalls": p.int("stalls"),
+        "cancelled": p.cancelled(),
         "ageMs": (t0 > 0).then(|| now.saturating_sub(t0)),
         "quietMs": quiet,
         "generations": generations_json(p),
@@ -170,6 +172,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
                 v["missingSeqs"] = json!([]);
                 v["rejected"] = json!([]);
                 v["generations"] = json!([]);
+                v["readOnly"] = json!(board.token.is_none());
                 Ok(Json(v))
             }
             None => Err(ApiError(
@@ -199,6 +202,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
     v["rejected"] = json!(rejected);
     v["report"] = report;
     v["events"] = json!(events.len());
+    v["readOnly"] = json!(board.token.is_none());
     Ok(Json(v))
 }
 
@@ -290,6 +294,98 @@ pub async fn redrive(
         None => Err(ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("dead letter {id} names no source stream"),
+        )),
+    }
+}
+
+/// The reason an action on a batch records (`?reason=`).
+#[derive(Debug, serde::Deserialize)]
+pub struct Reason {
+    /// Why; a default names the board when absent or blank.
+    pub reason: Option<String>,
+}
+
+impl Reason {
+    /// The reason to record (at most 256 bytes of what was given).
+    fn text(self, default: &str) -> String {
+        match self.reason.filter(|r| !r.trim().is_empty()) {
+            Some(r) => crate::events::clip(r.trim(), 4 * crate::events::QUOTE_MAX),
+            None => default.to_string(),
+        }
+    }
+}
+
+/// The log of batch `id` for an action that can end it, once the request
+/// may act: its report is queued for delivery (as `groupcast close` and
+/// `cancel` do).
+async fn acting_on(board: &Board, id: &str, headers: &HeaderMap) -> Result<BatchLog, ApiError> {
+    authorize(board.token.as_deref(), headers)
+        .map_err(|refused| ApiError(refused.status(), refused.to_string()))?;
+    check_batch(id)?;
+    // Its work (sends a close makes ready, deletes a cancel queues) goes to
+    // its lane.
+    let store = board.store.clone().with_policy(board.policy);
+    Ok(store.batch_in_its_lane(id).await?)
+}
+
+/// `POST /api/batches/{id}/cancel?reason=` (token needed): cancels the
+/// batch as `groupcast cancel` does. `{cancelled, stopped, unsent, seen}`;
+/// `409` when it had already reported otherwise.
+pub async fn cancel(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    Query(reason): Query<Reason>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let log = acting_on(&board, &id, &headers).await?;
+    let reason = reason.text("cancelled from the board");
+    match log.cancel(&reason).await? {
+        Cancelling::Cancelled {
+            stopped,
+            unsent,
+            seen,
+        } => {
+            tracing::info!(batch = %id, %reason, stopped, "cancelled from the board");
+            Ok(Json(json!({
+                "cancelled": id, "reason": reason, "stopped": stopped, "unsent": unsent, "seen": seen,
+            })))
+        }
+        Cancelling::AlreadyReported(outcome) => Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("batch {id} already reported ({outcome}): nothing to cancel"),
+        )),
+        Cancelling::Forgotten => Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("batch {id} already reported, its events expired: nothing to cancel"),
+        )),
+    }
+}
+
+/// `POST /api/batches/{id}/close?reason=` (token needed): closes the batch
+/// as `groupcast close` does. `{closed, missing}`; `409` when it had
+/// already reported, `404` for a batch never seen.
+pub async fn close(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    Query(reason): Query<Reason>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let log = acting_on(&board, &id, &headers).await?;
+    let reason = reason.text("closed from the board");
+    match log.close(&reason).await? {
+        Closing::Closed { missing } => {
+            tracing::info!(batch = %id, %reason, missing, "closed from the board");
+            Ok(Json(
+                json!({ "closed": id, "reason": reason, "missing": missing }),
+            ))
+        }
+        Closing::AlreadyReported(outcome) => Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("batch {id} already reported ({outcome}): nothing to close"),
+        )),
+        Closing::Unknown => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no chunk of batch {id} was ever recorded (or its events expired)"),
         )),
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! - Every asset is embedded ([`assets`]): the board works offline, with no
 //!   CDN.
-//! - Reading needs nothing; acting (redrive a dead letter) needs
+//! - Reading needs nothing; acting (redrive a dead letter, close or cancel
+//!   a batch) needs
 //!   `Authorization: Bearer <token>` with the token from
 //!   `GROUPCAST_BOARD_TOKEN` (or the file `GROUPCAST_BOARD_TOKEN_FILE`
 //!   names). Without a token configured the board is read-only.
@@ -25,6 +26,7 @@ use axum::Router;
 use clap::Args;
 
 use crate::cli::{secret_from_env, CliError, RedisArgs};
+use crate::store::batch::BatchPolicy;
 use crate::store::Store;
 
 /// Board flags.
@@ -44,6 +46,10 @@ pub struct BoardArgs {
     /// Reported batches listed per shard (the newest).
     #[arg(long, default_value_t = 200)]
     pub reported: usize,
+    /// How long a batch closed or cancelled from the board keeps its events
+    /// once it reports (use the workers' `--retention`).
+    #[arg(long, default_value_t = crate::worker::WorkerConfig::RETENTION.into(), value_parser = crate::cli::worker::duration)]
+    pub retention: humantime::Duration,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -60,6 +66,9 @@ pub struct Board {
     pub stall_after: Duration,
     /// See [`BoardArgs::reported`].
     pub reported: usize,
+    /// How a batch closed or cancelled from the board ends (its report is
+    /// queued for delivery; see [`BoardArgs::retention`]).
+    pub policy: BatchPolicy,
 }
 
 /// The board's routes.
@@ -75,6 +84,8 @@ pub fn router(board: Arc<Board>) -> Router {
         .route("/api/batches/{id}/events", get(api::events))
         .route("/api/dlq", get(api::dead_letters))
         .route("/api/dlq/{id}/redrive", post(api::redrive))
+        .route("/api/batches/{id}/close", post(api::close))
+        .route("/api/batches/{id}/cancel", post(api::cancel))
         .with_state(board)
 }
 
@@ -112,6 +123,10 @@ pub async fn run(args: BoardArgs) -> Result<(), CliError> {
         token,
         stall_after: args.stall_after,
         reported: args.reported,
+        policy: BatchPolicy {
+            retention: args.retention.into(),
+            deliver: true,
+        },
     });
     serve(listener, board)
         .await

@@ -48,6 +48,10 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             "{} parked chunk(s) of generation {} released",
             e.chunks, e.gen
         ),
+        Event::GroupDiscarded(e) if e.group_id == e.kept => format!(
+            "group {} of generation {} deleted (stopped by a cancel)",
+            e.group_id, e.gen
+        ),
         Event::GroupDiscarded(e) => format!(
             "losing group {} of generation {} deleted (kept {})",
             e.group_id, e.gen, e.kept
@@ -85,7 +89,7 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.gen, e.group_id, e.status, e.sent_success, e.sent_failed
         ),
         Event::BatchReported(e) => format!(
-            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing",
+            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing{}",
             e.outcome,
             e.generations,
             e.recipients,
@@ -94,7 +98,14 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.sent_success,
             e.duplicates,
             e.rejected,
-            e.missing
+            e.missing,
+            match e.outcome.as_str() {
+                "cancelled" => format!(
+                    ", {} generation(s) stopped ({} registered, never sent)",
+                    e.stopped, e.unsent
+                ),
+                _ => String::new(),
+            }
         ),
         Event::BatchClosed(e) => format!(
             "CLOSED ({}): {} missing seq(s){}",
@@ -105,6 +116,16 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
                 n if n <= 20 => format!(" {:?}", e.missing),
                 _ => format!(" {:?}...", &e.missing[..20]),
             }
+        ),
+        Event::SendClaimed(e) => format!("generation {} send claimed", e.gen),
+        Event::BatchCancelled(e) => format!(
+            "CANCELLED ({}): {} generation(s) stopped {:?} ({} registered recipient(s) never sent), {} being sent {:?}",
+            e.reason,
+            e.stopped.len(),
+            e.stopped,
+            e.unsent,
+            e.sending.len(),
+            e.sending
         ),
         Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
         Event::InputRejected(e) => match e.seq {

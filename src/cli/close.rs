@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::{CliError, RedisArgs};
 use crate::keys::validate_batch_id;
-use crate::store::batch::{BatchPolicy, Closing};
+use crate::store::batch::{BatchLog, BatchPolicy, Closing};
 use crate::worker::WorkerConfig;
 
 /// Close flags.
@@ -28,18 +28,27 @@ pub struct CloseArgs {
     pub retention: humantime::Duration,
 }
 
-/// Runs `groupcast close`.
-pub async fn run(args: CloseArgs) -> Result<(), CliError> {
-    validate_batch_id(&args.batch)
-        .map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
-    // The report is queued for delivery whether or not the workers have a
-    // webhook: a worker without one acknowledges it.
-    let store = args.redis.connect().await?.with_policy(BatchPolicy {
-        retention: args.retention.into(),
+/// The log of `batch` (its id checked) for a command that can end it: its
+/// report is queued for delivery whether or not the workers have a webhook
+/// (a worker without one acknowledges it), and kept for `retention`.
+pub(super) async fn batch_log(
+    redis: &RedisArgs,
+    batch: &str,
+    retention: humantime::Duration,
+) -> Result<BatchLog, CliError> {
+    validate_batch_id(batch).map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
+    let store = redis.connect().await?.with_policy(BatchPolicy {
+        retention: retention.into(),
         deliver: true,
     });
-    // Its work (the sends a close makes ready) goes to its lane.
-    let log = store.batch_in_its_lane(&args.batch).await?;
+    // Its work (the sends a close makes ready, the deletes a cancel
+    // queues) goes to its lane.
+    Ok(store.batch_in_its_lane(batch).await?)
+}
+
+/// Runs `groupcast close`.
+pub async fn run(args: CloseArgs) -> Result<(), CliError> {
+    let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     match log.close(&args.reason).await? {
         Closing::Closed { missing } => {
             println!(

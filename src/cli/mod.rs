@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod cancel;
 pub mod close;
 pub mod demo;
 pub mod dlq;
@@ -59,6 +60,8 @@ pub enum Command {
     Dlq(dlq::DlqArgs),
     /// Stop waiting for a batch's missing seqs: send what was loaded, report.
     Close(close::CloseArgs),
+    /// Cancel a batch: stop every generation not yet claimed for sending.
+    Cancel(cancel::CancelArgs),
     /// Check the six invariants for a batch.
     Verify(verify::VerifyArgs),
     /// Run everything on this machine: workers, a mock provider, a batch.
@@ -84,6 +87,7 @@ impl Command {
             Command::Status(a) => Some(&a.redis),
             Command::Dlq(a) => Some(&a.redis),
             Command::Close(a) => Some(&a.redis),
+            Command::Cancel(a) => Some(&a.redis),
             Command::Verify(a) => Some(&a.redis),
             Command::Board(a) => Some(&a.redis),
             Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
@@ -416,6 +420,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Status(a) => status::run(a).await,
         Command::Dlq(a) => dlq::run(a).await,
         Command::Close(a) => close::run(a).await,
+        Command::Cancel(a) => cancel::run(a).await,
         Command::Verify(a) => verify::run(a).await,
         Command::Demo(a) => demo::run(a).await,
         Command::MockProvider(a) => mock_provider::run(a).await,

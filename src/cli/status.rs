@@ -34,6 +34,7 @@ pub fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
                 "registered": p.gen_int(g, "reg"),
                 "failed": p.gen_int(g, "fail"),
                 "closed": p.gen_field(g, "closed"),
+                "claimed": p.gen_field(g, "claimed").is_some(),
                 "sent": p.gen_field(g, "sent"),
                 "refused": p.gen_field(g, "refused"),
                 "done": p.gen_field(g, "done"),
@@ -55,6 +56,9 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
         "rejected": p.int("rejected"),
         "stalls": p.int("stalls"),
         "report": p.get("report"),
+        "cancelled": p.cancelled(),
+        "stoppedGenerations": p.int(crate::projection::field::STOPPED),
+        "unsentRecipients": p.int(crate::projection::field::UNSENT),
         "lastEventMs": p.int("hb"),
         "generations": gens,
     })
@@ -87,7 +91,11 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             outln!("{v}");
             return Ok(());
         }
-        let outcome = p.get("report").unwrap_or("in flight");
+        let outcome = match (p.get("report"), p.cancelled()) {
+            (Some(o), _) => o,
+            (None, Some(_)) => "cancelled, finishing the sends claimed before the cancel",
+            (None, None) => "in flight",
+        };
         let last = p
             .last_seq()
             .map(|l| (l + 1).to_string())
@@ -101,6 +109,13 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             p.int("rejected"),
             p.int("stalls"),
         );
+        if let Some(why) = p.cancelled() {
+            outln!(
+                "cancelled ({why}): {} generation(s) stopped, never sent ({} registered recipient(s)); later chunks are refused",
+                p.int(crate::projection::field::STOPPED),
+                p.int(crate::projection::field::UNSENT),
+            );
+        }
         if let Some(w) = waiting {
             outln!(
                 "{} more chunk(s) wait unread in the ingest stream{}",

@@ -135,7 +135,8 @@ events! {
     GroupCreated(GroupCreated) = "group_created",
     /// The parked chunks of a generation were released to the work stream.
     ChunksReleased(ChunksReleased) = "chunks_released",
-    /// A group that lost the creation race was deleted at the provider.
+    /// A group that lost the creation race, or the group of a generation a
+    /// cancel stopped, was deleted at the provider.
     GroupDiscarded(GroupDiscarded) = "group_discarded",
     /// Every message of a chunk was accepted by the provider.
     ChunkLoaded(ChunkLoaded) = "chunk_loaded",
@@ -157,6 +158,12 @@ events! {
     BatchStalled(BatchStalled) = "batch_stalled",
     /// An operator (or `--give-up-after`) stopped waiting for missing seqs.
     BatchClosed(BatchClosed) = "batch_closed",
+    /// A generation's send was claimed, before the provider was asked to
+    /// send it: a cancel after this leaves the generation alone.
+    SendClaimed(SendClaimed) = "send_claimed",
+    /// An operator cancelled the batch: generations whose send was not
+    /// claimed are stopped (never sent), and it takes no more chunks.
+    BatchCancelled(BatchCancelled) = "batch_cancelled",
 }
 
 /// See [`Event::ChunkAssigned`]. Key `assign/<seq>`.
@@ -190,7 +197,8 @@ pub struct GenerationClosed {
     /// The generation.
     pub gen: u32,
     /// `full` (the next chunk would pass the cap), `final` (every seq is
-    /// assigned, or refused for good) or `closed` (the batch was closed).
+    /// assigned, or refused for good), `closed` (the batch was closed) or
+    /// `cancelled` (the batch was cancelled).
     pub reason: String,
     /// Chunks assigned to it.
     pub chunks: u32,
@@ -239,7 +247,9 @@ pub struct GroupDiscarded {
     pub gen: u32,
     /// The deleted group.
     pub group_id: String,
-    /// The group kept instead.
+    /// The group kept instead (the deleted group itself when a cancel
+    /// stopped its generation; empty when the batch was cancelled before
+    /// the generation had a group).
     pub kept: String,
 }
 
@@ -313,7 +323,9 @@ pub struct GroupCompleted {
     pub gen: u32,
     /// The group.
     pub group_id: String,
-    /// The provider's final status (`COMPLETE` or `FAILED`).
+    /// The provider's final status (`COMPLETE` or `FAILED`); or `empty`
+    /// (nobody registered: never sent) or `cancelled` (stopped by a
+    /// cancel: never sent).
     pub status: String,
     /// Messages the provider delivered.
     pub sent_success: u64,
@@ -325,7 +337,8 @@ pub struct GroupCompleted {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchReported {
     /// `completed` (every expected recipient registered, nothing refused or
-    /// given up), `partial`, or `failed` (nobody registered).
+    /// given up), `partial`, `failed` (nobody registered), or `cancelled`
+    /// (an operator cancelled it: see [`BatchReported::stopped`]).
     pub outcome: String,
     /// Generations (provider groups) used.
     pub generations: u32,
@@ -353,6 +366,47 @@ pub struct BatchReported {
     /// `failed`, by reason (the provider's code, or `given_up`).
     #[serde(default)]
     pub failed_by_reason: std::collections::BTreeMap<String, u64>,
+    /// A cancelled batch: generations stopped by the cancel (never sent).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub stopped: u32,
+    /// A cancelled batch: recipients registered in the stopped generations
+    /// (at the provider, in groups deleted unsent). `registered - unsent`
+    /// recipients were in generations that were sent.
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub unsent: u64,
+}
+
+fn is_zero32(v: &u32) -> bool {
+    *v == 0
+}
+
+fn is_zero64(v: &u64) -> bool {
+    *v == 0
+}
+
+/// See [`Event::SendClaimed`]. Key `claim/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendClaimed {
+    /// The generation.
+    pub gen: u32,
+}
+
+/// See [`Event::BatchCancelled`]. Key `cancelled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchCancelled {
+    /// Why (the operator's `--reason`).
+    pub reason: String,
+    /// Generations stopped: not done and their send not claimed. Each is
+    /// done with status `cancelled` and its group deleted.
+    #[serde(default)]
+    pub stopped: Vec<u32>,
+    /// Generations whose send was claimed and not yet done: they are sent
+    /// and counted.
+    #[serde(default)]
+    pub sending: Vec<u32>,
+    /// Recipients registered in the stopped generations.
+    #[serde(default)]
+    pub unsent: u64,
 }
 
 /// See [`Event::BatchClosed`]. Key `closed`.

@@ -159,6 +159,7 @@ pub fn accept(
     let refused = |why: String| vec!["refused".to_string(), format!("batch {batch} {why}")];
     let report = r.get("report");
     let closed = r.get("closed");
+    let cancelled = r.get("cancelled");
     if let Some(s) = r.get(&format!("s:{seq}")) {
         // A repeat delivery: same content is a no-op, other content a conflict.
         let mut it = s.splitn(3, '|');
@@ -167,6 +168,10 @@ pub fn accept(
         if d == a.digest {
             let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
             let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
+            if let (Some(c), false) = (&cancelled, loaded) {
+                // Cancelled before it was loaded: it never will be.
+                return refused(format!("was cancelled ({c}): seq {seq} will not be loaded"));
+            }
             let positions = r.get(&format!("x:{seq}")).unwrap_or_default();
             return vec![
                 "duplicate".into(),
@@ -176,7 +181,7 @@ pub fn accept(
                 positions,
             ];
         }
-        if report.is_some() || closed.is_some() {
+        if report.is_some() || closed.is_some() || cancelled.is_some() {
             return refused(format!(
                 "has ended: seq {seq} came again with other content"
             ));
@@ -192,6 +197,9 @@ pub fn accept(
         return refused(format!(
             "was already reported ({o}): it takes no more chunks"
         ));
+    }
+    if let Some(c) = cancelled {
+        return refused(format!("was cancelled ({c}): it takes no more chunks"));
     }
     if let Some(c) = closed {
         return refused(format!("was closed ({c}): it takes no more chunks"));

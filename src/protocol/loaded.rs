@@ -11,7 +11,8 @@ use crate::events::{ChunkLoaded, Event};
 
 /// `loaded.lua` for event `e` (its failure reasons and unsure count derived
 /// from it, as [`crate::store::batch::BatchLog::loaded`] passes them).
-/// Returns `loaded, ready 0|1` or `duplicate`.
+/// Returns `loaded, ready 0|1`, `duplicate` or `cancelled` (the batch was
+/// cancelled: nothing recorded).
 pub fn loaded(db: &mut Db, batch: &str, policy: &BatchPolicy, e: &ChunkLoaded) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let gen = e.gen;
@@ -19,6 +20,9 @@ pub fn loaded(db: &mut Db, batch: &str, policy: &BatchPolicy, e: &ChunkLoaded) -
     let key = format!("loaded/{gen}/{}", e.seq);
     if r.get(&format!("k:{key}")).is_some() {
         return reply(["duplicate"]);
+    }
+    if r.get("cancelled").is_some() {
+        return reply(["cancelled"]);
     }
     let (reg, failed) = (i64::from(e.registered), e.failed.len() as i64);
     let unsure = if e.given_up.is_some() { failed } else { 0 };

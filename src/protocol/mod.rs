@@ -19,6 +19,8 @@
 
 pub mod accept;
 pub mod append;
+pub mod cancel;
+pub mod claim_send;
 pub mod close;
 pub mod completed;
 pub mod loaded;
@@ -36,6 +38,8 @@ use crate::worker::ops::WorkItem;
 pub use crate::store::batch::BatchPolicy;
 pub use accept::accept;
 pub use append::append;
+pub use cancel::cancel;
+pub use claim_send::claim_send;
 pub use close::close;
 pub use completed::completed;
 pub use loaded::loaded;

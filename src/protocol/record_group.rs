@@ -5,7 +5,9 @@ use super::{reply, work_item, Db, Run};
 use crate::events::{ChunksReleased, Event, GroupCreated};
 
 /// `record_group.lua`. Returns `won, id` or `lost, kept id`; run again
-/// with the group it recorded, `won, id` again, changing nothing.
+/// with the group it recorded, `won, id` again, changing nothing. Or
+/// `cancelled`: the batch was cancelled; nothing is recorded, the parked
+/// chunks are dropped (DEL), and the caller deletes its group.
 pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<String> {
     let mut r = Run::new(db, batch);
     if let Some(kept) = r.get(&format!("g:{gen}:group")) {
@@ -13,6 +15,12 @@ pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<Stri
             return reply(["won", group]);
         }
         return reply(["lost", &kept]);
+    }
+    if r.get("cancelled").is_some() {
+        if let Some(b) = r.db.batches.get_mut(batch) {
+            b.parked.remove(&gen);
+        }
+        return reply(["cancelled"]);
     }
     r.emit(
         &format!("group/{gen}"),

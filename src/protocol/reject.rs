@@ -21,6 +21,9 @@ pub fn reject(
             "was already reported ({o}): it takes no more chunks"
         ));
     }
+    if let Some(c) = r.get("cancelled") {
+        return refused(format!("was cancelled ({c}): it takes no more chunks"));
+    }
     if let Some(c) = r.get("closed") {
         return refused(format!("was closed ({c}): it takes no more chunks"));
     }

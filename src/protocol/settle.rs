@@ -1,5 +1,5 @@
 //! `settle.lua`: the layer shared by the scripts that can end a batch
-//! (`accept`, `reject`, `close`, `loaded`, `completed`): whether a batch
+//! (`accept`, `reject`, `close`, `cancel`, `loaded`, `completed`): whether a batch
 //! takes no more chunks, a generation made ready, the report decided once,
 //! the current generation closed when the batch settles, a refused chunk
 //! recorded (a hole or not), and the tombstone check.
@@ -66,7 +66,8 @@ pub(crate) fn make_ready(r: &mut Run, gen: u32, chunks: u32, registered: i64) ->
 /// and every generation is done, once. Returns whether it was decided now.
 pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     r.flush();
-    if r.get("k:report").is_some() || !settled_now(r, r.num("holes")) {
+    let cancelled = r.get("cancelled").is_some();
+    if r.get("k:report").is_some() || !(cancelled || settled_now(r, r.num("holes"))) {
         return false;
     }
     let gens = tonumber(r.get("gen").as_deref()).map_or(0, |g| g + 1);
@@ -75,7 +76,9 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     }
     let (registered, failed) = (r.num("registered"), r.num("failed"));
     let (rejected, missing) = (r.num("rejected"), r.num("missing"));
-    let outcome = if registered == 0 {
+    let outcome = if cancelled {
+        "cancelled"
+    } else if registered == 0 {
         "failed"
     } else if failed == 0
         && rejected == 0
@@ -110,6 +113,12 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
         rejected: rejected as u64,
         missing: missing as u64,
         failed_by_reason,
+        stopped: if cancelled {
+            r.num("stopped") as u32
+        } else {
+            0
+        },
+        unsent: if cancelled { r.num("unsent") as u64 } else { 0 },
     };
     r.emit("report", Event::BatchReported(report.clone()), true);
     r.put("report", outcome);

@@ -130,6 +130,54 @@ pub enum Closing {
     Unknown,
 }
 
+/// What `cancel` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancelling {
+    /// Cancelled (now or before): `stopped` generations will never be sent
+    /// (their groups are deleted); generations whose send was claimed are
+    /// sent and counted.
+    Cancelled {
+        /// Generations stopped.
+        stopped: u32,
+        /// Recipients registered in them (never sent).
+        unsent: u64,
+        /// Whether any chunk of the batch was recorded before the cancel:
+        /// `false` for a batch never seen, which is remembered as cancelled
+        /// (it reports at once) so that its chunks are refused when they come.
+        seen: bool,
+    },
+    /// The batch had reported before: nothing to stop.
+    AlreadyReported(String),
+    /// The batch reported and its events expired: only its tombstone is
+    /// left, nothing to stop.
+    Forgotten,
+}
+
+/// What `claim_send` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The send is claimed (now or before): go on and send. The claim's
+    /// entry id, which the send must see on disk first.
+    Claimed(String),
+    /// The batch was cancelled first: never send (the reason).
+    Cancelled(String),
+}
+
+/// What `loaded` recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loading {
+    /// Appended; whether the generation became ready.
+    Loaded {
+        /// The generation is complete: its send was enqueued.
+        ready: bool,
+    },
+    /// Appended before.
+    Duplicate,
+    /// The batch was cancelled: nothing recorded (its generation not sent
+    /// is done).
+    Cancelled,
+}
+
 /// What `park` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Parked {
@@ -154,6 +202,8 @@ pub enum GroupRecord {
         /// The group kept.
         kept: String,
     },
+    /// The batch was cancelled: nothing recorded; ours must be deleted.
+    Cancelled,
 }
 
 /// Whether an append happened.
@@ -458,6 +508,51 @@ impl BatchLog {
         }
     }
 
+    /// Cancels the batch (see `cancel.lua`): generations whose send was not
+    /// claimed are stopped and their groups deleted; it takes no more
+    /// chunks and reports `cancelled` once the claimed ones are done.
+    /// Idempotent.
+    pub async fn cancel(&self, reason: &str) -> StoreResult<Cancelling> {
+        let v: Value = self
+            .settling(&SCRIPTS.cancel)
+            .arg(reason)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("cancel", v)?;
+        let n = |s: &str| s.parse::<u64>().map_err(|_| unexpected("cancel", &r));
+        match r.as_slice() {
+            [t, stopped, unsent, seen] if t == "cancelled" => Ok(Cancelling::Cancelled {
+                stopped: n(stopped)? as u32,
+                unsent: n(unsent)?,
+                seen: seen == "1",
+            }),
+            [t, outcome] if t == "reported" => Ok(Cancelling::AlreadyReported(outcome.clone())),
+            [t] if t == "forgotten" => Ok(Cancelling::Forgotten),
+            _ => Err(unexpected("cancel", &r)),
+        }
+    }
+
+    /// Claims generation `gen`'s send (see `claim_send.lua`), before the
+    /// provider is asked to send it: refused when the batch was cancelled
+    /// first. Idempotent.
+    pub async fn claim_send(&self, gen: u32) -> StoreResult<Claim> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .claim_send
+            .key(&k.state)
+            .key(&k.events)
+            .arg(&self.batch)
+            .arg(gen)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("claim_send", v)?;
+        match r.as_slice() {
+            [t, id] if t == "claimed" => Ok(Claim::Claimed(id.clone())),
+            [t, why] if t == "cancelled" => Ok(Claim::Cancelled(why.clone())),
+            _ => Err(unexpected("claim_send", &r)),
+        }
+    }
+
     /// Parks a chunk until its generation has a group (see `park.lua`).
     pub async fn park(&self, seq: u32, gen: u32, payload: &[u8]) -> StoreResult<Parked> {
         let k = &self.keys;
@@ -502,13 +597,23 @@ impl BatchLog {
         match r.as_slice() {
             [t, _] if t == "won" => Ok(GroupRecord::Won),
             [t, kept] if t == "lost" => Ok(GroupRecord::Lost { kept: kept.clone() }),
+            [t] if t == "cancelled" => Ok(GroupRecord::Cancelled),
             _ => Err(unexpected("record_group", &r)),
         }
     }
 
     /// Records a loaded chunk and evaluates completion (see `loaded.lua`).
-    /// Returns `Some(ready)` when appended, `None` when it already was.
+    /// Returns `Some(ready)` when appended, `None` when nothing was (it
+    /// already was, or the batch was cancelled): see [`record_loaded`](Self::record_loaded).
     pub async fn loaded(&self, e: &ChunkLoaded) -> StoreResult<Option<bool>> {
+        Ok(match self.record_loaded(e).await? {
+            Loading::Loaded { ready } => Some(ready),
+            Loading::Duplicate | Loading::Cancelled => None,
+        })
+    }
+
+    /// Records a loaded chunk and evaluates completion (see `loaded.lua`).
+    pub async fn record_loaded(&self, e: &ChunkLoaded) -> StoreResult<Loading> {
         let data = Event::ChunkLoaded(e.clone()).encode_data();
         let mut by_reason = std::collections::BTreeMap::<&str, u64>::new();
         for f in &e.failed {
@@ -533,8 +638,11 @@ impl BatchLog {
             .await?;
         let r = self.reply("loaded", v)?;
         match r.as_slice() {
-            [t, ready] if t == "loaded" => Ok(Some(ready == "1")),
-            [t] if t == "duplicate" => Ok(None),
+            [t, ready] if t == "loaded" => Ok(Loading::Loaded {
+                ready: ready == "1",
+            }),
+            [t] if t == "duplicate" => Ok(Loading::Duplicate),
+            [t] if t == "cancelled" => Ok(Loading::Cancelled),
             _ => Err(unexpected("loaded", &r)),
         }
     }

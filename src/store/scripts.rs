@@ -35,6 +35,10 @@ pub struct Scripts {
     pub reject: Script,
     /// `close.lua`.
     pub close: Script,
+    /// `cancel.lua`.
+    pub cancel: Script,
+    /// `claim_send.lua`.
+    pub claim_send: Script,
     /// `sent.lua`.
     pub sent: Script,
     /// `completed.lua`.
@@ -70,6 +74,8 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     loaded: settling_script(include_str!("../../streams/scripts/loaded.lua")),
     reject: settling_script(include_str!("../../streams/scripts/reject.lua")),
     close: settling_script(include_str!("../../streams/scripts/close.lua")),
+    cancel: settling_script(include_str!("../../streams/scripts/cancel.lua")),
+    claim_send: batch_script(include_str!("../../streams/scripts/claim_send.lua")),
     sent: batch_script(include_str!("../../streams/scripts/sent.lua")),
     completed: settling_script(include_str!("../../streams/scripts/completed.lua")),
     append: batch_script(APPEND),

@@ -18,7 +18,7 @@ local seq, is_last, count, digest, cap, hint, numbers = tonumber(ARGV[3]), ARGV[
 local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
   hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
-  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates')
+  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled')
 
 local function refused(why)
   return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
@@ -33,9 +33,13 @@ if f[1] then
   local g, d = string.match(f[1], '^(%d+)|%d+|(.*)$')
   if d == digest then
     local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
+    if f[21] and not h[2] then
+      -- Cancelled before it was loaded: it never will be.
+      return refused('was cancelled (' .. f[21] .. '): seq ' .. seq .. ' will not be loaded')
+    end
     return reply({'duplicate', g, h[1] or '', h[2] and '1' or '0', f[13] or ''})
   end
-  if f[14] or f[15] then
+  if f[14] or f[15] or f[21] then
     return refused('has ended: seq ' .. seq .. ' came again with other content')
   end
   return rejected('conflict', 'seq ' .. seq .. ' was already accepted with other content (digest ' .. d ..
@@ -43,6 +47,9 @@ if f[1] then
 end
 if f[14] then
   return refused('was already reported (' .. f[14] .. '): it takes no more chunks')
+end
+if f[21] then
+  return refused('was cancelled (' .. f[21] .. '): it takes no more chunks')
 end
 if f[15] then
   return refused('was closed (' .. f[15] .. '): it takes no more chunks')

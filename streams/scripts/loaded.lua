@@ -8,13 +8,18 @@
 --       9 unsure: recipients whose registration is unknown (a given-up add
 --         may have registered some before it failed)
 -- Returns {'loaded', ready 0|1} or {'duplicate'}
+--      or {'cancelled'} (the batch was cancelled: its generations not sent
+--       are done, and nothing more is recorded into them)
 local gen, seq, reg, failed, unsure = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[9])
 local gk = 'g:' .. gen .. ':'
 local key = 'loaded/' .. gen .. '/' .. seq
 local f = redis.call('HMGET', STATE, 'k:' .. key, gk .. 'l', gk .. 'c', gk .. 'closed', gk .. 'reg', gk .. 'fail',
-  'registered', 'failed', gk .. 'ready', gk .. 'unsure')
+  'registered', 'failed', gk .. 'ready', gk .. 'unsure', 'cancelled')
 if f[1] then
   return reply({'duplicate'})
+end
+if f[11] then
+  return reply({'cancelled'})
 end
 emit(key, 'chunk_loaded', ARGV[7])
 local l, c, greg = num(f[2]) + 1, num(f[3]), num(f[5]) + reg

@@ -4,15 +4,21 @@
 -- ARGV: batch, gen, group id
 -- Returns {'won', id} or {'lost', kept id}; run again with the same group id
 -- (a request resent after a dropped connection), it answers 'won' again and
--- changes nothing.
+-- changes nothing. Or {'cancelled'}: the batch was cancelled, nothing is
+-- recorded, the parked chunks are dropped, and the caller deletes its group.
 local PARKED, WORK = KEYS[3], KEYS[4]
 local gen, group = tonumber(ARGV[2]), ARGV[3]
-local kept = redis.call('HGET', STATE, 'g:' .. gen .. ':group')
+local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'cancelled')
+local kept = f[1]
 if kept == group then
   return reply({'won', group})
 end
 if kept then
   return reply({'lost', kept})
+end
+if f[2] then
+  redis.call('DEL', PARKED)
+  return reply({'cancelled'})
 end
 emit('group/' .. gen, 'group_created', cmsgpack.pack({gen = gen, group_id = group}))
 put('g:' .. gen .. ':group', group)

@@ -6,9 +6,12 @@
 -- Returns {'rejected'} or {'refused', why} (the batch has ended: nothing is
 -- recorded)
 local seq, digest, reason = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local f = redis.call('HMGET', STATE, 'report', 'closed', 'seqs', 'holes', 'rejected')
+local f = redis.call('HMGET', STATE, 'report', 'closed', 'seqs', 'holes', 'rejected', 'cancelled')
 if f[1] then
   return reply({'refused', 'batch ' .. BATCH .. ' was already reported (' .. f[1] .. '): it takes no more chunks'})
+end
+if f[6] then
+  return reply({'refused', 'batch ' .. BATCH .. ' was cancelled (' .. f[6] .. '): it takes no more chunks'})
 end
 if f[2] then
   return reply({'refused', 'batch ' .. BATCH .. ' was closed (' .. f[2] .. '): it takes no more chunks'})

@@ -1,5 +1,5 @@
 -- Prepended (after prelude.lua) to the scripts that can end a batch:
--- accept, reject, close, loaded, completed (see src/store/scripts.rs).
+-- accept, reject, close, cancel, loaded, completed (see src/store/scripts.rs).
 -- They share one layout:
 -- KEYS: state, events, work, active, reports, dedupe, reported (tombstones)
 -- ARGV: batch, policy `<retention s>|<deliver 0|1>`, then their own.
@@ -7,7 +7,8 @@
 -- A batch ends (its report is decided, once) when it takes no more chunks
 -- and every generation is done. It takes no more chunks when every seq
 -- 0..last is assigned or refused for good (a *hole*: counted in `holes`,
--- marked `r:<seq>` = 1), or when an operator closed it (`closed`).
+-- marked `r:<seq>` = 1), or when an operator closed it (`closed`) or
+-- cancelled it (`cancelled`).
 local WORK, ACTIVE, REPORTS, DEDUPE, REPORTED = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local RETENTION, DELIVER = string.match(ARGV[2], '^(%d+)|([01])$')
 RETENTION = tonumber(RETENTION)
@@ -49,17 +50,18 @@ end
 -- expected chunk was registered and nothing was refused or given up (a
 -- batch closed before its last seq was known is not complete: how many
 -- chunks were expected is unknown); `failed` when nobody was registered;
--- otherwise `partial`.
+-- otherwise `partial`. A cancelled batch reports `cancelled`, with the
+-- generations it stopped and the registered recipients they held (unsent).
 -- Returns whether it was decided now.
 --
 -- `report_from` decides from the fields REPORT_FIELDS, as the caller read
 -- (and updated) them, so that a caller that reads them anyway saves a read;
 -- what the caller put() is written with the report, in one HSET.
 local REPORT_FIELDS = {'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done', 'recipients', 'registered',
-  'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing'}
+  'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing', 'cancelled', 'stopped', 'unsent'}
 
 local function report_from(f)
-  if f[1] or not settled(f[2], f[3], f[4], f[5]) then
+  if f[1] or not settled(f[2] or f[16], f[3], f[4], f[5]) then
     flush()
     return false
   end
@@ -70,7 +72,9 @@ local function report_from(f)
   end
   local registered, failed, rejected, missing = num(f[9]), num(f[10]), num(f[14]), num(f[15])
   local outcome = 'partial'
-  if registered == 0 then
+  if f[16] then
+    outcome = 'cancelled'
+  elseif registered == 0 then
     outcome = 'failed'
   elseif failed == 0 and rejected == 0 and missing == 0 and tonumber(f[3]) then
     outcome = 'completed'
@@ -78,6 +82,9 @@ local function report_from(f)
   local report = {outcome = outcome, generations = gens, chunks = num(f[4]), recipients = num(f[8]),
     registered = registered, failed = failed, sent_success = num(f[11]), sent_failed = num(f[12]),
     duplicates = num(f[13]), rejected = rejected, missing = missing}
+  if f[16] then
+    report.stopped, report.unsent = num(f[17]), num(f[18])
+  end
   if failed > 0 then
     -- `fr:<code>`: failed recipients by reason (once per batch, so one full read).
     local by, all = {}, redis.call('HGETALL', STATE)

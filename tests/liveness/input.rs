@@ -18,7 +18,7 @@ use crate::common::*;
 /// Every number registered at the provider for `batch`, with how many times
 /// (across all its groups); panics on a `1026` (a number added twice to one
 /// group).
-fn registrations<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<String, usize> {
+pub(crate) fn registrations<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for g in rig.mock.ledger().groups {
         if g.custom_fields.get("batchId").map(String::as_str) != Some(batch) {
@@ -39,7 +39,7 @@ fn registrations<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<String, usize> {
 }
 
 /// The one report the webhook received for `batch` (waits for it).
-async fn the_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str) -> serde_json::Value {
+pub(crate) async fn the_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str) -> serde_json::Value {
     rig.wait_reported(&[batch.to_string()], Duration::from_secs(60))
         .await;
     wait_delivered(rig, hook, batch, Duration::from_secs(30)).await;
@@ -59,7 +59,7 @@ async fn the_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str) -> serde_json::Va
 }
 
 /// The dead letters, once there are at least `n` (bounded wait).
-async fn wait_dead_letters<R>(rig: &Rig<R>, n: usize) -> Vec<(String, String)> {
+pub(crate) async fn wait_dead_letters<R>(rig: &Rig<R>, n: usize) -> Vec<(String, String)> {
     wait_until("the dead letters arrive", Duration::from_secs(20), || {
         let store = rig.store.clone();
         async move { dead_letters(&store).await.len() >= n }

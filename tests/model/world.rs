@@ -34,6 +34,9 @@ pub enum Mutant {
     /// The send op without the `send/<gen>` marker and the provider's view:
     /// and a provider that sends a sent group again.
     SendWithoutMarker,
+    /// The send op without its claim (`claim_send.lua`): a cancel cannot
+    /// stop a send that has passed its checks.
+    SendWithoutClaim,
 }
 
 /// One ingest entry: a chunk as the producer wrote it.
@@ -85,6 +88,9 @@ pub struct Config {
     /// Operator closes (`groupcast close`), each at any time once the batch
     /// has recorded something.
     pub closes: u8,
+    /// Operator cancels (`groupcast cancel`), each at any time before the
+    /// batch reports.
+    pub cancels: u8,
     pub mutant: Option<Mutant>,
     /// Whether liveness is also claimed after Redis lost writes (it does
     /// not hold: docs/protocol.md, counterexamples).
@@ -205,6 +211,8 @@ pub enum Action {
     Expire,
     /// An operator closes the batch.
     Close,
+    /// An operator cancels the batch.
+    Cancel,
 }
 
 #[derive(Debug, Clone)]
@@ -225,6 +233,12 @@ pub struct World {
     pub redis_losses: u8,
     pub watchdog: u8,
     pub closes: u8,
+    pub cancels: u8,
+    /// Once a cancel took effect: the generations whose send was claimed
+    /// then (the only ones that may still be sent).
+    pub cancelled: Option<BTreeSet<u32>>,
+    /// A send the provider made after the cancel without a claim before it.
+    pub late_send: Option<String>,
 }
 
 const CHUNK_OPS: &str = "chunk";
@@ -258,6 +272,9 @@ impl World {
             redis_losses: cfg.redis_losses,
             watchdog: cfg.watchdog,
             closes: cfg.closes,
+            cancels: cfg.cancels,
+            cancelled: None,
+            late_send: None,
             cfg: std::rc::Rc::new(cfg),
         }
     }
@@ -386,13 +403,25 @@ impl World {
                     && !(self.synced_has(&format!("k:assign/{}", job.seq))
                         && self.synced_has(&format!("k:group/{}", job.gen)))
             }
-            ("send", 0) => {
-                self.field(&format!("k:send/{}", job.gen)).is_none()
-                    && self.field(&format!("k:ready/{}", job.gen)).is_some()
-                    && !self.synced_has(&format!("k:ready/{}", job.gen))
+            // After the claim: the ready event and the claim on disk (when
+            // they are gone, the step runs the item again from its top).
+            ("send", 2) => {
+                let facts = self.send_facts(job.gen);
+                facts.iter().all(|f| self.field(f).is_some())
+                    && !facts.iter().all(|f| self.synced_has(f))
             }
             _ => false,
         }
+    }
+
+    /// What a send rests on: its generation's `ready` event and its claim
+    /// (none, for the mutant that sends without one).
+    pub(crate) fn send_facts(&self, gen: u32) -> Vec<String> {
+        let mut f = vec![format!("k:ready/{gen}")];
+        if self.cfg.mutant != Some(Mutant::SendWithoutClaim) {
+            f.push(format!("k:claim/{gen}"));
+        }
+        f
     }
 
     /// How the scripts end the batch here.

@@ -53,6 +53,19 @@ async function getJson(path) {
 // Actions carry the custom header (the server refuses requests without it:
 // a cross-site form cannot send it) and the bearer token typed in the header.
 async function act(path) {
+  return post(path);
+}
+
+// An action on a batch (`close`, `cancel`), with the reason the operator
+// types; asks first, since neither can be undone.
+async function batchAction(batch, what, question) {
+  const reason = window.prompt(question + "\nReason (recorded in the batch's events):", what + "ed from the board");
+  if (reason === null) return;
+  const r = await post("/api/batches/" + encodeURIComponent(batch) + "/" + what + "?reason=" + encodeURIComponent(reason));
+  if (r) { show("batch " + batch + ": " + what + (what === "cancel" ? "led: " + r.stopped + " generation(s) stopped" : "d: " + r.missing + " missing seq(s)")); refresh(); }
+}
+
+async function post(path) {
   const token = sessionStorage.getItem("groupcast-board-token") || "";
   const headers = { "X-Groupcast-Board": "1" };
   if (token) headers["Authorization"] = "Bearer " + token;
@@ -156,7 +169,14 @@ function batchPage(b, events) {
       h("tbody", {}, events.events.map((e) => h("tr", {}, h("td", {}, e.time || e.id), h("td", {}, e.type), h("td", {}, e.summary)))))) : null;
   return [
     h("section", {}, h("div", { class: "toolbar" }, h("h1", {}, "Batch " + b.batch), badge(b.state || "queued"),
-      b.outcome ? h("strong", {}, b.outcome) : null),
+      b.outcome ? h("strong", {}, b.outcome) : null,
+      b.cancelled && !b.outcome ? h("strong", { id: "cancelled" }, "cancelled: " + b.cancelled) : null,
+      b.state !== "reported" && b.state !== "queued" && !b.cancelled ? h("button", { id: "close", disabled: b.readOnly,
+        title: b.readOnly ? "read-only board" : "stop waiting for missing seqs: send what was loaded, then report",
+        onclick: () => batchAction(b.batch, "close", "Close batch " + b.batch + "? Seqs not arrived are given up; what was loaded is sent.") }, "Close") : null,
+      b.state !== "reported" && !b.cancelled ? h("button", { id: "cancel", class: "danger", disabled: b.readOnly,
+        title: b.readOnly ? "read-only board" : "stop every generation whose send was not claimed yet",
+        onclick: () => batchAction(b.batch, "cancel", "Cancel batch " + b.batch + "? Generations not yet being sent are never sent; their groups are deleted.") }, "Cancel") : null),
       b.describe ? h("p", { class: "warn" }, b.describe) : null,
       h("p", {}, (b.chunks ?? 0) + " chunk(s) accepted of " + (b.lastSeq === null || b.lastSeq === undefined ? "?" : b.lastSeq + 1) +
         (b.queuedChunks ? ", " + b.queuedChunks + " more queued unread" : "") + "; " + (b.recipients ?? b.queuedRecipients ?? 0) + " recipients, " +

@@ -1,4 +1,6 @@
-//! `delete`: delete a group that lost the creation race, and record it.
+//! `delete`: delete a group that lost the creation race (or whose creator
+//! found the batch cancelled), or the group of a generation a cancel
+//! stopped, and record it.
 
 use crate::events::{Event, GroupDiscarded};
 use crate::keys::Priority;
@@ -35,7 +37,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
                 Ok(g) if g.status == GroupStatus::Deleted => {}
                 Ok(_) => {
                     return Ok(Outcome::Dead(format!(
-                        "cannot delete losing group {group_id}: {e}"
+                        "cannot delete group {group_id}: {e}"
                     )))
                 }
                 Err(ge) => return Ok(Outcome::from_provider(&ge)),

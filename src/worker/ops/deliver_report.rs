@@ -33,6 +33,12 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
             ))
         })
         .collect();
+    // Recipients in generations that were sent (all registered ones, unless
+    // a cancel stopped some generations).
+    let sent: Vec<u32> = (0..p.generations())
+        .filter(|&g| p.gen_field(g, "sent").is_some())
+        .collect();
+    let sent_recipients: i64 = sent.iter().map(|&g| p.gen_int(g, "reg")).sum();
     json!({
         "batchId": batch,
         "outcome": p.get("report"),
@@ -48,6 +54,11 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "closed": p.get(field::CLOSED),
         "sentSuccess": p.int("sent_success"),
         "sentFailed": p.int("sent_failed"),
+        "cancelled": p.cancelled(),
+        "stoppedGenerations": p.int(field::STOPPED),
+        "unsentRecipients": p.int(field::UNSENT),
+        "sentGenerations": sent.len(),
+        "sentRecipients": sent_recipients,
         "groups": groups,
     })
 }

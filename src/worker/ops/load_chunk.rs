@@ -130,8 +130,15 @@ async fn load<R: RecipientFields + Sync>(
             if matches!(outcome, Outcome::Dead(_)) {
                 // A repeat delivery racing the original can find the group
                 // already sent (400 InvalidGroupStatus): harmless if the chunk
-                // is recorded as loaded.
-                if log.is_loaded(gen, seq).await? {
+                // is recorded as loaded. A cancel deletes the group of a
+                // generation it stopped: nothing more is loaded into it.
+                let p = log
+                    .read(&[
+                        field::key(&event_key::loaded(gen, seq)),
+                        field::CANCELLED.to_string(),
+                    ])
+                    .await?;
+                if p.is_loaded(gen, seq) || p.cancelled().is_some() {
                     return Ok(Load::Handled(Outcome::Done));
                 }
             }

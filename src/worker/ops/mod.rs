@@ -31,7 +31,7 @@ pub enum Op {
     Send,
     /// Read a sent group until it finishes.
     Poll,
-    /// Delete a group that lost the creation race.
+    /// Delete a group that lost the creation race, or one a cancel stopped.
     Delete,
     /// POST the batch's report to the webhook.
     Report,

@@ -7,15 +7,24 @@
 //! silent rejection at the provider must never go out as a partial send. A
 //! `409` means another worker's send already happened.
 //!
+//! Right before the send, the send is *claimed* (`claim_send.lua`, the
+//! `send_claimed` event): the claim and a cancel are linearized on the
+//! batch's state, so either the cancel came first (the claim is refused and
+//! the group is never sent; the cancel deletes it) or the claim did (the
+//! cancel leaves the generation alone: it is sent and counted). A worker that
+//! crashes after the claim finds it again on the retry and sends.
+//!
 //! When Redis may lose its last acknowledged writes in a crash, the send also
-//! waits until the generation's `ready` event is older than
+//! waits until the generation's `ready` event and the claim are older than
 //! `config.durable_after`: a send must never rest on facts Redis can still
-//! take back (the generation would be redone in a new group and sent twice).
+//! take back (the generation would be redone in a new group and sent twice,
+//! or a cancel would stop a generation that was sent).
 
 use crate::events::{Event, SendRefused};
 use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
+use crate::store::batch::Claim;
 use crate::store::queue::DelayedEntry;
 use crate::worker::ops::{
     durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
@@ -46,12 +55,6 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
-    if let Some(delay) = durability_wait(ctx, &log, &[ready_id]).await? {
-        return Ok(wait_for_disk(
-            delay,
-            format!("generation {gen} just became ready"),
-        ));
-    }
     let Some(group_id) = p.group_of(gen).map(str::to_string) else {
         return Ok(Outcome::Dead(format!(
             "generation {gen} is ready but has no group"
@@ -85,6 +88,12 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         Ok(g) => g,
         Err(e) => return Ok(Outcome::from_provider(&e)),
     };
+    if group.status == GroupStatus::Deleted {
+        // Only a cancel deletes a generation's own group, and only one whose
+        // send was not claimed: this item is stale.
+        tracing::info!(batch = %item.batch, gen, group = %group_id, "group deleted by a cancel: not sent");
+        return Ok(Outcome::Done);
+    }
     if group.status != GroupStatus::Pending {
         log.sent(gen, &group_id, "already_sent", poll_ms, &poll)
             .await?;
@@ -111,6 +120,19 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         });
         log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
+    }
+    let claim = match log.claim_send(gen).await? {
+        Claim::Claimed(id) => id,
+        Claim::Cancelled(why) => {
+            tracing::info!(batch = %item.batch, gen, reason = %why, "batch cancelled before this generation's send: not sent");
+            return Ok(Outcome::Done);
+        }
+    };
+    if let Some(delay) = durability_wait(ctx, &log, &[ready_id, &claim]).await? {
+        return Ok(wait_for_disk(
+            delay,
+            format!("generation {gen} just became ready, or its send was just claimed"),
+        ));
     }
     if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);

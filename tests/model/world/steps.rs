@@ -125,9 +125,11 @@ impl World {
                         return self.retry(w, "load", item, Some(Self::payload(&job)));
                     }
                     Err(false) => {
+                        // Loaded by a racer, or the group deleted by a cancel.
                         if self
                             .field(&format!("k:loaded/{}/{}", job.gen, job.seq))
                             .is_some()
+                            || self.field("cancelled").is_some()
                         {
                             return self.ack(w);
                         }
@@ -179,7 +181,9 @@ impl World {
                 job.pc = ACK;
             }
             ("create", 0) => {
-                if self.field(&format!("g:{}:group", job.gen)).is_some() {
+                if self.field(&format!("g:{}:group", job.gen)).is_some()
+                    || self.field("cancelled").is_some()
+                {
                     return self.ack(w);
                 }
                 if answer != Answer::Fail {
@@ -207,6 +211,7 @@ impl World {
                 }
                 let r = protocol::record_group(&mut self.redis.db, BATCH, job.gen, &group);
                 self.sync_work();
+                // Lost the race, or the batch was cancelled: ours is deleted.
                 job.pc = if r[0] == "won" { ACK } else { 2 };
             }
             ("create", 2) => {
@@ -240,6 +245,10 @@ impl World {
                 }
                 let gi = Self::group_index(&group).unwrap_or(0);
                 let marker = self.cfg.mutant != Some(Mutant::SendWithoutMarker);
+                if self.groups[gi].status == GroupStatus::Deleted {
+                    // Only a cancel deletes a generation's own group.
+                    return self.ack(w);
+                }
                 if marker && self.groups[gi].status != GroupStatus::Pending {
                     job.outcome = "already_sent";
                     job.pc = 3;
@@ -261,15 +270,40 @@ impl World {
                         );
                         return self.dead(w, format!("send of {group} refused: counts differ"));
                     }
-                    job.pc = 2;
+                    job.pc = 4;
                 }
             }
+            ("send", 4) => {
+                // The claim, linearized with a cancel on the batch's state.
+                if self.cfg.mutant != Some(Mutant::SendWithoutClaim) {
+                    let r = protocol::claim_send(&mut self.redis.db, BATCH, job.gen);
+                    if r[0] == "cancelled" {
+                        return self.ack(w);
+                    }
+                }
+                job.pc = 2;
+            }
             ("send", 2) => {
+                // The durability wait is a delayed retry of the whole item:
+                // facts Redis lost meanwhile are read again from the top.
+                if (self.send_facts(job.gen).iter()).any(|f| self.field(f).is_none()) {
+                    job.pc = 0;
+                    self.workers[w] = Some(job);
+                    return;
+                }
                 let group = job.group.clone().unwrap_or_default();
                 let gi = Self::group_index(&group).unwrap_or(0);
                 let resend = self.cfg.mutant == Some(Mutant::SendWithoutMarker);
                 if answer != Answer::Fail {
                     if self.groups[gi].status == GroupStatus::Pending || resend {
+                        if let Some(claimed) = &self.cancelled {
+                            if !claimed.contains(&job.gen) {
+                                self.late_send = Some(format!(
+                                    "group {group} (generation {}) was sent after the cancel, its send not claimed before it",
+                                    job.gen
+                                ));
+                            }
+                        }
                         self.groups[gi].status = GroupStatus::Sent;
                         self.groups[gi].sends += 1;
                         self.groups[gi].complete_when_sent = self.complete(job.gen, gi);

@@ -79,6 +79,9 @@ impl Model for World {
         if self.closes > 0 && recorded && !reported {
             out.push(Action::Close);
         }
+        if self.cancels > 0 && !reported {
+            out.push(Action::Cancel);
+        }
         let quiet = deliveries.iter().all(|(_, d)| *d == Delivery::Acked)
             && self.workers.iter().all(Option::is_none);
         if self.cfg.retention && quiet && self.redis.db.batch(BATCH).is_some_and(|b| b.expiring) {
@@ -149,6 +152,20 @@ impl Model for World {
                 let policy = s.policy();
                 protocol::close(&mut s.redis.db, BATCH, &policy, "operator");
                 s.sync_work();
+            }
+            Action::Cancel => {
+                s.cancels -= 1;
+                let policy = s.policy();
+                let r = protocol::cancel(&mut s.redis.db, BATCH, &policy, "operator");
+                s.sync_work();
+                if r[0] == "cancelled" && s.cancelled.is_none() {
+                    let top = protocol::num(s.field("gen"));
+                    s.cancelled = Some(
+                        (0..=top as u32)
+                            .filter(|g| s.field(&format!("k:claim/{g}")).is_some())
+                            .collect(),
+                    );
+                }
             }
         }
         // A report decided by this step (whichever script decided it).
@@ -253,8 +270,10 @@ impl Model for World {
                 self.redis_losses,
                 self.watchdog,
                 self.closes,
+                self.cancels,
             ),
         );
+        put(h, &(&self.cancelled, &self.late_send));
     }
 
     fn always(&self) -> Option<String> {
@@ -313,6 +332,11 @@ impl Model for World {
                 }
             }
         }
+        // 10. Nothing is sent after a cancel unless its send was claimed
+        // before it.
+        if let Some(v) = &self.late_send {
+            return Some(v.clone());
+        }
         // 4. The report decided once.
         if self.reports.len() > 1 {
             return Some(format!(
@@ -341,6 +365,22 @@ impl Model for World {
         }
         if self.cfg.webhook && self.webhook == 0 {
             return Some("the report never reached the webhook".into());
+        }
+        // 11. A cancelled batch reports `cancelled`; its stopped
+        // generations' groups are deleted, never sent.
+        if self.cancelled.is_some() {
+            let report = self.reports.iter().next().map_or("", String::as_str);
+            if !report.starts_with("cancelled ") {
+                return Some(format!("cancelled, but the report says {report:?}"));
+            }
+            for (i, g) in self.groups.iter().enumerate() {
+                if g.status == GroupStatus::Pending && !g.members.is_empty() {
+                    return Some(format!(
+                        "cancelled: group P{i} holds recipients, neither sent nor deleted"
+                    ));
+                }
+            }
+            return None;
         }
         // 5. Nothing lost: every recipient of every accepted chunk is in a sent group.
         let sent: BTreeSet<u8> = self
@@ -427,7 +467,7 @@ impl Model for World {
             // A close is what ends a batch whose chunks do not all arrive
             // (or whose `last` is wrong); a batch that is whole must end
             // without one.
-            Action::Close => !self.cfg.whole(),
+            Action::Close | Action::Cancel => !self.cfg.whole(),
         }
     }
 
@@ -495,6 +535,7 @@ impl Model for World {
                         ("send", 1) => format!("provider GET {:?} + count check", j.group),
                         ("send", 2) => format!("provider send {:?}", j.group),
                         ("send", 3) => "sent.lua".into(),
+                        ("send", 4) => "claim_send.lua".into(),
                         ("poll", 0) => "provider GET, completed.lua".into(),
                         ("delete", 0) => format!("provider delete {:?}", j.group),
                         ("delete", 1) => "append group_discarded".into(),
@@ -519,6 +560,7 @@ impl Model for World {
             Action::Watchdog => "watchdog finds the batch quiet".into(),
             Action::Expire => "retention expires the batch's keys".into(),
             Action::Close => "an operator closes the batch".into(),
+            Action::Cancel => "an operator cancels the batch".into(),
         }
     }
 }

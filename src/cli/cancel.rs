@@ -1,0 +1,82 @@
+//! `groupcast cancel`: stop a batch. Nothing of it goes out that had not
+//! been claimed for sending: every generation whose send was not claimed is
+//! stopped (never sent, its group deleted at the provider); a generation
+//! whose send was claimed goes out and is counted. Later chunks are
+//! refused, and the batch reports `cancelled` with the counts of what was
+//! sent. Running it again changes nothing and answers the same.
+//!
+//! Exit codes: 0 when the batch is cancelled (now or before, or never seen:
+//! then it is remembered as cancelled, so that its chunks are refused when
+//! they come); 1 when it had already reported otherwise (nothing to stop)
+//! or Redis failed; 2 for a bad batch id.
+
+use clap::Args;
+
+use super::close::batch_log;
+use super::{CliError, RedisArgs};
+use crate::store::batch::Cancelling;
+use crate::worker::WorkerConfig;
+
+/// Cancel flags.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// The batch to cancel.
+    pub batch: String,
+    /// Why, recorded in the batch's `batch_cancelled` event.
+    #[arg(long, default_value = "cancelled by an operator")]
+    pub reason: String,
+    /// How long the batch's events are kept once it reports (use the
+    /// workers' `--retention`).
+    #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = super::worker::duration)]
+    pub retention: humantime::Duration,
+}
+
+/// Runs `groupcast cancel`.
+pub async fn run(args: CancelArgs) -> Result<(), CliError> {
+    let log = batch_log(&args.redis, &args.batch, args.retention).await?;
+    let b = &args.batch;
+    match log.cancel(&args.reason).await? {
+        Cancelling::Cancelled { seen: false, .. } => {
+            println!(
+                "batch {b}: cancelled, never seen: no chunk of it was recorded (check the batch id and --prefix); \
+                 it is remembered as cancelled and reported so, and its chunks are refused when they come"
+            );
+            Ok(())
+        }
+        Cancelling::Cancelled {
+            stopped, unsent, ..
+        } => {
+            let p = log.state().await?;
+            let sending: Vec<u32> = (0..p.generations())
+                .filter(|&g| {
+                    p.gen_field(g, "claimed").is_some() || p.gen_field(g, "sent").is_some()
+                })
+                .collect();
+            let reason = p.cancelled().unwrap_or(&args.reason);
+            println!(
+                "batch {b}: cancelled ({reason}); {stopped} generation(s) stopped, never sent \
+                 ({unsent} registered recipient(s); their groups are deleted at the provider)"
+            );
+            if !sending.is_empty() {
+                println!(
+                    "batch {b}: {} generation(s) had their send claimed before the cancel and go out: {sending:?}",
+                    sending.len()
+                );
+            }
+            match p.report() {
+                Some(outcome) => println!("batch {b}: reported ({outcome})"),
+                None => println!("batch {b}: it reports `cancelled` once those are done"),
+            }
+            Ok(())
+        }
+        Cancelling::AlreadyReported(outcome) => Err(CliError::Failed(format!(
+            "batch {b}: already reported ({outcome}): everything it had was sent; nothing to cancel"
+        ))),
+        Cancelling::Forgotten => Err(CliError::Failed(format!(
+            "batch {b}: already reported, and its events have expired: nothing to cancel"
+        ))),
+    }
+}

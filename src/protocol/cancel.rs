@@ -1,0 +1,110 @@
+//! `cancel.lua`: cancel a batch. Every generation that is not done and whose
+//! send was not claimed is stopped (closed, done with status `cancelled`,
+//! its group deleted by a `delete` work item); claimed ones are sent and
+//! counted. The batch takes no more chunks and reports `cancelled` once
+//! every generation is done. A batch never seen reports at once.
+//! Idempotent: run again, it answers the same.
+
+use super::settle::{tombstoned, try_report};
+use super::{reply, tonumber, work_item, BatchPolicy, Db, Run};
+use crate::events::{BatchCancelled, Event, GenerationClosed, GroupCompleted};
+
+/// `cancel.lua` for `reason`. Returns `cancelled, stopped, unsent, seen
+/// 0|1`, `reported, outcome` or `forgotten`.
+pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> Vec<String> {
+    let mut r = Run::new(db, batch);
+    let seen = r.get("seqs").is_some() || r.get("holes").is_some() || r.get("rejected").is_some();
+    let seen_flag = if seen { "1" } else { "0" };
+    if r.get("cancelled").is_some() {
+        let (stopped, unsent) = (r.get("stopped"), r.get("unsent"));
+        return reply([
+            "cancelled",
+            stopped.as_deref().unwrap_or_default(),
+            unsent.as_deref().unwrap_or_default(),
+            seen_flag,
+        ]);
+    }
+    if let Some(o) = r.get("report") {
+        return reply(["reported", &o]);
+    }
+    if tombstoned(&r, !seen) {
+        return reply(["forgotten"]);
+    }
+    let (mut stopped, mut sending, mut stop, mut unsent) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    if let Some(top) = tonumber(r.get("gen").as_deref()) {
+        for g in 0..=top as u32 {
+            let gk = |f: &str| format!("g:{g}:{f}");
+            if r.get(&format!("k:done/{g}")).is_some() {
+                continue;
+            }
+            if r.get(&format!("k:claim/{g}")).is_some() || r.get(&format!("k:send/{g}")).is_some() {
+                sending.push(g);
+                continue;
+            }
+            stopped.push(g);
+            stop.push((
+                g,
+                r.get(&gk("closed")).is_some(),
+                r.get(&gk("group")),
+                r.num(&gk("c")),
+                r.num(&gk("n")),
+            ));
+            unsent += r.num(&gk("reg"));
+        }
+    }
+    let n = stopped.len();
+    r.emit(
+        "cancelled",
+        Event::BatchCancelled(BatchCancelled {
+            reason: reason.into(),
+            stopped,
+            sending,
+            unsent: unsent as u64,
+        }),
+        true,
+    );
+    r.put("cancelled", reason);
+    r.put("stopped", n);
+    r.put("unsent", unsent);
+    for (g, closed, group, c, recipients) in &stop {
+        let g = *g;
+        if !closed {
+            r.emit(
+                &format!("close/{g}"),
+                Event::GenerationClosed(GenerationClosed {
+                    gen: g,
+                    reason: "cancelled".into(),
+                    chunks: *c as u32,
+                    recipients: *recipients as u32,
+                }),
+                true,
+            );
+            r.put(format!("g:{g}:closed"), "cancelled");
+        }
+        r.emit(
+            &format!("done/{g}"),
+            Event::GroupCompleted(GroupCompleted {
+                gen: g,
+                group_id: group.clone().unwrap_or_default(),
+                status: "cancelled".into(),
+                sent_success: 0,
+                sent_failed: 0,
+            }),
+            true,
+        );
+        r.put(format!("g:{g}:done"), "cancelled");
+        if let Some(group) = group {
+            let item = work_item(batch, g, None, Some(group));
+            r.db.add_work("delete", item, None);
+        }
+    }
+    r.flush();
+    if !stop.is_empty() {
+        // HINCRBY, as the fold does (an increment creates the field).
+        r.incr("done", stop.len() as i64);
+        r.incr("sent_success", 0);
+        r.incr("sent_failed", 0);
+    }
+    try_report(&mut r, policy);
+    reply(["cancelled", &n.to_string(), &unsent.to_string(), seen_flag])
+}
