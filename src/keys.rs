@@ -225,6 +225,12 @@ impl Keyspace {
     pub fn limiter_share(&self, lane: Priority) -> String {
         format!("{}:{{limiter}}:share:{}", self.prefix, lane.name())
     }
+    /// The key a `WAITAOF` round writes before it waits (see
+    /// [`crate::store::aof`]); expires a minute after the last round.
+    pub fn fsync_marker(&self) -> String {
+        format!("{}:{{fsync}}:marker", self.prefix)
+    }
+
     /// The lock that lets one watchdog scan at a time.
     pub fn watchdog_lock(&self) -> String {
         format!("{}:{{watchdog}}:lock", self.prefix)

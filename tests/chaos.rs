@@ -3,15 +3,21 @@
 //! provider that answers 5xx, drops answers after acting, rate-limits and
 //! stalls, while four batches that roll over the group cap flow through.
 //!
-//! - `chaos_appendfsync_always`: every invariant must hold, from our events
-//!   (`verify_batch`, with the provider's view) and from the provider's
-//!   ledger; one report per batch; no dead letter.
-//! - `chaos_appendfsync_everysec`: the same, but two of the three Redis kills
-//!   simulate a power loss (the AOF loses its last second). A violation the
-//!   ledger shows that `verify_batch` does not is a failure; beyond that,
-//!   since adds and sends wait until what they rely on is on disk, the ledger
-//!   must be clean, every batch reported, and `verify_batch` may only say that
-//!   writes were lost. Findings: `docs/durability.md`.
+//! The workers run with the default `--durability auto`.
+//!
+//! - `chaos_appendfsync_always` (Valkey): every invariant must hold, from our
+//!   events (`verify_batch`, with the provider's view) and from the
+//!   provider's ledger; one report per batch; no dead letter.
+//! - `chaos_appendfsync_everysec` (Redis 7.0, the fixed window): the same,
+//!   but two of the three Redis kills simulate a power loss (the AOF loses
+//!   its last second). A violation the ledger shows that `verify_batch` does
+//!   not is a failure; beyond that, since adds and sends wait until what they
+//!   rely on is on disk, the ledger must be clean, every batch reported, and
+//!   `verify_batch` may only say that writes were lost. Findings:
+//!   `docs/durability.md`.
+//! - `chaos_waitaof_everysec` (Valkey, `--durability waitaof`): the same,
+//!   the power loss cutting the AOF back to the last write `WAITAOF`
+//!   confirmed.
 //! - `chaos_provider_outage`: as `always`, plus a 30 s provider outage (every
 //!   request 5xx, longer than the old attempt-counted retry budget) starting
 //!   mid-run: every batch must still end with one report, 0 violations, no
@@ -30,7 +36,7 @@ use groupcast::cli::worker::{check_server, Durability as CliDurability};
 use groupcast::mock::invariants;
 use groupcast::provider::GroupStatus;
 use groupcast::verify::verify_batch;
-use harness::{Durability, Plan, Rig};
+use harness::{Durability, Plan, Rig, Server};
 use rand::Rng;
 
 /// What the ledger and our verification say about one batch.
@@ -390,10 +396,14 @@ fn summary_line(rig: &Rig, violations: usize, extra: &str) -> String {
     )
 }
 
+/// On Valkey (a server with `WAITAOF`): the workers' `--durability auto`
+/// sees `appendfsync always` and does not wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_appendfsync_always() {
     always("chaos_appendfsync_always", |rng| {
-        Plan::random(Durability::Always, rng, 2)
+        let mut plan = Plan::random(Durability::Always, rng, 2);
+        plan.server = Server::Valkey;
+        plan
     })
     .await;
 }
@@ -474,12 +484,34 @@ async fn always(name: &str, plan: impl FnOnce(&mut rand::rngs::StdRng) -> Plan) 
     );
 }
 
+/// On Debian's Redis 7.0 (no `WAITAOF`): `--durability auto` waits the
+/// fixed window; a power loss cuts the AOF back one second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_appendfsync_everysec() {
+    everysec("chaos_appendfsync_everysec", Server::Redis, "auto").await;
+}
+
+/// On Valkey 8.1.8 with `--durability waitaof` (its `auto` waits the window:
+/// its WAITAOF confirms before the fsync): adds and sends wait for WAITAOF,
+/// group-committed, and a power loss cuts the AOF back to the last write
+/// that WAITAOF confirmed (the probe in the harness): what a server whose
+/// confirmations are true may lose. This checks that every add and send
+/// waits for a confirmation that covers every event it relies on, its own
+/// process's or another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_waitaof_everysec() {
+    everysec("chaos_waitaof_everysec", Server::Valkey, "waitaof").await;
+}
+
+async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
     let seed = harness::seed();
-    eprintln!("chaos: seed={seed} (rerun: CHAOS_SEED={seed} cargo test --release --test chaos chaos_appendfsync_everysec)");
+    eprintln!(
+        "chaos: seed={seed} (rerun: CHAOS_SEED={seed} cargo test --release --test chaos {name})"
+    );
     let mut rng = harness::rng(seed);
-    let plan = Plan::random(Durability::Everysec, &mut rng, 3);
+    let mut plan = Plan::random(Durability::Everysec, &mut rng, 3);
+    plan.server = server;
+    plan.worker_durability = worker_durability;
     let mut rig = Rig::start(seed, rng, plan).await;
     rig.log(format!("plan: {:?}", rig.plan));
     // A worker expecting `always` warns about this server; one expecting
@@ -536,7 +568,7 @@ async fn chaos_appendfsync_everysec() {
             silent.push(format!("{b} (dead letters)"));
         }
         // Beyond detection: the adds and sends wait until what they rely on
-        // is on disk (durable_after), so a lost second breaks nothing at the
+        // is on disk (`--durability`), so a lost second breaks nothing at the
         // provider; what verify may say is only that writes were lost.
         if ledger_bad {
             failures.push(format!(
@@ -562,9 +594,10 @@ async fn chaos_appendfsync_everysec() {
         .map(|(k, n)| format!("{k}:{n}"))
         .collect();
     let extra = format!(
-        " broken_batches={broken} detected={detected} silent={} lost_writes_flagged={lost_flagged} all_reported={all_reported} canary_lost=[{}]",
+        " broken_batches={broken} detected={detected} silent={} lost_writes_flagged={lost_flagged} all_reported={all_reported} canary_lost=[{}] aof_bytes_cut={:?}",
         silent.len(),
-        losses.join(",")
+        losses.join(","),
+        rig.stats.power_loss_bytes
     );
     let violations: usize = found.values().map(|f| f.ledger.len()).sum();
     let line = summary_line(&rig, violations, &extra);
@@ -576,13 +609,30 @@ async fn chaos_appendfsync_everysec() {
         rig.dump().await
     );
     // The power losses did take acknowledged writes away (else this test
-    // tests nothing).
-    for (kind, lost) in &rig.stats.redis_losses {
-        if *kind == "power-loss" {
-            assert!(
-                *lost > 0,
-                "seed={seed}: a simulated power loss lost nothing"
-            );
+    // tests nothing). A second back (the window path) always takes canary
+    // increments; the last WAITAOF confirmation of a server that confirms
+    // within a tick is only milliseconds back, so there the AOF bytes cut
+    // away (acknowledged, not confirmed) are the measure.
+    assert_eq!(
+        rig.stats.power_loss_bytes.len(),
+        2,
+        "seed={seed}: {:?}",
+        rig.stats.power_loss_bytes
+    );
+    for dropped in &rig.stats.power_loss_bytes {
+        assert!(
+            *dropped > 0,
+            "seed={seed}: a simulated power loss cut nothing away"
+        );
+    }
+    if server == Server::Redis {
+        for (kind, lost) in &rig.stats.redis_losses {
+            if *kind == "power-loss" {
+                assert!(
+                    *lost > 0,
+                    "seed={seed}: a simulated power loss lost nothing"
+                );
+            }
         }
     }
     assert!(

@@ -530,12 +530,6 @@ async fn the_durability_wait_reads_the_clock_of_the_batchs_master() {
     // must compare with that master's clock, never with another's.
     let cluster = cluster();
     let store = store_on(&cluster, 6).await;
-    let provider = unreachable_provider();
-    let config = WorkerConfig {
-        durable_after: Duration::from_secs(60),
-        ..test_config()
-    };
-    let ctx = groupcast::worker::Ctx::new(store.clone(), provider, config);
     let stall = Event::BatchStalled(BatchStalled {
         quiet_since_ms: 1,
         quiet_for_ms: 2,
@@ -549,7 +543,7 @@ async fn the_durability_wait_reads_the_clock_of_the_batchs_master() {
         let before: Vec<u64> = (0..cluster.len())
             .map(|n| time_calls(&cluster, n))
             .collect();
-        let wait = groupcast::worker::ops::durability_wait(&ctx, &log, &[&id])
+        let wait = groupcast::worker::ops::durability_wait(&log, Duration::from_secs(60), &[&id])
             .await
             .expect("durability wait");
         // Just appended: nearly the whole minute is left to wait.

@@ -58,6 +58,10 @@ const NOT_PROVOKED: &[(&str, &str)] = &[
         "the provider's registered count disagreeing with our events",
     ),
     (
+        "groupcast_fsync_wait_seconds",
+        "a server with WAITAOF and appendfsync everysec (the scraped run's has no AOF)",
+    ),
+    (
         "groupcast_redis_writes_lost_total",
         "Redis losing acknowledged writes (a restart without its log)",
     ),

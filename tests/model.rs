@@ -317,15 +317,16 @@ fn configurations() -> Vec<Exhaustive> {
             },
             mutants: &[SendWithoutMarker],
         },
-        // An operator's cancel at any point, two generations racing it.
+        // An operator's cancel at any point, two generations racing it; a crash.
         Exhaustive {
             cfg: Config {
                 ingest: vec![chunk(0, false, &[1, 2]), chunk(1, true, &[3])],
                 cap: 2,
                 cancels: 1,
-                ..base("cancel-racing-sends")
+                crashes: 1,
+                ..base("cancel-racing-sends-crash")
             },
-            mutants: &[SendWithoutClaim],
+            mutants: &[SendWithoutClaim, SendWithoutMarker],
         },
         // Three workers, a wrong `last` (seqs 1 and 2 both flagged last):
         // whichever comes first ends the batch, or the operator's close

@@ -12,7 +12,9 @@
 //! - [`overview`]: read-only queries for operators (stream health, queued
 //!   batches, dead letters and their redrive).
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
+//! - [`aof`]: waiting until events are on disk (`WAITAOF`, group-committed).
 
+pub mod aof;
 pub mod batch;
 pub mod coord;
 pub mod info;
@@ -329,6 +331,30 @@ impl RedisTarget {
         }
     }
 
+    /// Opens a connection of its own that never reconnects by itself (once
+    /// broken, every later command fails), with `reply_timeout`: for
+    /// commands whose meaning depends on the connection's own history
+    /// (`WAITAOF`, see [`aof`]). Single servers only.
+    pub async fn connect_dedicated(
+        &self,
+        reply_timeout: Duration,
+    ) -> StoreResult<MultiplexedConnection> {
+        match &self.kind {
+            TargetKind::Single(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(reply_timeout))
+                    .set_connection_timeout(Some(Duration::from_secs(5)));
+                Ok(client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?)
+            }
+            TargetKind::Cluster { .. } => Err(StoreError::Config {
+                url: self.redacted(),
+                reason: "WAITAOF waits are for single servers, not a cluster".into(),
+            }),
+        }
+    }
+
     /// Opens a connection for blocking reads: no reply timeout on a single
     /// server, [`CLUSTER_BLOCKING_REPLY_TIMEOUT`] on a cluster (a blocking
     /// `XREADGROUP` would otherwise hit redis-rs' default 500 ms one).
@@ -450,6 +476,19 @@ impl Store {
     #[doc(hidden)]
     pub fn raw_conn(&self) -> RedisConn {
         self.conn.clone()
+    }
+
+    /// The `WAITAOF` waiter of this process (see [`aof`]): `replicas`
+    /// replica acknowledgements besides the local fsync.
+    pub fn aof_waiter(&self, replicas: u32) -> aof::AofWaiter {
+        aof::AofWaiter::new(self.target.clone(), self.keys.fsync_marker(), replicas)
+    }
+
+    /// How fast this server's `WAITAOF` confirms a write (see
+    /// [`aof::confirmation_delay`]): under `everysec`, well under a second
+    /// means it confirms writes that are not fsynced yet.
+    pub async fn waitaof_confirmation_delay(&self) -> StoreResult<Duration> {
+        aof::confirmation_delay(&self.target, &self.keys.fsync_marker(), 2).await
     }
 
     /// A fresh connection for blocking reads.

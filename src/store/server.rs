@@ -36,6 +36,18 @@ impl Store {
         }
     }
 
+    /// Whether this connection may use `WAITAOF` (Redis/Valkey 7.2+, and
+    /// allowed by the ACL): `WAITAOF 0 0 0` answers at once where it works.
+    pub async fn waitaof_works(&self) -> bool {
+        redis::cmd("WAITAOF")
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .query_async::<Value>(&mut self.conn.clone())
+            .await
+            .is_ok()
+    }
+
     /// A section of `INFO` (of the server the command lands on).
     pub async fn info(&self, section: &str) -> StoreResult<String> {
         Ok(redis::cmd("INFO")

@@ -32,6 +32,32 @@ impl Role {
     }
 }
 
+/// What an add or a send waits for before it goes out (see
+/// [`WorkerConfig::durable`] and `docs/durability.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DurableWait {
+    /// Nothing: Redis keeps every acknowledged write (`appendfsync always`),
+    /// or nothing is expected to survive a crash (no AOF).
+    None,
+    /// Until the events relied on have been in Redis this long (the entry
+    /// ids' clock): a timing argument for servers without `WAITAOF`.
+    Window(Duration),
+    /// Until `WAITAOF 1 <replicas>` confirms that they are fsynced to the
+    /// AOF (and acknowledged by that many replicas): exact, Redis/Valkey
+    /// 7.2 or newer, one call per round for every waiter of the process.
+    WaitAof {
+        /// Replicas that must have them too (`--replicas-ack`).
+        replicas: u32,
+    },
+}
+
+impl DurableWait {
+    /// Whether adds and sends wait at all.
+    pub fn waits(self) -> bool {
+        self != DurableWait::None
+    }
+}
+
 /// How a worker behaves.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -102,16 +128,15 @@ pub struct WorkerConfig {
     pub gauge_interval: Duration,
     /// How long a blocking read waits for new entries. Default 2 s.
     pub block: Duration,
-    /// How long the event that made a generation ready must have been in
-    /// Redis before the generation's send goes out. When Redis may lose the
-    /// last second of acknowledged writes in a crash (`appendfsync
-    /// everysec`), a send that relied on facts Redis then lost would see the
-    /// generation redone in a new group and sent a second time; waiting until
-    /// those facts are on disk rules that out. 0 when Redis writes every
-    /// acknowledged write to disk first (`appendfsync always`). Default 0;
-    /// `groupcast worker` sets it from the server's settings (see
-    /// `docs/durability.md`).
-    pub durable_after: Duration,
+    /// What a provider add or send waits for before it goes out: until
+    /// Redis has the events it relies on on disk. When Redis may lose its
+    /// last acknowledged writes in a crash (`appendfsync everysec`, a
+    /// failover), an add or send resting on facts Redis then lost would see
+    /// the chunk reassigned or the generation redone in a new group, and
+    /// recipients registered or sent twice. Default [`DurableWait::None`];
+    /// `groupcast worker` chooses it from `--durability` and the server's
+    /// settings (see `docs/durability.md`).
+    pub durable: DurableWait,
     /// How long shutdown waits for in-flight entries. Default 10 s.
     pub drain_timeout: Duration,
 }
@@ -185,7 +210,7 @@ impl Default for WorkerConfig {
             watchdog_interval: Self::WATCHDOG_INTERVAL,
             gauge_interval: Self::GAUGE_INTERVAL,
             block: Self::BLOCK,
-            durable_after: Duration::ZERO,
+            durable: DurableWait::None,
             drain_timeout: Self::DRAIN_TIMEOUT,
         }
     }

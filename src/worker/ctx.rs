@@ -41,6 +41,9 @@ pub struct Ctx {
     /// This process's consumer name: unique per process start, so that a
     /// restarted worker never inherits (and hides) a dead one's entries.
     pub consumer: String,
+    /// The `WAITAOF` waiter, when adds and sends wait with it
+    /// ([`crate::worker::DurableWait::WaitAof`]).
+    pub aof: Option<crate::store::aof::AofWaiter>,
     gen_hints: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
@@ -54,6 +57,10 @@ impl Ctx {
             config.rate_burst,
             config.bulk_share,
         );
+        let aof = match config.durable {
+            crate::worker::DurableWait::WaitAof { replicas } => Some(store.aof_waiter(replicas)),
+            _ => None,
+        };
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
         Ctx {
             store,
@@ -65,6 +72,7 @@ impl Ctx {
                 .unwrap_or_default(),
             consumer: format!("{host}-{}-{}", std::process::id(), ulid::Ulid::new()),
             gen_hints: Default::default(),
+            aof,
             config,
         }
     }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use config::{Role, WorkerConfig};
+pub use config::{DurableWait, Role, WorkerConfig};
 pub use ctx::{Ctx, Handled};
 
 use crate::keys::Priority;

@@ -39,6 +39,15 @@ pub enum Durability {
     Everysec,
 }
 
+/// Which server runs: Debian's Redis 7.0 (no `WAITAOF`: the workers'
+/// `--durability auto` waits the fixed window under everysec) or Valkey 8.1
+/// (`WAITAOF`: they wait for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    Redis,
+    Valkey,
+}
+
 impl Durability {
     pub fn appendfsync(self) -> &'static str {
         match self {
@@ -52,6 +61,9 @@ impl Durability {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub durability: Durability,
+    pub server: Server,
+    /// The workers' `--durability` (default `auto`).
+    pub worker_durability: &'static str,
     pub workers: usize,
     pub cap: u64,
     /// (batch id, recipients, chunk size, submitted after)
@@ -94,6 +106,8 @@ impl Plan {
         redis_kills_at.sort_by(f64::total_cmp);
         Plan {
             durability,
+            server: Server::Redis,
+            worker_durability: "auto",
             workers: 3,
             cap: 1_000,
             batches,
@@ -147,6 +161,9 @@ pub struct Stats {
     pub outages: u32,
     /// Per Redis kill: (kind, canary increments acknowledged but lost).
     pub redis_losses: Vec<(&'static str, u64)>,
+    /// Per simulated power loss: AOF bytes cut away (writes acknowledged to
+    /// their clients but not confirmed on disk).
+    pub power_loss_bytes: Vec<u64>,
 }
 
 /// Samples the AOF's current incremental file size, to know what a power
@@ -154,6 +171,13 @@ pub struct Stats {
 #[derive(Default)]
 struct AofSamples {
     samples: VecDeque<(Instant, PathBuf, u64)>,
+    /// On a server with `WAITAOF` under everysec: the file size read right
+    /// after the last real fsync was confirmed (see [`Rig::spawn_fsync_probe`]).
+    fsynced: Option<(Instant, PathBuf, u64)>,
+    /// The confirmation before that one.
+    previous: Option<Instant>,
+    /// Probe calls finished (confirmed or failed).
+    probe_settled: u64,
 }
 
 pub struct Rig {
@@ -196,9 +220,17 @@ impl Rig {
         common::init_tracing();
         let dir = tempfile::tempdir().expect("temp dir");
         let redis_dir = dir.path().join("redis");
+        let program = match plan.server {
+            Server::Redis => None,
+            Server::Valkey => Some(
+                groupcast::redis_server::valkey_server()
+                    .unwrap_or_else(|e| panic!("this chaos test needs valkey-server: {e}")),
+            ),
+        };
         let server = RedisServer::start_with(ServerOptions {
             args: redis_args(plan.durability),
             dir: Some(redis_dir),
+            program,
             ..ServerOptions::default()
         })
         .unwrap_or_else(|e| panic!("chaos needs a real redis-server: {e}"));
@@ -245,7 +277,77 @@ impl Rig {
             extra_worker_args: Vec::new(),
         };
         rig.spawn_samplers();
+        if rig.exact_power_loss() {
+            rig.spawn_fsync_probe();
+        }
         rig
+    }
+
+    /// Whether a simulated power loss cuts the AOF at the last write WAITAOF
+    /// confirmed (a server with `WAITAOF` under everysec) rather than one
+    /// second back.
+    fn exact_power_loss(&self) -> bool {
+        self.plan.server == Server::Valkey && self.plan.durability == Durability::Everysec
+    }
+
+    /// Finds the last write `WAITAOF` confirmed: on a connection of its own,
+    /// `INCR` a probe key and `WAITAOF 1 0 0` (which returns once the server
+    /// counts the INCR as fsynced), then read the file size, over and over.
+    /// The size read right after a confirmation is at least what it covered;
+    /// the probe asks again at once, so the next confirmation comes with the
+    /// server's next one. A power loss cut at the last such size loses
+    /// nothing the server confirmed (to the probe or to a worker's WAITAOF),
+    /// provided no confirmation came between that read and the kill:
+    /// `kill_redis` waits for the probe's call in flight at the kill (a
+    /// confirmation then is read after the kill: nothing is cut).
+    fn spawn_fsync_probe(&mut self) {
+        let aof = self.aof.clone();
+        let dir = self.aof_dir();
+        let stop = self.stop.clone();
+        let url = self.server.url();
+        let key = format!("{PREFIX}:fsync-probe");
+        tokio::spawn(async move {
+            let client = redis::Client::open(url.as_str()).expect("probe client");
+            let mut conn = None;
+            while !stop.load(Ordering::Relaxed) {
+                if conn.is_none() {
+                    conn = client.get_multiplexed_async_connection().await.ok();
+                    if conn.is_none() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                }
+                let Some(c) = conn.as_mut() else { continue };
+                let r: redis::RedisResult<(u64, (u64, u64))> = redis::pipe()
+                    .cmd("INCR")
+                    .arg(&key)
+                    .cmd("WAITAOF")
+                    .arg(1)
+                    .arg(0)
+                    .arg(0)
+                    .query_async(c)
+                    .await;
+                let mut a = aof.lock().expect("aof samples");
+                a.probe_settled += 1;
+                match r {
+                    Ok((_, (local, _))) if local >= 1 => {
+                        if let Some(p) = Rig::current_incr(&dir) {
+                            if let Ok(m) = std::fs::metadata(&p) {
+                                a.previous = a.fsynced.as_ref().map(|f| f.0);
+                                a.fsynced = Some((Instant::now(), p, m.len()));
+                            }
+                        }
+                    }
+                    _ => {
+                        conn = None;
+                    }
+                }
+            }
+        });
+    }
+
+    fn probe_settled(&self) -> u64 {
+        self.aof.lock().expect("aof samples").probe_settled
     }
 
     fn aof_dir(&self) -> PathBuf {
@@ -332,7 +434,7 @@ impl Rig {
             .args(["--backoff-base", "50ms", "--backoff-max", "1s"])
             .args(["--max-deliveries", "1000"])
             .args(["--metrics-listen", "off"])
-            .args(["--durability", self.plan.durability.appendfsync()])
+            .args(["--durability", self.plan.worker_durability])
             .args(["--group-cap", &self.plan.cap.to_string()])
             .args(["--concurrency", "4"])
             .args(["--rate-limit", "25", "--rate-burst", "5"])
@@ -435,11 +537,54 @@ impl Rig {
     /// AOF on the same port and directory. With `power_loss`, the AOF is
     /// first cut back to its size one second before the kill.
     pub async fn kill_redis(&mut self, down: Duration, power_loss: bool) {
+        let exact = power_loss && self.exact_power_loss();
+        if exact {
+            // Strike between two confirmations, most of the way to the next
+            // (an honest everysec server confirms once a second; Valkey
+            // 8.1.8 every ~100 ms, see docs/durability.md), so that writes
+            // are at stake: right after a fresh confirmation, wait 50-90 %
+            // of the last interval between two.
+            let settled = self.probe_settled();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.probe_settled() == settled && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let interval = {
+                let a = self.aof.lock().expect("aof samples");
+                match (&a.fsynced, a.previous) {
+                    (Some((last, ..)), Some(prev)) => last.saturating_duration_since(prev),
+                    _ => Duration::from_millis(100),
+                }
+            }
+            .clamp(Duration::from_millis(20), Duration::from_millis(1_200));
+            let share = self.rng.random_range(0.5..0.9);
+            tokio::time::sleep(interval.mul_f64(share)).await;
+        }
         let killed_at = Instant::now();
         tokio::task::block_in_place(|| self.server.kill());
         let acked = self.canary.load(Ordering::Relaxed);
         let mut cut = String::new();
-        if power_loss {
+        if exact {
+            // The probe's call in flight at the kill settles (it fails, or
+            // an fsync completed just before the kill: then its size is read
+            // after the kill and nothing is cut).
+            let settled = self.probe_settled();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.probe_settled() == settled && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let fsynced = self.aof.lock().expect("aof samples").fsynced.clone();
+            if let Some((at, path, size)) = fsynced {
+                let dropped = cut_aof(&path, size);
+                self.stats.power_loss_bytes.push(dropped);
+                cut = format!(
+                    ", AOF cut back to the last write WAITAOF confirmed, {} ms before the kill ({} bytes dropped)",
+                    killed_at.saturating_duration_since(at).as_millis(),
+                    dropped
+                );
+            }
+            self.stats.power_losses += 1;
+        } else if power_loss {
             let a = self.aof.lock().expect("aof samples");
             let before = killed_at.checked_sub(Duration::from_secs(1));
             let sample = a
@@ -450,17 +595,9 @@ impl Rig {
                 .cloned();
             drop(a);
             if let Some((_, path, size)) = sample {
-                let now_len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .expect("open AOF");
-                f.set_len(size.min(now_len)).expect("truncate AOF");
-                f.sync_all().expect("sync AOF");
-                cut = format!(
-                    ", AOF cut back to its size 1 s earlier ({} bytes dropped)",
-                    now_len.saturating_sub(size)
-                );
+                let dropped = cut_aof(&path, size);
+                self.stats.power_loss_bytes.push(dropped);
+                cut = format!(", AOF cut back to its size 1 s earlier ({dropped} bytes dropped)");
             }
             self.stats.power_losses += 1;
         }
@@ -629,6 +766,19 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// Cuts the AOF file at `path` back to `size` bytes (what a power loss
+/// leaves of it) and makes that stick; returns the bytes dropped.
+fn cut_aof(path: &Path, size: u64) -> u64 {
+    let now_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open AOF");
+    f.set_len(size.min(now_len)).expect("truncate AOF");
+    f.sync_all().expect("sync AOF");
+    now_len.saturating_sub(size)
 }
 
 /// The last `n` lines of a file.

@@ -9,7 +9,7 @@ use crate::provider::add_body::add_body;
 use crate::provider::model::AddSummary;
 use crate::provider::{ProviderError, MAX_MESSAGES_PER_REQUEST};
 use crate::store::batch::BatchLog;
-use crate::worker::ops::{durability_wait, provider_slots, wait_for_disk, OpError, Outcome};
+use crate::worker::ops::{on_disk, provider_slots, OpError, Outcome};
 use crate::worker::Ctx;
 
 /// Adds every recipient, one request per [`MAX_MESSAGES_PER_REQUEST`], and
@@ -83,7 +83,7 @@ async fn load<R: RecipientFields + Sync>(
     gen: u32,
     group_id: &str,
 ) -> Result<Load, OpError> {
-    if !ctx.config.durable_after.is_zero() {
+    if ctx.config.durable.waits() {
         // The add relies on the chunk's assignment to `gen` and on `group_id`
         // being that generation's group: both must still hold (an item from
         // writes Redis lost is dropped; its chunk is loaded through what
@@ -108,15 +108,21 @@ async fn load<R: RecipientFields + Sync>(
             metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
             return Ok(Load::Stale);
         }
-        let ids: Vec<&str> = [p.appended(&assign_key), p.appended(&group_key)]
-            .into_iter()
-            .flatten()
-            .collect();
-        if let Some(delay) = durability_wait(ctx, log, &ids).await? {
-            return Ok(Load::Handled(wait_for_disk(
-                delay,
-                format!("chunk {seq} was just assigned to generation {gen} or its group"),
-            )));
+        let facts: Vec<(&str, &str)> = [
+            (assign_key.as_str(), p.appended(&assign_key)),
+            (group_key.as_str(), p.appended(&group_key)),
+        ]
+        .into_iter()
+        .filter_map(|(k, id)| Some((k, id?)))
+        .collect();
+        // With WAITAOF this waits here (the chunk's first load never goes
+        // through the delayed set to wait); with the window it retries.
+        if let Some(wait) = on_disk(ctx, log, &facts, || {
+            format!("chunk {seq} was just assigned to generation {gen} or its group")
+        })
+        .await?
+        {
+            return Ok(Load::Handled(wait));
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;

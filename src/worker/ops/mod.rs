@@ -233,18 +233,85 @@ pub enum OpError {
     Unassigned(String),
 }
 
-/// When Redis may lose its last acknowledged writes in a crash
-/// (`config.durable_after` > 0): how much longer until every event whose
-/// entry id is in `ids` has been in Redis that long, i.e. is on disk. None:
-/// go now. A provider call that cannot be taken back (an add, a send) must
-/// not rest on facts Redis can still lose: the chunk would be reassigned or
+/// Whether an add or a send may go out now, resting on the events in
+/// `facts` (event key, entry id) of `log`'s batch: `None` when they are on
+/// disk (or nothing is waited for, [`DurableWait::None`]), else the outcome
+/// that waits. A provider call that cannot be taken back must not rest on
+/// facts Redis can still lose in a crash: the chunk would be reassigned or
 /// the generation redone, and recipients registered or sent twice.
-pub async fn durability_wait(
+///
+/// - [`DurableWait::Window`]: until the youngest fact is that old
+///   ([`durability_wait`]); the entry is retried then.
+/// - [`DurableWait::WaitAof`]: waits here, with every other waiter of the
+///   process, for one `WAITAOF` round ([`crate::store::aof`]), which also
+///   checks that each fact is still there. A fact gone (Redis lost it) sends
+///   the entry back to be read again: its handler then finds what
+///   survived.
+///
+/// [`DurableWait::None`]: crate::worker::DurableWait::None
+/// [`DurableWait::Window`]: crate::worker::DurableWait::Window
+/// [`DurableWait::WaitAof`]: crate::worker::DurableWait::WaitAof
+pub async fn on_disk(
     ctx: &crate::worker::Ctx,
     log: &BatchLog,
+    facts: &[(&str, &str)],
+    what: impl FnOnce() -> String,
+) -> Result<Option<Outcome>, StoreError> {
+    use crate::store::aof::{Fact, Fsync};
+    use crate::worker::DurableWait;
+    match ctx.config.durable {
+        DurableWait::None => Ok(None),
+        DurableWait::Window(window) => {
+            let ids: Vec<&str> = facts.iter().map(|(_, id)| *id).collect();
+            Ok(durability_wait(log, window, &ids)
+                .await?
+                .map(|delay| wait_for_disk(delay, what())))
+        }
+        DurableWait::WaitAof { .. } => {
+            let Some(aof) = &ctx.aof else {
+                return Err(StoreError::Config {
+                    url: ctx.store.target.redacted(),
+                    reason: "WAITAOF waits configured without a waiter".into(),
+                });
+            };
+            let facts = facts
+                .iter()
+                .map(|(key, id)| Fact {
+                    state: log.keys.state.clone(),
+                    field: crate::projection::field::key(key),
+                    id: id.to_string(),
+                })
+                .collect();
+            let started = std::time::Instant::now();
+            let found = aof.wait(facts).await?;
+            metrics::histogram!("groupcast_fsync_wait_seconds")
+                .record(started.elapsed().as_secs_f64());
+            Ok(match found {
+                Fsync::Durable => None,
+                Fsync::NotYet => Some(wait_for_disk(Duration::from_millis(100), what())),
+                Fsync::Gone => Some(Outcome::Retry {
+                    delay: Some(Duration::from_millis(100)),
+                    spend: false,
+                    cause: RetryCause::Durability,
+                    reason: format!(
+                        "{}: an event it relies on is no longer in Redis (lost writes?): read again",
+                        what()
+                    ),
+                }),
+            })
+        }
+    }
+}
+
+/// For [`DurableWait::Window`](crate::worker::DurableWait::Window): how much
+/// longer until every event whose entry id is in `ids` has been in Redis
+/// `window` long, i.e. is on disk. None: go now.
+pub async fn durability_wait(
+    log: &BatchLog,
+    window: Duration,
     ids: &[&str],
 ) -> Result<Option<Duration>, StoreError> {
-    if ctx.config.durable_after.is_zero() {
+    if window.is_zero() {
         return Ok(None);
     }
     let youngest = ids
@@ -256,11 +323,10 @@ pub async fn durability_wait(
     // with that one (on a cluster, the master holding the batch).
     let now = log.server_time_ms().await?;
     let age = Duration::from_millis(now.saturating_sub(youngest));
-    Ok((age < ctx.config.durable_after)
-        .then(|| ctx.config.durable_after - age + Duration::from_millis(50)))
+    Ok((age < window).then(|| window - age + Duration::from_millis(50)))
 }
 
-/// The retry for [`durability_wait`].
+/// The retry for a wait until Redis has what an add or send relies on on disk.
 pub fn wait_for_disk(delay: Duration, what: String) -> Outcome {
     Outcome::Retry {
         delay: Some(delay),

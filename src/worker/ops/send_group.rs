@@ -15,10 +15,10 @@
 //! crashes after the claim finds it again on the retry and sends.
 //!
 //! When Redis may lose its last acknowledged writes in a crash, the send also
-//! waits until the generation's `ready` event and the claim are older than
-//! `config.durable_after`: a send must never rest on facts Redis can still
-//! take back (the generation would be redone in a new group and sent twice,
-//! or a cancel would stop a generation that was sent).
+//! waits until the generation's `ready` event and the claim are on disk
+//! (`config.durable`, [`on_disk`]): a send must never rest on facts Redis
+//! can still take back (the generation would be redone in a new group and
+//! sent twice, or a cancel would stop a generation that was sent).
 
 use crate::events::{Event, SendRefused};
 use crate::keys::Priority;
@@ -26,9 +26,7 @@ use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::batch::Claim;
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{
-    durability_wait, provider_slots, wait_for_disk, Op, OpError, Outcome, WorkItem,
-};
+use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -128,11 +126,16 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             return Ok(Outcome::Done);
         }
     };
-    if let Some(delay) = durability_wait(ctx, &log, &[ready_id, &claim]).await? {
-        return Ok(wait_for_disk(
-            delay,
-            format!("generation {gen} just became ready, or its send was just claimed"),
-        ));
+    let claim_key = event_key::claim(gen);
+    if let Some(wait) = on_disk(
+        ctx,
+        &log,
+        &[(&ready_key, ready_id), (&claim_key, &claim)],
+        || format!("generation {gen} just became ready, or its send was just claimed"),
+    )
+    .await?
+    {
+        return Ok(wait);
     }
     if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);

@@ -1,0 +1,217 @@
+//! The durability waits on real servers: what `--durability auto` chooses
+//! from each server's persistence (Debian's Redis 7.0 without and with an
+//! AOF, Valkey 8.1 with `everysec` and `always`), the `WAITAOF` waiter
+//! (facts on disk, facts gone, one call for many waiters), and a batch
+//! through workers that wait with it.
+//!
+//! Valkey comes from `scripts/ensure-deps --tests` (or
+//! `GROUPCAST_VALKEY_SERVER`); without it these tests fail, saying so.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use groupcast::cli::worker::{choose_wait, Durability, ServerPersistence};
+use groupcast::events::{BatchStalled, Event};
+use groupcast::keys::Keyspace;
+use groupcast::redis_server::{aof_args, RedisServer, ServerOptions};
+use groupcast::store::aof::{Fact, Fsync};
+use groupcast::store::batch::Appended;
+use groupcast::store::Store;
+use groupcast::worker::{DurableWait, WorkerConfig};
+
+fn valkey(fsync: &str) -> RedisServer {
+    RedisServer::start_valkey(fsync, &[]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn connect(server: &RedisServer) -> Store {
+    Store::connect(&server.url(), Keyspace::new("gct", 1))
+        .await
+        .expect("connect")
+}
+
+async fn auto(server: &RedisServer, replicas: u32) -> (DurableWait, String) {
+    let store = connect(server).await;
+    let p = ServerPersistence::read(&store).await;
+    choose_wait(Durability::Auto, replicas, &p).expect("auto always chooses")
+}
+
+const WINDOW: DurableWait = DurableWait::Window(groupcast::store::witness::WINDOW);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_follows_the_servers_persistence() {
+    // Debian's Redis 7.0 without an AOF: nothing to wait for, and a warning.
+    let plain = common::redis();
+    let (wait, why) = auto(&plain, 0).await;
+    assert_eq!(wait, DurableWait::None, "{why}");
+    assert!(
+        why.contains("WARNING") && why.contains("appendonly=no"),
+        "{why}"
+    );
+    // Redis 7.0 with everysec: no WAITAOF, so the window.
+    let redis_everysec = RedisServer::start_with(ServerOptions {
+        args: aof_args("everysec"),
+        ..ServerOptions::default()
+    })
+    .expect("redis-server");
+    let (wait, why) = auto(&redis_everysec, 0).await;
+    assert_eq!(wait, WINDOW, "{why}");
+    assert!(why.contains("no WAITAOF"), "{why}");
+    // WAITAOF asked for explicitly on a server without it: refused.
+    let p = ServerPersistence::read(&connect(&redis_everysec).await).await;
+    assert!(choose_wait(Durability::Waitaof, 0, &p).is_err());
+
+    // Valkey 8.1.8 with everysec has WAITAOF, but it confirms writes that
+    // are not fsynced yet (redis/redis#13793: fsyncs come a second apart,
+    // its confirmations every ~100 ms): auto measures that and waits the
+    // window; an explicit `waitaof` is the operator's word, warned.
+    let everysec = valkey("everysec");
+    let (wait, why) = auto(&everysec, 0).await;
+    assert_eq!(wait, WINDOW, "{why}");
+    assert!(why.contains("confirms before the fsync"), "{why}");
+    let p = ServerPersistence::read(&connect(&everysec).await).await;
+    assert!(p.confirms_early.is_some(), "{p:?}");
+    let (wait, why) = choose_wait(Durability::Waitaof, 0, &p).expect("explicit waitaof");
+    assert_eq!(wait, DurableWait::WaitAof { replicas: 0 }, "{why}");
+    assert!(
+        why.contains("WARNING") && why.contains("WAITAOF 1 0"),
+        "{why}"
+    );
+    // A server whose WAITAOF does wait for the fsync (none that the tests
+    // can install: this is the decision on what it would measure).
+    let honest = ServerPersistence {
+        confirms_early: None,
+        ..p.clone()
+    };
+    assert_eq!(
+        choose_wait(Durability::Auto, 0, &honest).expect("ok").0,
+        DurableWait::WaitAof { replicas: 0 }
+    );
+    // The operator's explicit window stays available.
+    assert_eq!(
+        choose_wait(Durability::Everysec, 0, &p).expect("ok").0,
+        WINDOW
+    );
+
+    // Valkey with always: nothing to wait for, unless replicas must ack.
+    let always = valkey("always");
+    assert_eq!(auto(&always, 0).await.0, DurableWait::None);
+    assert_eq!(
+        auto(&always, 1).await.0,
+        DurableWait::WaitAof { replicas: 1 }
+    );
+}
+
+/// Appends an event to `batch` and returns the fact it is.
+async fn event(store: &Store, batch: &str, key: &str) -> Fact {
+    let log = store.batch(batch);
+    let e = Event::BatchStalled(BatchStalled {
+        quiet_since_ms: 1,
+        quiet_for_ms: 2,
+    });
+    let Appended::New(id) = log.append(key, &e).await.expect("append") else {
+        panic!("{key} appended before");
+    };
+    Fact {
+        state: log.keys.state.clone(),
+        field: format!("k:{key}"),
+        id,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitaof_confirms_what_is_there_and_finds_what_is_gone() {
+    let server = valkey("everysec");
+    let store = connect(&server).await;
+    let waiter = store.aof_waiter(0);
+    let a = event(&store, "dur-a", "stalled/1").await;
+    let b = event(&store, "dur-b", "stalled/1").await;
+    assert_eq!(
+        waiter.wait(vec![a.clone(), b.clone()]).await.expect("wait"),
+        Fsync::Durable
+    );
+    // Another entry id under the same key (appended again after a loss), or
+    // the key gone: Redis lost the event.
+    let other = Fact {
+        id: "1-1".into(),
+        ..a.clone()
+    };
+    assert_eq!(
+        waiter.wait(vec![b.clone(), other]).await.expect("wait"),
+        Fsync::Gone
+    );
+    let _: () = redis::cmd("HDEL")
+        .arg(&b.state)
+        .arg(&b.field)
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("hdel");
+    assert_eq!(waiter.wait(vec![b]).await.expect("wait"), Fsync::Gone);
+    assert_eq!(waiter.wait(vec![a]).await.expect("wait"), Fsync::Durable);
+    // Asking replicas that do not exist: the facts are there, but not
+    // acknowledged within the timeout.
+    let c = event(&store, "dur-c", "stalled/1").await;
+    let started = Instant::now();
+    assert_eq!(
+        store.aof_waiter(1).wait(vec![c]).await.expect("wait"),
+        Fsync::NotYet
+    );
+    assert!(started.elapsed() >= groupcast::store::aof::WAITAOF_TIMEOUT);
+}
+
+/// `cmdstat_waitaof`'s calls on the server.
+async fn waitaof_calls(store: &Store) -> u64 {
+    let info = store.info("commandstats").await.expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_waitaof:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+// One thread: every waiter has queued before the round task first runs, so
+// that the round must take them all.
+#[tokio::test(flavor = "current_thread")]
+async fn waiters_of_a_process_share_one_waitaof() {
+    let server = valkey("everysec");
+    let store = connect(&server).await;
+    let mut facts = Vec::new();
+    for k in 0..100 {
+        facts.push(event(&store, &format!("dur-{k}"), "stalled/1").await);
+    }
+    let waiter = store.aof_waiter(0);
+    let before = waitaof_calls(&store).await;
+    let all =
+        futures_util::future::join_all(facts.iter().map(|f| waiter.wait(vec![f.clone()]))).await;
+    assert!(
+        all.iter().all(|r| matches!(r, Ok(Fsync::Durable))),
+        "{all:?}"
+    );
+    assert_eq!(waitaof_calls(&store).await - before, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_completes_with_workers_waiting_for_waitaof() {
+    let server = valkey("everysec");
+    let store = connect(&server).await;
+    let config = WorkerConfig {
+        durable: DurableWait::WaitAof { replicas: 0 },
+        group_cap: 500,
+        ..common::test_config()
+    };
+    let rig = common::Rig::start_on(server, store, 2, config, common::mock_config()).await;
+    let batch = "dur-batch".to_string();
+    let chunks = common::shuffled_chunks(&batch, 0, 2_000, 100, 7);
+    groupcast::producer::append_chunks(&rig.store, &chunks)
+        .await
+        .expect("append");
+    // Four generations, each add and each send waiting for an fsync (about
+    // a second at most under everysec), far less than the 4 s window each.
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
+        .await;
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.check_ledger(&BTreeMap::from([(batch.clone(), 2_000)]));
+    assert!(waitaof_calls(&rig.store).await > 0);
+    rig.stop().await;
+}
