@@ -5,6 +5,7 @@ use serde_json::json;
 
 use crate::events::options::SendWindow;
 use crate::events::{Event, ReportDelivered};
+use crate::keys::Priority;
 use crate::projection::{event_key, field, Projection};
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
@@ -79,11 +80,11 @@ fn rfc3339(ms: i64) -> Option<String> {
 }
 
 /// Runs a report item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(url) = ctx.config.report_webhook.as_deref() else {
         return Ok(Outcome::Done);
     };
-    let log = ctx.store.batch(&item.batch);
+    let log = ctx.store.batch_in(&item.batch, lane);
     let state = log.state().await?;
     if state.appended(event_key::DELIVERED).is_some() {
         return Ok(Outcome::Done);
