@@ -9,7 +9,42 @@
 //! All keys start with a configurable prefix so that two deployments can share
 //! a server.
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// A batch's priority: which lane its work goes through.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, PartialOrd, Ord,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Ahead of everything else (one-time passwords, alerts).
+    Urgent,
+    /// The default.
+    #[default]
+    Normal,
+    /// Behind everything else, with a guaranteed share.
+    Bulk,
+}
+
+impl Priority {
+    /// Every priority, most urgent first.
+    pub const ALL: [Priority; 3] = [Priority::Urgent, Priority::Normal, Priority::Bulk];
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Urgent => "urgent",
+            Priority::Normal => "normal",
+            Priority::Bulk => "bulk",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<Priority> {
+        Priority::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
 
 /// Longest accepted batch id, in bytes.
 pub const MAX_BATCH_ID_LEN: usize = 128;
@@ -101,13 +136,32 @@ impl Keyspace {
         format!("{}:{{s{}}}:{}", self.prefix, shard, name)
     }
 
-    /// The ingest stream of a shard: where producers append chunks.
+    /// The ingest stream of a shard: where producers append chunks (the
+    /// normal lane's; see [`ingest_in`](Self::ingest_in)).
     pub fn ingest(&self, shard: u32) -> String {
         self.shard_key(shard, "ingest")
     }
-    /// The work stream of a shard: provider operations to run.
+    /// The work stream of a shard: provider operations to run (the normal
+    /// lane's; see [`work_in`](Self::work_in)).
     pub fn work(&self, shard: u32) -> String {
         self.shard_key(shard, "work")
+    }
+    /// The ingest stream of a shard's lane: the normal lane's is
+    /// [`ingest`](Self::ingest) (`…:ingest`), the others' carry the
+    /// priority's name (`…:ingest:urgent`, `…:ingest:bulk`).
+    pub fn ingest_in(&self, shard: u32, lane: Priority) -> String {
+        self.lane_key(shard, "ingest", lane)
+    }
+    /// The work stream of a shard's lane, named like
+    /// [`ingest_in`](Self::ingest_in)'s.
+    pub fn work_in(&self, shard: u32, lane: Priority) -> String {
+        self.lane_key(shard, "work", lane)
+    }
+    fn lane_key(&self, shard: u32, name: &str, lane: Priority) -> String {
+        match lane {
+            Priority::Normal => self.shard_key(shard, name),
+            _ => self.shard_key(shard, &format!("{name}:{}", lane.name())),
+        }
     }
     /// The delayed retries of a shard: a sorted set scored by due time (ms).
     pub fn delayed(&self, shard: u32) -> String {
@@ -138,8 +192,13 @@ impl Keyspace {
         self.shard_key(shard, "reported")
     }
 
-    /// The keys of one batch.
+    /// The keys of one batch of the normal lane.
     pub fn batch(&self, batch: &str) -> BatchKeys {
+        self.batch_in(batch, Priority::Normal)
+    }
+
+    /// The keys of one batch whose work goes through `lane`.
+    pub fn batch_in(&self, batch: &str, lane: Priority) -> BatchKeys {
         let shard = self.shard_of(batch);
         let base = format!("{}:{{s{}}}:b:{}", self.prefix, shard, batch);
         BatchKeys {
@@ -149,7 +208,8 @@ impl Keyspace {
             parked_prefix: format!("{base}:parked:"),
             dedupe: format!("{base}:dedupe"),
             reported: self.reported(shard),
-            work: self.work(shard),
+            work: self.work_in(shard, lane),
+            lane,
             delayed: self.delayed(shard),
             active: self.active(shard),
             reports: self.reports(shard),
@@ -159,6 +219,11 @@ impl Keyspace {
     /// The shared provider rate limiter's key (one slot of its own).
     pub fn limiter(&self) -> String {
         format!("{}:{{limiter}}:provider", self.prefix)
+    }
+    /// When a lane is next owed a slot of its guaranteed share of the
+    /// limiter (see `streams/scripts/rate_limit.lua`), in the limiter's slot.
+    pub fn limiter_share(&self, lane: Priority) -> String {
+        format!("{}:{{limiter}}:share:{}", self.prefix, lane.name())
     }
     /// The key a `WAITAOF` round writes before it waits (see
     /// [`crate::store::aof`]); expires a minute after the last round.
@@ -192,8 +257,11 @@ pub struct BatchKeys {
     pub dedupe: String,
     /// The shard's tombstones (see [`Keyspace::reported`]).
     pub reported: String,
-    /// The shard's work stream.
+    /// The work stream of the shard's lane that the batch's work goes
+    /// through.
     pub work: String,
+    /// That lane.
+    pub lane: Priority,
     /// The shard's delayed retries.
     pub delayed: String,
     /// The shard's set of active batches.
@@ -241,9 +309,21 @@ mod tests {
             &k.reports,
             &k.dedupe,
             &k.reported,
+            &ks.batch_in("campaign-7", Priority::Urgent).work,
+            &ks.ingest_in(k.shard, Priority::Bulk),
         ] {
             assert!(key.contains(&tag), "{key} lacks {tag}");
         }
+    }
+
+    #[test]
+    fn the_normal_lane_keeps_the_plain_names() {
+        let ks = Keyspace::new("gc", 4);
+        assert_eq!(ks.ingest_in(2, Priority::Normal), "gc:{s2}:ingest");
+        assert_eq!(ks.work_in(2, Priority::Normal), "gc:{s2}:work");
+        assert_eq!(ks.ingest_in(2, Priority::Urgent), "gc:{s2}:ingest:urgent");
+        assert_eq!(ks.work_in(2, Priority::Bulk), "gc:{s2}:work:bulk");
+        assert_eq!(ks.batch("x").work, ks.work(ks.shard_of("x")));
     }
 
     #[test]

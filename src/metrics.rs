@@ -165,9 +165,14 @@ pub const METRICS: &[Metric] = &[
     ),
     histogram(
         "groupcast_rate_limiter_wait_seconds",
-        &[],
-        "Time spent waiting for the shared provider rate limiter",
+        &["lane"],
+        "Time spent waiting for the shared provider rate limiter, by priority lane",
         LIMITER_BUCKETS,
+    ),
+    counter(
+        "groupcast_rate_limiter_given_back_total",
+        &["lane"],
+        "Requests the rate limiter turned away (the wait was past the lane's horizon): entry given back, by priority lane",
     ),
     counter(
         "groupcast_work_items_total",
@@ -243,18 +248,18 @@ pub const METRICS: &[Metric] = &[
     ),
     gauge(
         "groupcast_stream_length",
-        &["stream", "shard"],
-        "Entries in a stream (ingest, work, dlq, reports), sampled",
+        &["stream", "shard", "lane"],
+        "Entries in a stream (ingest, work, dlq, reports), by priority lane (`normal` for dlq and reports), sampled",
     ),
     gauge(
         "groupcast_stream_pending",
-        &["stream", "shard", "group"],
-        "Entries delivered to a consumer group but not acknowledged, sampled",
+        &["stream", "shard", "group", "lane"],
+        "Entries delivered to a consumer group but not acknowledged, by priority lane, sampled",
     ),
     gauge(
         "groupcast_stream_lag",
-        &["stream", "shard", "group"],
-        "Entries not yet delivered to a consumer group, sampled",
+        &["stream", "shard", "group", "lane"],
+        "Entries not yet delivered to a consumer group, by priority lane, sampled",
     ),
     gauge(
         "groupcast_delayed_retries",
@@ -351,6 +356,7 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
         ("groupcast_stream_length", "stream") => strs(&["ingest", "work", "dlq", "reports"]),
         (_, "stream") => strs(&["ingest", "work"]),
         (_, "type") => strs(crate::events::Event::TYPE_NAMES),
+        (_, "lane") => strs(&crate::keys::Priority::ALL.map(|p| p.name())),
         ("groupcast_chunks_total", "outcome") => strs(&[
             "accepted",
             "duplicate",
@@ -399,6 +405,11 @@ fn initial_series(m: &Metric, shards: u32) -> Vec<Vec<metrics::Label>> {
             })
             .collect();
     }
+    // Only ingest and work streams have lanes.
+    sets.retain(|set| {
+        let value = |k: &str| set.iter().find(|l| l.key() == k).map(|l| l.value());
+        !matches!(value("stream"), Some("dlq" | "reports")) || value("lane") == Some("normal")
+    });
     if m.labels.contains(&"group") {
         sets.retain_mut(|set| {
             let group = match set.iter().find(|l| l.key() == "stream").map(|l| l.value()) {

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::events::{Chunk, Recipient, Template, ENVELOPE_VERSION};
+use crate::keys::Priority;
 use crate::keys::LOADERS_GROUP;
 use crate::store::{Store, StoreResult};
 
@@ -58,15 +59,23 @@ pub fn ingest_fields(chunk: &Chunk) -> [(&'static str, Vec<u8>); 3] {
     entry(chunk.encode())
 }
 
-/// Appends chunks (of any batches) to their ingest streams, pipelined per
-/// stream, without backpressure (a [`Producer`] waits for the workers).
+/// The priority lane a chunk goes through: its batch's priority.
+pub fn lane_of(_chunk: &Chunk) -> Priority {
+    Priority::Normal
+}
+
+/// Appends chunks (of any batches) to their ingest streams (their shards'
+/// and lanes'), pipelined per stream, without backpressure (a [`Producer`] waits for the workers).
 /// Returns the entry ids.
 pub async fn append_chunks(store: &Store, chunks: &[Chunk]) -> StoreResult<Vec<String>> {
     let mut ids = Vec::with_capacity(chunks.len());
-    for group in
-        chunks.chunk_by(|a, b| store.keys.shard_of(&a.batch) == store.keys.shard_of(&b.batch))
-    {
-        let stream = store.keys.ingest(store.keys.shard_of(&group[0].batch));
+    let stream_of = |c: &Chunk| {
+        store
+            .keys
+            .ingest_in(store.keys.shard_of(&c.batch), lane_of(c))
+    };
+    for group in chunks.chunk_by(|a, b| stream_of(a) == stream_of(b)) {
+        let stream = stream_of(&group[0]);
         for part in group.chunks(64) {
             let entries: Vec<_> = part.iter().map(ingest_fields).collect();
             ids.extend(store.append_entries(&stream, &entries).await?);
@@ -114,8 +123,9 @@ pub struct Producer {
     store: Store,
     /// 0: no bound.
     max_unread: u64,
-    /// Per shard: chunks that may still be appended before looking again.
-    credit: HashMap<u32, u64>,
+    /// Per shard and lane: chunks that may still be appended before looking
+    /// again.
+    credit: HashMap<(u32, Priority), u64>,
     on_wait: Option<OnWait>,
     waited: Duration,
 }
@@ -152,33 +162,34 @@ impl Producer {
         self.waited
     }
 
-    /// Appends chunks (of any batches) to their ingest streams, in order.
-    /// Returns the entry ids.
+    /// Appends chunks (of any batches) to their ingest streams (their
+    /// shards' and lanes'), in order. Returns the entry ids.
     pub async fn append(&mut self, chunks: &[Chunk]) -> StoreResult<Vec<String>> {
         let mut ids = Vec::with_capacity(chunks.len());
         let keys = self.store.keys.clone();
-        for group in chunks.chunk_by(|a, b| keys.shard_of(&a.batch) == keys.shard_of(&b.batch)) {
+        let at = |c: &Chunk| (keys.shard_of(&c.batch), lane_of(c));
+        for group in chunks.chunk_by(|a, b| at(a) == at(b)) {
             let payloads = group.iter().map(Chunk::encode).collect();
-            ids.extend(
-                self.append_encoded(keys.shard_of(&group[0].batch), payloads)
-                    .await?,
-            );
+            let (shard, lane) = at(&group[0]);
+            ids.extend(self.append_encoded(shard, lane, payloads).await?);
         }
         Ok(ids)
     }
 
     /// Appends encoded chunks ([`Chunk::encode`], the `d` field) to shard
-    /// `shard`'s ingest stream, in order. Returns the entry ids.
+    /// `shard`'s ingest stream of `lane` (the batch's priority), in order.
+    /// Returns the entry ids.
     pub async fn append_encoded(
         &mut self,
         shard: u32,
+        lane: Priority,
         payloads: Vec<Vec<u8>>,
     ) -> StoreResult<Vec<String>> {
-        let stream = self.store.keys.ingest(shard);
+        let stream = self.store.keys.ingest_in(shard, lane);
         let mut ids = Vec::with_capacity(payloads.len());
         let mut rest = payloads.into_iter().peekable();
         while rest.peek().is_some() {
-            let credit = self.credit(shard, &stream, rest.len()).await?;
+            let credit = self.credit((shard, lane), &stream, rest.len()).await?;
             let mut round = Vec::new();
             let mut bytes = 0;
             while let Some(p) = rest.next_if(|p| {
@@ -190,7 +201,7 @@ impl Producer {
             }
             if self.max_unread > 0 {
                 let left = credit.saturating_sub(round.len());
-                self.credit.insert(shard, left as u64);
+                self.credit.insert((shard, lane), left as u64);
             }
             ids.extend(self.store.append_entries(&stream, &round).await?);
         }
@@ -202,11 +213,16 @@ impl Producer {
     /// append; a small credit is worth a round only when it covers them, or a
     /// quarter of the bound (so that a producer just behind the workers
     /// appends in rounds, not chunk by chunk with a look between each).
-    async fn credit(&mut self, shard: u32, stream: &str, want: usize) -> StoreResult<usize> {
+    async fn credit(
+        &mut self,
+        at: (u32, Priority),
+        stream: &str,
+        want: usize,
+    ) -> StoreResult<usize> {
         if self.max_unread == 0 {
             return Ok(usize::MAX);
         }
-        if let Some(&c) = self.credit.get(&shard) {
+        if let Some(&c) = self.credit.get(&at) {
             if c > 0 {
                 return Ok(usize::try_from(c).unwrap_or(usize::MAX));
             }
@@ -219,7 +235,7 @@ impl Producer {
             let credit = self.max_unread.saturating_sub(unread);
             if credit >= enough {
                 self.waited += started.elapsed();
-                self.credit.insert(shard, credit);
+                self.credit.insert(at, credit);
                 return Ok(usize::try_from(credit).unwrap_or(usize::MAX));
             }
             if let Some(f) = &mut self.on_wait {

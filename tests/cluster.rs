@@ -375,7 +375,7 @@ fn every_script_call_keeps_its_keys_on_one_slot() {
 /// Runs every script through its real call site, for a batch on every shard
 /// of the cluster.
 async fn run_every_script(store: &Store, round: u32) {
-    let limiter = Limiter::new(store.clone(), 100_000, 1_000);
+    let limiter = Limiter::new(store.clone(), 100_000, 1_000, 10);
     for shard in 0..store.keys.shards() {
         let b = (0..)
             .map(|i| format!("scripted-{round}-{i}"))
@@ -456,6 +456,7 @@ async fn run_every_script(store: &Store, round: u32) {
             op: "send".into(),
             d: b"item".to_vec(),
             c: None,
+            lane: Default::default(),
         };
         store
             .retry_later(&k.delayed, &work, OPERATORS_GROUP, "0-1", 0, &entry, None)

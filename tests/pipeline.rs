@@ -127,7 +127,10 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
     };
     let a = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
     let b = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
-    let (ra, rb) = tokio::join!(send_group::run(&a, &item), send_group::run(&b, &item));
+    let (ra, rb) = tokio::join!(
+        send_group::run(&a, Default::default(), &item),
+        send_group::run(&b, Default::default(), &item)
+    );
     assert_eq!(ra.expect("a"), Outcome::Done);
     assert_eq!(rb.expect("b"), Outcome::Done);
 

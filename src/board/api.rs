@@ -318,11 +318,14 @@ impl Reason {
 /// The log of batch `id` for an action that can end it, once the request
 /// may act: its report is queued for delivery (as `groupcast close` and
 /// `cancel` do).
-fn acting_on(board: &Board, id: &str, headers: &HeaderMap) -> Result<BatchLog, ApiError> {
+async fn acting_on(board: &Board, id: &str, headers: &HeaderMap) -> Result<BatchLog, ApiError> {
     authorize(board.token.as_deref(), headers)
         .map_err(|refused| ApiError(refused.status(), refused.to_string()))?;
     check_batch(id)?;
-    Ok(board.store.clone().with_policy(board.policy).batch(id))
+    // Its work (sends a close makes ready, deletes a cancel queues) goes to
+    // its lane.
+    let store = board.store.clone().with_policy(board.policy);
+    Ok(store.batch_in_its_lane(id).await?)
 }
 
 /// `POST /api/batches/{id}/cancel?reason=` (token needed): cancels the
@@ -334,7 +337,7 @@ pub async fn cancel(
     Query(reason): Query<Reason>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let log = acting_on(&board, &id, &headers)?;
+    let log = acting_on(&board, &id, &headers).await?;
     let reason = reason.text("cancelled from the board");
     match log.cancel(&reason).await? {
         Cancelling::Cancelled {
@@ -367,7 +370,7 @@ pub async fn close(
     Query(reason): Query<Reason>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let log = acting_on(&board, &id, &headers)?;
+    let log = acting_on(&board, &id, &headers).await?;
     let reason = reason.text("closed from the board");
     match log.close(&reason).await? {
         Closing::Closed { missing } => {

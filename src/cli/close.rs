@@ -41,7 +41,9 @@ pub(super) async fn batch_log(
         retention: retention.into(),
         deliver: true,
     });
-    Ok(store.batch(batch))
+    // Its work (the sends a close makes ready, the deletes a cancel
+    // queues) goes to its lane.
+    Ok(store.batch_in_its_lane(batch).await?)
 }
 
 /// Runs `groupcast close`.

@@ -787,7 +787,8 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
 
     let store = args.redis.connect().await?;
     let shard = store.keys.shard_of(&args.batch);
-    let stream = store.keys.ingest(shard);
+    let lane = crate::keys::Priority::Normal;
+    let stream = store.keys.ingest_in(shard, lane);
     let json = args.json;
     let mut told = false;
     let mut producer = Producer::new(store)
@@ -840,7 +841,7 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
             }
             let n = round.len() as u64;
             producer
-                .append_encoded(shard, std::mem::take(&mut round))
+                .append_encoded(shard, lane, std::mem::take(&mut round))
                 .await?;
             if let Some(b) = &bar {
                 b.inc(n);

@@ -80,6 +80,11 @@ pub struct WorkerFlags {
     /// Requests allowed at once above the rate.
     #[arg(long, env = "GROUPCAST_RATE_BURST", default_value_t = WorkerConfig::RATE_BURST)]
     pub rate_burst: u32,
+    /// Percent of `--rate-limit` each lower priority lane (normal, bulk)
+    /// keeps while higher lanes have work: urgent goes first, bulk is never
+    /// starved. 0: no guarantee.
+    #[arg(long, env = "GROUPCAST_BULK_SHARE", default_value_t = WorkerConfig::BULK_SHARE, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub bulk_share: u32,
     /// How long a work item retries transient provider trouble (5xx,
     /// dropped answers, timeouts, 429, refused connections) before it is
     /// dead-lettered, counted from its first failure.
@@ -194,6 +199,7 @@ impl WorkerFlags {
             group_cap: self.group_cap,
             rate_limit: self.rate_limit,
             rate_burst: self.rate_burst,
+            bulk_share: self.bulk_share,
             retry_for: self.retry_for.into(),
             report_retry_for: self.report_retry_for.into(),
             max_attempts: self.max_attempts,

@@ -7,6 +7,7 @@ use super::scripts::SCRIPTS;
 use super::{RedisConn, Store, StoreError, StoreResult};
 use crate::events::{ChunkLoaded, Event, Recorded};
 use crate::keys::BatchKeys;
+use crate::keys::Priority;
 use crate::projection::{self, event_key, field, Projection, Update};
 
 /// How a batch ends, for the scripts that can end one (`settle.lua`): how
@@ -325,16 +326,52 @@ fn positions(s: &str) -> Option<Vec<u32>> {
 }
 
 impl Store {
-    /// The log of a batch (the id must have been validated).
+    /// The log of a batch (the id must have been validated), whose work
+    /// items go to the normal lane.
     pub fn batch(&self, batch: &str) -> BatchLog {
+        self.batch_in(batch, Priority::Normal)
+    }
+
+    /// The log of a batch whose work items go to `lane`'s work stream: the
+    /// lane of the entry the caller is handling.
+    pub fn batch_in(&self, batch: &str, lane: Priority) -> BatchLog {
         BatchLog {
             conn: self.conn.clone(),
             witnesses: self.witnesses.clone(),
             policy: self.policy,
             batch: batch.to_string(),
-            keys: self.keys.batch(batch),
+            keys: self.keys.batch_in(batch, lane),
         }
     }
+
+    /// The log of a batch in the lane its stored options name (see
+    /// [`BatchLog::stored_lane`]): for callers that handle no entry of the
+    /// batch (`close`, the watchdog).
+    pub async fn batch_in_its_lane(&self, batch: &str) -> StoreResult<BatchLog> {
+        let lane = self.batch(batch).stored_lane().await?;
+        Ok(self.batch_in(batch, lane))
+    }
+}
+
+impl BatchLog {
+    /// The lane the batch's stored options name (the state's `opts` field,
+    /// `<send at>|<priority>|…`); normal without one.
+    pub async fn stored_lane(&self) -> StoreResult<Priority> {
+        let opts: Option<String> = redis::cmd("HGET")
+            .arg(&self.keys.state)
+            .arg("opts")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(lane_of_opts(opts.as_deref()))
+    }
+}
+
+/// The priority named by a batch's stored options (`opts`, whose second
+/// `|`-separated part is the priority's name); normal when absent.
+pub fn lane_of_opts(opts: Option<&str>) -> Priority {
+    opts.and_then(|o| o.split('|').nth(1))
+        .and_then(Priority::parse)
+        .unwrap_or_default()
 }
 
 impl BatchLog {

@@ -49,21 +49,39 @@ impl Store {
 
     /// Reserves `cost` requests from the shared rate limiter at `key`
     /// (`rate` per second, `burst`; see `rate_limit.lua`). Returns how many
-    /// milliseconds to wait before they may go; with `max_wait_ms`, a wait
-    /// longer than that reserves nothing and comes back negative (`-wait`).
+    /// milliseconds to wait before they may go; with a `limit`, a wait
+    /// longer than it allows reserves nothing and comes back negative
+    /// (`-w`: come back in `w` ms).
     pub async fn reserve_rate(
         &self,
         key: &str,
         rate: u32,
         burst: u32,
         cost: u32,
-        max_wait_ms: Option<u64>,
+        limit: Option<&LaneLimit>,
     ) -> StoreResult<i64> {
         let mut inv = SCRIPTS.rate_limit.prepare_invoke();
         inv.key(key).arg(rate).arg(burst).arg(cost);
-        if let Some(max) = max_wait_ms {
-            inv.arg(max);
+        if let Some(l) = limit {
+            inv.arg(l.max_wait_ms).arg(l.horizon_ms);
+            if l.share > 0.0 {
+                inv.key(&l.share_key).arg(l.share);
+            }
         }
         Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
+}
+
+/// How far ahead a lane's request may book the rate limiter (see
+/// `rate_limit.lua` and `worker::limiter`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneLimit {
+    /// The longest wait worth booking for (an owed lane's limit).
+    pub max_wait_ms: u64,
+    /// The lane's own limit, when it is not owed a slot.
+    pub horizon_ms: u64,
+    /// Requests per second guaranteed to the lane (0: none).
+    pub share: f64,
+    /// Where the lane's next owed slot is kept.
+    pub share_key: String,
 }

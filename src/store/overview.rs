@@ -11,6 +11,7 @@ use super::info::GroupInfo;
 use super::queue::{parse_entries, Entry};
 use super::{Store, StoreError, StoreResult};
 use crate::events::chunk::ChunkRef;
+use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 
 /// One stream (or the delayed-retries set) of one shard.
@@ -135,6 +136,26 @@ impl Store {
             for (key, what, group) in [
                 (keys.ingest(shard), "ingest", Some(LOADERS_GROUP)),
                 (keys.work(shard), "work", Some(OPERATORS_GROUP)),
+                (
+                    keys.ingest_in(shard, Priority::Urgent),
+                    "ingest (urgent)",
+                    Some(LOADERS_GROUP),
+                ),
+                (
+                    keys.work_in(shard, Priority::Urgent),
+                    "work (urgent)",
+                    Some(OPERATORS_GROUP),
+                ),
+                (
+                    keys.ingest_in(shard, Priority::Bulk),
+                    "ingest (bulk)",
+                    Some(LOADERS_GROUP),
+                ),
+                (
+                    keys.work_in(shard, Priority::Bulk),
+                    "work (bulk)",
+                    Some(OPERATORS_GROUP),
+                ),
                 (keys.dead_letters(shard), "dead letters", None),
                 (keys.reports(shard), "reports", None),
             ] {
@@ -170,54 +191,64 @@ impl Store {
         Ok(out)
     }
 
-    /// The chunks waiting in a shard's ingest stream that the loaders'
-    /// group has not been delivered yet (every entry when the group does
+    /// The chunks waiting in a shard's ingest streams (every lane's) that
+    /// the loaders' group has not been delivered yet (every entry when the group does
     /// not exist), counted by batch. Read in pages; each chunk is read in
     /// place, without copying its recipients.
     pub async fn queued(&self, shard: u32) -> StoreResult<Queued> {
-        let stream = self.keys.ingest(shard);
-        let info = self.group_if_any(&stream, LOADERS_GROUP).await?;
-        let mut start = match info.as_ref().and_then(|i| i.last_delivered.as_deref()) {
-            Some(id) => format!("({id}"),
-            None => "-".to_string(),
-        };
         let mut batches: BTreeMap<String, QueuedBatch> = BTreeMap::new();
         let mut unreadable = 0;
-        loop {
-            let v: Value = redis::cmd("XRANGE")
-                .arg(&stream)
-                .arg(&start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut self.conn.clone())
-                .await?;
-            let page = parse_entries(&v);
-            for e in &page {
-                match e.get("d").and_then(ChunkRef::decode) {
-                    Some(c) => {
-                        let b = batches
-                            .entry(c.batch.to_string())
-                            .or_insert_with(|| QueuedBatch {
-                                batch: c.batch.to_string(),
-                                shard,
-                                since_ms: crate::events::entry_millis(&e.id),
-                                ..QueuedBatch::default()
-                            });
-                        b.chunks += 1;
-                        b.recipients += c.recipients.len() as u64;
-                        if c.last {
-                            b.last_seq = Some(c.seq);
+        // The normal lane's group speaks for the workers (they make every
+        // lane's at once).
+        let mut normal_info = None;
+        for lane in Priority::ALL {
+            let stream = self.keys.ingest_in(shard, lane);
+            let info = self.group_if_any(&stream, LOADERS_GROUP).await?;
+            let mut start = match info.as_ref().and_then(|i| i.last_delivered.as_deref()) {
+                Some(id) => format!("({id}"),
+                None => "-".to_string(),
+            };
+            if lane == Priority::Normal {
+                normal_info = info;
+            }
+            loop {
+                let v: Value = redis::cmd("XRANGE")
+                    .arg(&stream)
+                    .arg(&start)
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut self.conn.clone())
+                    .await?;
+                let page = parse_entries(&v);
+                for e in &page {
+                    match e.get("d").and_then(ChunkRef::decode) {
+                        Some(c) => {
+                            let b =
+                                batches
+                                    .entry(c.batch.to_string())
+                                    .or_insert_with(|| QueuedBatch {
+                                        batch: c.batch.to_string(),
+                                        shard,
+                                        since_ms: crate::events::entry_millis(&e.id),
+                                        ..QueuedBatch::default()
+                                    });
+                            b.chunks += 1;
+                            b.recipients += c.recipients.len() as u64;
+                            if c.last {
+                                b.last_seq = Some(c.seq);
+                            }
                         }
+                        None => unreadable += 1,
                     }
-                    None => unreadable += 1,
+                }
+                match page.last() {
+                    Some(last) if page.len() == 500 => start = format!("({}", last.id),
+                    _ => break,
                 }
             }
-            match page.last() {
-                Some(last) if page.len() == 500 => start = format!("({}", last.id),
-                _ => break,
-            }
         }
+        let info = normal_info;
         Ok(Queued {
             shard,
             group_exists: info.is_some(),

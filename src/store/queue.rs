@@ -5,6 +5,7 @@ use redis::Value;
 
 use super::scripts::SCRIPTS;
 use super::{BlockingConn, Store, StoreResult};
+use crate::keys::Priority;
 
 /// One stream entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +74,9 @@ pub fn parse_entries(v: &Value) -> Vec<Entry> {
 }
 
 /// A work entry waiting in the delayed set, encoded so that `promote.lua`
-/// can put its fields back on the work stream: `<op>|<length of d>|<d><c>`.
+/// can put its fields back on its lane's work stream:
+/// `<op>|<length of d>|<d><c>` for the normal lane, `<op>@<lane>|…` for the
+/// others.
 /// (Redis' Lua `cmsgpack` cannot read MessagePack binary strings, so the
 /// member is framed by hand; Lua string functions are binary-safe.)
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +87,8 @@ pub struct DelayedEntry {
     pub d: Vec<u8>,
     /// The `c` field (a chunk payload), if any.
     pub c: Option<Vec<u8>>,
+    /// The lane whose work stream it goes back to.
+    pub lane: Priority,
 }
 
 impl DelayedEntry {
@@ -92,6 +97,10 @@ impl DelayedEntry {
         let c = self.c.as_deref().unwrap_or_default();
         let mut out = Vec::with_capacity(self.op.len() + 12 + self.d.len() + c.len());
         out.extend_from_slice(self.op.as_bytes());
+        if self.lane != Priority::Normal {
+            out.push(b'@');
+            out.extend_from_slice(self.lane.name().as_bytes());
+        }
         out.push(b'|');
         out.extend_from_slice(self.d.len().to_string().as_bytes());
         out.push(b'|');
@@ -285,13 +294,15 @@ impl Store {
         Ok(())
     }
 
-    /// Moves up to `limit` due entries of a shard's delayed set back to its
-    /// work stream. Returns how many moved.
+    /// Moves up to `limit` due entries of a shard's delayed set back to
+    /// their lanes' work streams. Returns how many moved.
     pub async fn promote(&self, shard: u32, limit: usize) -> StoreResult<usize> {
         Ok(SCRIPTS
             .promote
             .key(self.keys.delayed(shard))
-            .key(self.keys.work(shard))
+            .key(self.keys.work_in(shard, Priority::Normal))
+            .key(self.keys.work_in(shard, Priority::Urgent))
+            .key(self.keys.work_in(shard, Priority::Bulk))
             .arg(limit)
             .invoke_async(&mut self.conn.clone())
             .await?)

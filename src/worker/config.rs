@@ -73,6 +73,11 @@ pub struct WorkerConfig {
     pub rate_limit: u32,
     /// Requests allowed at once above the rate. Default 50.
     pub rate_burst: u32,
+    /// Percent of `rate_limit` each lower priority lane (normal, bulk) is
+    /// guaranteed while higher lanes keep the limiter busy, so that urgent
+    /// work goes first without starving bulk work (see
+    /// [`crate::worker::limiter`]). 0: no guarantee. Default 10.
+    pub bulk_share: u32,
     /// How long a work item keeps retrying transient failures (5xx, dropped
     /// answers, timeouts, 429, refused connections) before it is
     /// dead-lettered, measured from its first failure (a time carried in the
@@ -146,6 +151,8 @@ impl WorkerConfig {
     pub const RATE_LIMIT: u32 = 300;
     /// Default of [`WorkerConfig::rate_burst`].
     pub const RATE_BURST: u32 = 50;
+    /// Default of [`WorkerConfig::bulk_share`].
+    pub const BULK_SHARE: u32 = 10;
     /// Default of [`WorkerConfig::retry_for`].
     pub const RETRY_FOR: Duration = Duration::from_secs(3600);
     /// Default of [`WorkerConfig::report_retry_for`].
@@ -186,6 +193,7 @@ impl Default for WorkerConfig {
             group_cap: Self::GROUP_CAP,
             rate_limit: Self::RATE_LIMIT,
             rate_burst: Self::RATE_BURST,
+            bulk_share: Self::BULK_SHARE,
             retry_for: Self::RETRY_FOR,
             report_retry_for: Self::REPORT_RETRY_FOR,
             max_attempts: Self::MAX_ATTEMPTS,

@@ -9,6 +9,7 @@ use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
 use crate::events::encode_payload;
+use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, DelayedEntry, Entry};
 use crate::worker::ops::{load_chunk, Op, Outcome, WorkItem};
@@ -31,11 +32,11 @@ impl Source {
             Source::Work => OPERATORS_GROUP,
         }
     }
-    /// Its stream on a shard.
-    pub fn stream(self, ctx: &Ctx, shard: u32) -> String {
+    /// Its stream on a shard's lane.
+    pub fn stream(self, ctx: &Ctx, shard: u32, lane: Priority) -> String {
         match self {
-            Source::Ingest => ctx.store.keys.ingest(shard),
-            Source::Work => ctx.store.keys.work(shard),
+            Source::Ingest => ctx.store.keys.ingest_in(shard, lane),
+            Source::Work => ctx.store.keys.work_in(shard, lane),
         }
     }
     fn label(self) -> &'static str {
@@ -46,11 +47,19 @@ impl Source {
     }
 }
 
-/// Reads `source` on `shard` until `shutdown`, `ctx.config.concurrency`
-/// entries at a time; every `visibility_timeout / 2` it also takes over
-/// entries another consumer left pending too long.
-pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch::Receiver<bool>) {
-    let stream = source.stream(&ctx, shard);
+/// Reads `source` on `shard`'s `lane` until `shutdown`,
+/// `ctx.config.concurrency` entries at a time; every `visibility_timeout / 2`
+/// it also takes over entries another consumer left pending too long. Each
+/// lane has its own reader (its own reads and its own `concurrency`), so an
+/// urgent entry never waits behind bulk entries read before it.
+pub async fn run(
+    ctx: Arc<Ctx>,
+    source: Source,
+    shard: u32,
+    lane: Priority,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let stream = source.stream(&ctx, shard, lane);
     let group = source.group();
     let permits = Arc::new(Semaphore::new(ctx.config.concurrency.max(1)));
     let (acker, flusher) = Acker::spawn(ctx.store.clone(), stream.clone(), group);
@@ -139,11 +148,17 @@ pub async fn run(ctx: Arc<Ctx>, source: Source, shard: u32, mut shutdown: watch:
         let stream = stream.clone();
         let acker = acker.clone();
         // Every log line of this entry (handling and settling) names it.
-        let span = tracing::info_span!("entry", stream = source.label(), shard, id = %entry.id, deliveries);
+        let span = tracing::info_span!("entry", stream = source.label(), shard, lane = lane.name(), id = %entry.id, deliveries);
         tokio::spawn(
             async move {
                 let _slot = slot;
-                process(&ctx, &acker, source, shard, &stream, entry, deliveries).await;
+                let at = At {
+                    source,
+                    shard,
+                    lane,
+                    stream: &stream,
+                };
+                process(&ctx, &acker, &at, entry, deliveries).await;
             }
             .instrument(span),
         );
@@ -209,16 +224,21 @@ async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
     }
 }
 
+/// Where an entry was read: its stream, of `source` on `shard`'s `lane`.
+pub struct At<'a> {
+    /// The kind of stream.
+    pub source: Source,
+    /// The shard.
+    pub shard: u32,
+    /// The lane.
+    pub lane: Priority,
+    /// The stream's key.
+    pub stream: &'a str,
+}
+
 /// Handles and settles one entry.
-pub async fn process(
-    ctx: &Ctx,
-    acker: &Acker,
-    source: Source,
-    shard: u32,
-    stream: &str,
-    entry: Entry,
-    deliveries: u64,
-) {
+pub async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, deliveries: u64) {
+    let (source, shard, lane, stream) = (at.source, at.shard, at.lane, at.stream);
     let group = source.group();
     if deliveries > ctx.config.max_deliveries {
         let reason =
@@ -226,9 +246,7 @@ pub async fn process(
         settle(
             ctx,
             acker,
-            source,
-            shard,
-            stream,
+            at,
             &entry,
             Handled::new(Outcome::Dead(reason)),
             deliveries,
@@ -239,14 +257,14 @@ pub async fn process(
     ctx.in_flight(source.label(), 1);
     let handling = async {
         match source {
-            Source::Ingest => loader::handle(ctx, shard, &entry).await,
-            Source::Work => operator::handle(ctx, &entry).await,
+            Source::Ingest => loader::handle(ctx, shard, lane, &entry).await,
+            Source::Work => operator::handle(ctx, lane, &entry).await,
         }
     };
     let handled = renewing_lease(ctx, stream, group, &entry.id, handling).await;
     ctx.in_flight(source.label(), -1);
     match handled {
-        Ok(h) => settle(ctx, acker, source, shard, stream, &entry, h, deliveries).await,
+        Ok(h) => settle(ctx, acker, at, &entry, h, deliveries).await,
         Err(e) => {
             // Redis trouble: leave the entry pending; it is reclaimed after
             // the visibility timeout (by us or by another consumer).
@@ -284,17 +302,15 @@ async fn renewing_lease<T>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn settle(
     ctx: &Ctx,
     acker: &Acker,
-    source: Source,
-    shard: u32,
-    stream: &str,
+    at: &At<'_>,
     entry: &Entry,
     handled: Handled,
     deliveries: u64,
 ) {
+    let (source, shard, lane, stream) = (at.source, at.shard, at.lane, at.stream);
     let group = source.group();
     let keys = &ctx.store.keys;
     let result = match handled.outcome {
@@ -337,7 +353,7 @@ async fn settle(
                 ) {
                     retry::Decision::GiveUp(reason) => {
                         if let Err(e) =
-                            give_up_load(ctx, op, &item, chunk.as_deref(), &reason).await
+                            give_up_load(ctx, lane, op, &item, chunk.as_deref(), &reason).await
                         {
                             tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
                             return;
@@ -353,11 +369,12 @@ async fn settle(
                         // same step, so the watchdog does not call it stalled.
                         let alive = cause
                             .is_heartbeat()
-                            .then(|| ctx.store.batch(&item.batch).keys.state);
+                            .then(|| ctx.store.keys.batch(&item.batch).state);
                         let delayed = DelayedEntry {
                             op: op.name().into(),
                             d: encode_payload(&item),
                             c: chunk,
+                            lane,
                         };
                         ctx.store
                             .retry_later(
@@ -377,7 +394,8 @@ async fn settle(
         },
         Outcome::Dead(reason) => {
             if let Some((op, item, chunk)) = &handled.retry_as {
-                if let Err(e) = give_up_load(ctx, *op, item, chunk.as_deref(), &reason).await {
+                if let Err(e) = give_up_load(ctx, lane, *op, item, chunk.as_deref(), &reason).await
+                {
                     tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
                     return;
                 }
@@ -395,13 +413,14 @@ async fn settle(
 /// so that the generation and the batch still end.
 async fn give_up_load(
     ctx: &Ctx,
+    lane: Priority,
     op: Op,
     item: &WorkItem,
     chunk: Option<&[u8]>,
     reason: &str,
 ) -> Result<(), crate::worker::ops::OpError> {
     match (op, chunk) {
-        (Op::Load, Some(bytes)) => load_chunk::give_up(ctx, item, bytes, reason).await,
+        (Op::Load, Some(bytes)) => load_chunk::give_up(ctx, lane, item, bytes, reason).await,
         _ => Ok(()),
     }
 }

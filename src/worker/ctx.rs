@@ -51,7 +51,12 @@ impl Ctx {
     /// Builds a context.
     pub fn new(store: Store, provider: ProviderClient, config: WorkerConfig) -> Ctx {
         let store = store.with_policy(config.batch_policy());
-        let limiter = Limiter::new(store.clone(), config.rate_limit, config.rate_burst);
+        let limiter = Limiter::new(
+            store.clone(),
+            config.rate_limit,
+            config.rate_burst,
+            config.bulk_share,
+        );
         let aof = match config.durable {
             crate::worker::DurableWait::WaitAof { replicas } => Some(store.aof_waiter(replicas)),
             _ => None,

@@ -6,14 +6,21 @@ use tracing::Instrument;
 use crate::events::chunk::ChunkRef;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
+use crate::keys::Priority;
 use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection};
 use crate::store::queue::Entry;
 use crate::worker::ops::load_chunk::{self, Load};
 use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
 use crate::worker::{Ctx, Handled};
 
-/// Handles one ingest entry of shard `shard`.
-pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpError> {
+/// Handles one ingest entry of shard `shard`'s `lane`: the batch's work
+/// items go to that lane's work stream.
+pub async fn handle(
+    ctx: &Ctx,
+    shard: u32,
+    lane: Priority,
+    entry: &Entry,
+) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     match entry.get("v") {
         Some(v) if v == ENVELOPE_VERSION.as_bytes() => {}
@@ -55,7 +62,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
         seq = chunk.seq,
         gen = tracing::field::Empty
     );
-    handle_chunk(ctx, shard, &chunk, data)
+    handle_chunk(ctx, shard, lane, &chunk, data)
         .instrument(span)
         .await
 }
@@ -64,6 +71,7 @@ pub async fn handle(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpE
 async fn handle_chunk(
     ctx: &Ctx,
     shard: u32,
+    lane: Priority,
     chunk: &ChunkRef<'_>,
     data: &[u8],
 ) -> Result<Handled, OpError> {
@@ -75,7 +83,7 @@ async fn handle_chunk(
             chunk.batch
         ));
     }
-    let log = ctx.store.batch(chunk.batch);
+    let log = ctx.store.batch_in(chunk.batch, lane);
     let digest = chunk.digest();
     if let Err(e) = chunk.validate() {
         // Recorded (its seq becomes a hole the batch can end without), then

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::{Store, StoreResult};
 use crate::worker::Ctx;
@@ -87,16 +88,18 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Trims every shard's ingest and work streams.
+/// Trims every shard's ingest and work streams, of every lane.
 pub async fn trim_all(store: &Store) -> StoreResult<()> {
     let keys = &store.keys;
     for shard in 0..keys.shards() {
-        store
-            .trim_acknowledged(&keys.ingest(shard), LOADERS_GROUP)
-            .await?;
-        store
-            .trim_acknowledged(&keys.work(shard), OPERATORS_GROUP)
-            .await?;
+        for lane in Priority::ALL {
+            store
+                .trim_acknowledged(&keys.ingest_in(shard, lane), LOADERS_GROUP)
+                .await?;
+            store
+                .trim_acknowledged(&keys.work_in(shard, lane), OPERATORS_GROUP)
+                .await?;
+        }
     }
     Ok(())
 }
@@ -118,14 +121,30 @@ pub async fn sample_gauges(store: &Store) {
     let keys = &store.keys;
     for shard in 0..keys.shards() {
         let shard_label = shard.to_string();
-        for (stream, group, label) in [
-            (keys.ingest(shard), Some(LOADERS_GROUP), "ingest"),
-            (keys.work(shard), Some(OPERATORS_GROUP), "work"),
-            (keys.dead_letters(shard), None, "dlq"),
-            (keys.reports(shard), None, "reports"),
-        ] {
+        let lanes = Priority::ALL.into_iter().flat_map(|lane| {
+            [
+                (
+                    keys.ingest_in(shard, lane),
+                    Some(LOADERS_GROUP),
+                    "ingest",
+                    lane,
+                ),
+                (
+                    keys.work_in(shard, lane),
+                    Some(OPERATORS_GROUP),
+                    "work",
+                    lane,
+                ),
+            ]
+        });
+        let others = [
+            (keys.dead_letters(shard), None, "dlq", Priority::Normal),
+            (keys.reports(shard), None, "reports", Priority::Normal),
+        ];
+        for (stream, group, label, lane) in lanes.chain(others) {
+            let lane = lane.name();
             if let Ok(len) = store.stream_len(&stream).await {
-                metrics::gauge!("groupcast_stream_length", "stream" => label, "shard" => shard_label.clone()).set(len as f64);
+                metrics::gauge!("groupcast_stream_length", "stream" => label, "shard" => shard_label.clone(), "lane" => lane).set(len as f64);
             }
             let Some(group) = group else { continue };
             if let Ok(Some(info)) = store.group_info(&stream, group).await {
@@ -134,7 +153,7 @@ pub async fn sample_gauges(store: &Store) {
                     (info.lag, "groupcast_stream_lag"),
                 ] {
                     if let Some(v) = value {
-                        metrics::gauge!(metric, "stream" => label, "shard" => shard_label.clone(), "group" => group).set(v as f64);
+                        metrics::gauge!(metric, "stream" => label, "shard" => shard_label.clone(), "group" => group, "lane" => lane).set(v as f64);
                     }
                 }
             }

@@ -30,6 +30,7 @@ use tokio::task::JoinSet;
 pub use config::{DurableWait, Role, WorkerConfig};
 pub use ctx::{Ctx, Handled};
 
+use crate::keys::Priority;
 use crate::store::StoreResult;
 
 /// A running worker.
@@ -46,12 +47,14 @@ impl Worker {
         let ctx = Arc::new(ctx);
         let keys = &ctx.store.keys;
         for shard in 0..keys.shards() {
-            ctx.store
-                .ensure_group(&keys.ingest(shard), crate::keys::LOADERS_GROUP)
-                .await?;
-            ctx.store
-                .ensure_group(&keys.work(shard), crate::keys::OPERATORS_GROUP)
-                .await?;
+            for lane in Priority::ALL {
+                ctx.store
+                    .ensure_group(&keys.ingest_in(shard, lane), crate::keys::LOADERS_GROUP)
+                    .await?;
+                ctx.store
+                    .ensure_group(&keys.work_in(shard, lane), crate::keys::OPERATORS_GROUP)
+                    .await?;
+            }
         }
         let (tx, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -65,7 +68,15 @@ impl Worker {
                         consumer::Source::Work
                     };
                     for shard in 0..keys.shards() {
-                        tasks.spawn(consumer::run(ctx.clone(), source, shard, rx.clone()));
+                        for lane in Priority::ALL {
+                            tasks.spawn(consumer::run(
+                                ctx.clone(),
+                                source,
+                                shard,
+                                lane,
+                                rx.clone(),
+                            ));
+                        }
                     }
                 }
                 Role::Promote => {

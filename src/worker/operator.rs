@@ -5,12 +5,14 @@ use tracing::Instrument;
 use crate::events::chunk::ChunkRef;
 use crate::events::{clip, decode_payload, QUOTE_MAX};
 use crate::keys::validate_batch_id;
+use crate::keys::Priority;
 use crate::store::queue::Entry;
 use crate::worker::ops::{self, Op, OpError, Outcome, WorkItem};
 use crate::worker::{Ctx, Handled};
 
-/// Handles one work entry.
-pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
+/// Handles one work entry of `lane`'s work stream: the work items it leads
+/// to stay in that lane.
+pub async fn handle(ctx: &Ctx, lane: Priority, entry: &Entry) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let Some(op) = entry.text("op").as_deref().and_then(Op::parse) else {
         return dead(format!(
@@ -36,7 +38,7 @@ pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
         seq = item.seq,
         attempt = item.attempt
     );
-    run(ctx, op, item, entry.get("c").map(<[u8]>::to_vec))
+    run(ctx, lane, op, item, entry.get("c").map(<[u8]>::to_vec))
         .instrument(span)
         .await
 }
@@ -44,17 +46,18 @@ pub async fn handle(ctx: &Ctx, entry: &Entry) -> Result<Handled, OpError> {
 /// Runs a decoded work item (inside its span).
 async fn run(
     ctx: &Ctx,
+    lane: Priority,
     op: Op,
     item: WorkItem,
     chunk_bytes: Option<Vec<u8>>,
 ) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let outcome = match op {
-        Op::Create => ops::create_group::run(ctx, &item).await?,
-        Op::Send => ops::send_group::run(ctx, &item).await?,
-        Op::Poll => ops::poll_group::run(ctx, &item).await?,
-        Op::Delete => ops::delete_group::run(ctx, &item).await?,
-        Op::Report => ops::deliver_report::run(ctx, &item).await?,
+        Op::Create => ops::create_group::run(ctx, lane, &item).await?,
+        Op::Send => ops::send_group::run(ctx, lane, &item).await?,
+        Op::Poll => ops::poll_group::run(ctx, lane, &item).await?,
+        Op::Delete => ops::delete_group::run(ctx, lane, &item).await?,
+        Op::Report => ops::deliver_report::run(ctx, lane, &item).await?,
         Op::Load => {
             let (Some(seq), Some(group), Some(bytes)) =
                 (item.seq, item.group_id.as_deref(), chunk_bytes.as_deref())
@@ -66,7 +69,7 @@ async fn run(
                 Ok(c) => c,
                 Err(e) => return dead(format!("undecodable chunk in load item: {e}")),
             };
-            let log = ctx.store.batch(&item.batch);
+            let log = ctx.store.batch_in(&item.batch, lane);
             // A retried load may find its chunk loaded meanwhile: look before
             // calling the provider. A first attempt (a released parked chunk)
             // almost never is, and if it is, the add answers 1026 and

@@ -137,7 +137,7 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
         let batches = store.active_batches(shard).await?;
         for batch in batches {
             let log = store.batch(&batch);
-            match check(&log, now, threshold, ctx.config.give_up_after).await? {
+            match check(store, &log, now, threshold, ctx.config.give_up_after).await? {
                 Check::Healed => {
                     store.forget_active(shard, &batch).await?;
                     report.healed += 1;
@@ -161,6 +161,7 @@ pub async fn scan(ctx: &Ctx) -> StoreResult<Option<ScanReport>> {
 }
 
 async fn check(
+    store: &Store,
     log: &BatchLog,
     now: u64,
     threshold: u64,
@@ -192,6 +193,8 @@ async fn check(
                 humantime::format_duration(Duration::from_millis(quiet / 1000 * 1000)),
                 humantime::format_duration(limit)
             );
+            // Its work (the sends a close makes ready) goes to its lane.
+            let log = store.batch_in(&log.batch, log.stored_lane().await?);
             let closing = log.close(&reason).await?;
             tracing::warn!(batch = %log.batch, %reason, ?closing, "batch closed: gave up waiting");
             return Ok(Check::Closed);

@@ -1,14 +1,23 @@
 -- Reserve provider requests from the shared rate limiter (GCRA). The caller
 -- waits the returned number of milliseconds and then goes: one round trip per
 -- request, no retry loop.
--- KEYS: limiter key
+-- KEYS: limiter key[, the lane's share key]
 -- ARGV: requests per second, burst, cost (requests), and optionally the
--- longest wait (ms) worth reserving for
--- Returns the wait in ms; a negative number -w when the wait w would be
--- longer than that: nothing was reserved, come back in w ms. (A cost too
--- large to ever fit in that wait is reserved anyway, or it would never go.)
+-- longest wait (ms) worth reserving for, the lane's horizon (ms) and the
+-- lane's share (requests per second)
+-- Returns the wait in ms; a negative number -w when the wait would be longer
+-- than allowed: nothing was reserved, come back in w ms. (A cost too large
+-- to ever fit in that wait is reserved anyway, or it would never go.)
+--
+-- Priority lanes: every lane reserves on the one schedule, but a lane with
+-- a horizon (normal, bulk) only reserves a slot that starts within its
+-- horizon, so a more urgent lane (a longer horizon) always finds room ahead
+-- of what lower lanes booked. A lane with a share is owed a slot every
+-- 1/share seconds (its share key holds when, in µs): an owed request may
+-- reserve up to the longest wait like the most urgent lane, so that a lower
+-- lane keeps its share while higher lanes have work.
 local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_wait = tonumber(ARGV[4])
+local max_wait, horizon, share = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = 1000000 / rate
@@ -21,8 +30,35 @@ local wait = new_tat - burst * interval - now
 if wait < 0 then
   wait = 0
 end
-if max_wait and wait > max_wait * 1000 and wait > (cost - burst) * interval then
-  return -math.max(1, math.ceil(wait / 1000))
+local limit = max_wait
+-- When the lane is next owed a slot (µs; absent: now), read only when its
+-- horizon alone would refuse.
+local owed_at, owed = nil, false
+if horizon and (not limit or horizon < limit) and wait > horizon * 1000 then
+  if KEYS[2] and share and share > 0 then
+    owed_at = tonumber(redis.call('GET', KEYS[2])) or now
+    owed = owed_at <= now
+  end
+  if not owed then
+    limit = horizon
+  end
+end
+if limit and wait > limit * 1000 and wait > (cost - burst) * interval then
+  -- Back when the slot is due; a lane held back by its horizon comes back
+  -- when the wait fits it, or when the lane is owed a slot.
+  local back = wait
+  if limit ~= max_wait then
+    back = wait - limit * 1000
+  end
+  if owed_at and not owed and owed_at - now < back then
+    back = owed_at - now
+  end
+  return -math.max(1, math.ceil(back / 1000))
+end
+if owed then
+  -- The lane's owed slot is taken: the next one is 1/share seconds on.
+  local next_owed = now + cost * 1000000 / share
+  redis.call('SET', KEYS[2], string.format('%.0f', next_owed), 'PX', math.ceil((next_owed - now) / 1000) + 1000)
 end
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
 return math.ceil(wait / 1000)

@@ -13,6 +13,7 @@
 //! - `summary`: the counters read (`/proc`, `INFO`), the latencies in a
 //!   batch's events, the broken rules, and the result line.
 
+mod lanes;
 mod summary;
 mod workload;
 
@@ -86,6 +87,19 @@ pub struct BenchArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 1800)]
     pub timeout_secs: u64,
+    /// Instead of a workload, the priority lanes race: the provider (and the
+    /// workers) limited to `--rate-limit` requests/s, a `bulk` batch of
+    /// `--recipients` (default 100,000, chunks of 250) in flight, and an
+    /// `urgent` batch of 20 submitted `--urgent-after-ms` later; prints how
+    /// long the urgent batch took from submit to report.
+    #[arg(long)]
+    pub lanes: bool,
+    /// With `--lanes`: requests per second of the provider and the workers.
+    #[arg(long, default_value_t = 25)]
+    pub rate_limit: u32,
+    /// With `--lanes`: when the urgent batch is submitted, after the bulk one.
+    #[arg(long, default_value_t = 2000)]
+    pub urgent_after_ms: u64,
 }
 
 /// The mock provider's credentials, shared with the workers.
@@ -125,11 +139,13 @@ async fn cpu_now(store: &Store, workers: &[u32], mock: u32) -> Result<CpuSeconds
     })
 }
 
-/// Starts the mock provider on `port` and waits until it listens; returns its pid.
+/// Starts the mock provider on `port` (with `extra` flags) and waits until
+/// it listens; returns its pid.
 async fn start_mock(
     exe: &Path,
     port: u16,
-    plan: &Plan,
+    cap: u64,
+    extra: &[&str],
     procs: &mut Procs,
 ) -> Result<u32, CliError> {
     let mock = Command::new(exe)
@@ -140,7 +156,8 @@ async fn start_mock(
             "--complete-after-ms",
             "100",
         ])
-        .args(["--cap", &plan.group_cap.max(1_000_000).to_string()])
+        .args(["--cap", &cap.max(1_000_000).to_string()])
+        .args(extra)
         .env("GROUPCAST_MOCK_API_KEY", API_KEY)
         .env("GROUPCAST_MOCK_API_SECRET", API_SECRET)
         .stdin(Stdio::null())
@@ -165,6 +182,16 @@ async fn start_mock(
     Ok(pid)
 }
 
+/// How the workers run.
+struct WorkerFlags<'a> {
+    workers: usize,
+    concurrency: usize,
+    group_cap: u64,
+    /// `--rate-limit`, `--rate-burst`.
+    rate: (u32, u32),
+    procs: &'a mut Procs,
+}
+
 /// Starts the workers and waits until they have made their consumer groups;
 /// returns their pids.
 async fn start_workers(
@@ -172,27 +199,22 @@ async fn start_workers(
     store: &Store,
     redis_url: &str,
     provider_url: &str,
-    args: &BenchArgs,
-    plan: &Plan,
-    procs: &mut Procs,
+    flags: WorkerFlags<'_>,
 ) -> Result<Vec<u32>, CliError> {
     let mut pids = Vec::new();
-    for _ in 0..plan.workers.max(1) {
+    let procs = flags.procs;
+    for _ in 0..flags.workers.max(1) {
         let w = Command::new(exe)
-            .args([
-                "worker",
-                "--metrics-listen",
-                "off",
-                "--rate-limit",
-                "0",
-                "--durability",
-                "none",
-            ])
+            .args(["worker", "--metrics-listen", "off", "--durability", "none"])
             .args([
                 "--concurrency",
-                &args.concurrency.to_string(),
+                &flags.concurrency.to_string(),
                 "--group-cap",
-                &plan.group_cap.to_string(),
+                &flags.group_cap.to_string(),
+                "--rate-limit",
+                &flags.rate.0.to_string(),
+                "--rate-burst",
+                &flags.rate.1.max(1).to_string(),
             ])
             .args(["--poll-interval", "100ms", "--backoff-base", "50ms"])
             .env("GROUPCAST_REDIS_URL", redis_url)
@@ -389,6 +411,9 @@ async fn failed_checks(
 
 /// Runs one bench and prints its JSON line.
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    if args.lanes {
+        return lanes::run(&args).await;
+    }
     let plan = args.plan()?;
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Failed(format!("cannot find my own binary: {e}")))?;
@@ -397,17 +422,15 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut procs = Procs(Vec::new());
     let mock_port = free_port().map_err(|e| CliError::Failed(e.to_string()))?;
     let base_url = format!("http://127.0.0.1:{mock_port}");
-    let mock_pid = start_mock(&exe, mock_port, &plan, &mut procs).await?;
-    let worker_pids = start_workers(
-        &exe,
-        &store,
-        &server.url(),
-        &base_url,
-        &args,
-        &plan,
-        &mut procs,
-    )
-    .await?;
+    let mock_pid = start_mock(&exe, mock_port, plan.group_cap, &[], &mut procs).await?;
+    let flags = WorkerFlags {
+        workers: plan.workers,
+        concurrency: args.concurrency,
+        group_cap: plan.group_cap,
+        rate: (0, 1),
+        procs: &mut procs,
+    };
+    let worker_pids = start_workers(&exe, &store, &server.url(), &base_url, flags).await?;
 
     let start = used_memory(&store).await?.unwrap_or(0.0);
     store.reset_stats().await?;

@@ -5,14 +5,15 @@
 
 use std::collections::BTreeMap;
 
+use crate::keys::Priority;
 use crate::projection::field;
 use crate::store::batch::GroupRecord;
 use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a create item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
-    let log = ctx.store.batch(&item.batch);
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let p = log
         .read(&[field::group(gen), field::CANCELLED.to_string()])
@@ -20,7 +21,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     if p.group_of(gen).is_some() || p.cancelled().is_some() {
         return Ok(Outcome::Done);
     }
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let fields = BTreeMap::from([

@@ -3,22 +3,23 @@
 //! stopped, and record it.
 
 use crate::events::{Event, GroupDiscarded};
+use crate::keys::Priority;
 use crate::projection::event_key;
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::worker::ops::{provider_slots, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a delete item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(group_id) = item.group_id.as_deref() else {
         return Ok(Outcome::Dead("delete item without a group id".into()));
     };
-    let log = ctx.store.batch(&item.batch);
+    let log = ctx.store.batch_in(&item.batch, lane);
     let key = event_key::discard(group_id);
     if log.appended(&key).await?.is_some() {
         return Ok(Outcome::Done);
     }
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     match ctx.provider.delete_group(group_id).await {
@@ -29,7 +30,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             // A retried delete whose first answer was lost finds the group
             // DELETED, which the provider refuses to delete again (400
             // NotOperationalStatus): look before giving up.
-            if let Some(back) = provider_slots(ctx, 1).await? {
+            if let Some(back) = provider_slots(ctx, lane, 1).await? {
                 return Ok(back);
             }
             match ctx.provider.get_group(group_id).await {

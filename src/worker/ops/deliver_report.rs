@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use crate::events::{Event, ReportDelivered};
+use crate::keys::Priority;
 use crate::projection::{event_key, field, Projection};
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
@@ -63,11 +64,11 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
 }
 
 /// Runs a report item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(url) = ctx.config.report_webhook.as_deref() else {
         return Ok(Outcome::Done);
     };
-    let log = ctx.store.batch(&item.batch);
+    let log = ctx.store.batch_in(&item.batch, lane);
     let state = log.state().await?;
     if state.appended(event_key::DELIVERED).is_some() {
         return Ok(Outcome::Done);

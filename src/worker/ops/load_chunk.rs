@@ -126,7 +126,7 @@ async fn load<R: RecipientFields + Sync>(
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
-    if let Some(back) = provider_slots(ctx, requests).await? {
+    if let Some(back) = provider_slots(ctx, log.keys.lane, requests).await? {
         return Ok(Load::Handled(back));
     }
     let summary = match add_all(ctx, group_id, template, recipients).await {
@@ -223,6 +223,7 @@ pub const GIVEN_UP: &str = "given_up";
 /// that (`g:<gen>:unsure`). A chunk already recorded loaded stays as it is.
 pub async fn give_up(
     ctx: &Ctx,
+    lane: crate::keys::Priority,
     item: &crate::worker::ops::WorkItem,
     chunk_bytes: &[u8],
     reason: &str,
@@ -236,7 +237,7 @@ pub async fn give_up(
         // Not a chunk: nothing a give-up could list (the dead letter keeps it).
         Err(_) => return Ok(()),
     };
-    let log = ctx.store.batch(&item.batch);
+    let log = ctx.store.batch_in(&item.batch, lane);
     let event = ChunkLoaded {
         gen: item.gen,
         seq,

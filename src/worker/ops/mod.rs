@@ -190,8 +190,9 @@ impl RetryCause {
     }
 }
 
-/// Takes `requests` slots of the shared rate limiter, waiting for them when
-/// the wait is short. A wait longer than [`WorkerConfig::max_limiter_wait`]
+/// Takes `requests` slots of the shared rate limiter for a request of
+/// `lane`, waiting for them when the wait is short (within the lane's
+/// horizon, see [`crate::worker::limiter`]). A wait longer than [`WorkerConfig::max_limiter_wait`]
 /// reserves nothing and returns the outcome that gives the entry back until
 /// then: holding it that long would let the visibility timeout hand it to a
 /// second consumer, which would reserve (and call) again.
@@ -199,11 +200,12 @@ impl RetryCause {
 /// [`WorkerConfig::max_limiter_wait`]: crate::worker::WorkerConfig::max_limiter_wait
 pub async fn provider_slots(
     ctx: &crate::worker::Ctx,
+    lane: crate::keys::Priority,
     requests: u32,
 ) -> Result<Option<Outcome>, StoreError> {
     match ctx
         .limiter
-        .reserve_within(requests, ctx.config.max_limiter_wait())
+        .reserve_within(lane, requests, ctx.config.max_limiter_wait())
         .await?
     {
         Ok(_) => Ok(None),

@@ -1,6 +1,7 @@
 //! `poll`: read a sent group until the provider finishes it, then record it
 //! (which decides the batch's report when it is the last one).
 
+use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::GroupStatus;
 use crate::store::batch::Completion;
@@ -8,8 +9,8 @@ use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem}
 use crate::worker::Ctx;
 
 /// Runs a poll item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
-    let log = ctx.store.batch(&item.batch);
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     if log.appended(&event_key::done(gen)).await?.is_some() {
         return Ok(Outcome::Done);
@@ -17,7 +18,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(group_id) = item.group_id.as_deref() else {
         return Ok(Outcome::Dead("poll item without a group id".into()));
     };
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let group = match ctx.provider.get_group(group_id).await {

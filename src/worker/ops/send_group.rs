@@ -21,6 +21,7 @@
 //! sent twice, or a cancel would stop a generation that was sent).
 
 use crate::events::{Event, SendRefused};
+use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::batch::Claim;
@@ -29,8 +30,8 @@ use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, WorkItem
 use crate::worker::Ctx;
 
 /// Runs a send item.
-pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
-    let log = ctx.store.batch(&item.batch);
+pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+    let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
     let p = log
@@ -73,11 +74,12 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
             since: 0,
         }),
         c: None,
+        lane,
     }
     .encode();
     let poll_ms = ctx.config.poll_interval.as_millis() as u64;
 
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let group = match ctx.provider.get_group(&group_id).await {
@@ -135,7 +137,7 @@ pub async fn run(ctx: &Ctx, item: &WorkItem) -> Result<Outcome, OpError> {
     {
         return Ok(wait);
     }
-    if let Some(back) = provider_slots(ctx, 1).await? {
+    if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
     }
     let outcome = match ctx.provider.send_group(&group_id).await {

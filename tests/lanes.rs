@@ -1,0 +1,240 @@
+//! Priority lanes end to end (real Redis, the mock provider in-process):
+//! urgent work overtakes a bulk batch that saturates the provider's rate
+//! limit, and bulk work keeps its guaranteed share while urgent work keeps
+//! coming. Asserted from the provider's ledger and our events, by order and
+//! by counts, never by wall time (`groupcast bench --workload lanes` prints
+//! the latencies).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use groupcast::events::Chunk;
+use groupcast::keys::Priority;
+use groupcast::producer::{cut, Producer};
+use groupcast::worker::WorkerConfig;
+
+/// Appends a batch's chunks to its shard's ingest stream of `lane`.
+async fn submit(rig: &Rig, lane: Priority, chunks: &[Chunk]) {
+    let shard = rig.store.keys.shard_of(&chunks[0].batch);
+    Producer::new(rig.store.clone())
+        .max_unread(0)
+        .append_encoded(shard, lane, chunks.iter().map(Chunk::encode).collect())
+        .await
+        .expect("append");
+}
+
+/// Messages the provider registered for `batch` so far.
+fn registered(rig: &Rig, batch: &str) -> u64 {
+    rig.mock
+        .ledger_summary()
+        .groups
+        .iter()
+        .filter(|g| g.custom_fields.get("batchId").map(String::as_str) == Some(batch))
+        .map(|g| g.count.registered_success)
+        .sum()
+}
+
+/// Send calls the provider saw for `batch`'s groups.
+fn sends(rig: &Rig, batch: &str) -> usize {
+    rig.mock
+        .ledger_summary()
+        .groups
+        .iter()
+        .filter(|g| g.custom_fields.get("batchId").map(String::as_str) == Some(batch))
+        .map(|g| g.send_calls.len())
+        .sum()
+}
+
+async fn reported(rig: &Rig, batch: &str) -> bool {
+    rig.store
+        .batch(batch)
+        .state()
+        .await
+        .map(|s| s.get("report").is_some())
+        .unwrap_or(false)
+}
+
+/// The race of issue 12: the provider limited to 25 requests/s, a bulk batch
+/// of 100,000 recipients (400 adds of 250) loading, and an urgent batch of
+/// 20 submitted once the bulk batch is well under way: the urgent batch is
+/// sent and reported while the bulk batch is still loading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_urgent_batch_overtakes_a_bulk_batch_at_the_rate_limit() {
+    let config = WorkerConfig {
+        concurrency: WorkerConfig::CONCURRENCY,
+        rate_limit: 25,
+        rate_burst: 1,
+        visibility_timeout: WorkerConfig::VISIBILITY_TIMEOUT,
+        poll_interval: Duration::from_millis(100),
+        ..test_config()
+    };
+    let mut mock = mock_config();
+    mock.faults.rate_limit_per_sec = Some(25);
+    let rig = Rig::start(1, config, mock).await;
+    let (bulk, urgent) = ("lanes-bulk", "lanes-urgent");
+    submit(
+        &rig,
+        Priority::Bulk,
+        &cut(bulk, &template(), recipients(1, 100_000), 250),
+    )
+    .await;
+    // "2 s later": once the bulk batch holds the rate limit (50 adds in).
+    wait_until(
+        Duration::from_secs(60),
+        "the bulk batch to load 50 chunks",
+        || async { registered(&rig, bulk) >= 50 * 250 },
+    )
+    .await;
+    let submitted = Instant::now();
+    submit(
+        &rig,
+        Priority::Urgent,
+        &cut(urgent, &template(), recipients(2, 20), 250),
+    )
+    .await;
+    wait_until(Duration::from_secs(60), "the urgent batch's report", || {
+        reported(&rig, urgent)
+    })
+    .await;
+    let latency = submitted.elapsed();
+    // At the moment the urgent batch reported, the bulk batch was still
+    // loading: not reported, not sent, not every recipient registered.
+    assert!(!reported(&rig, bulk).await, "the bulk batch reported first");
+    let bulk_registered = registered(&rig, bulk);
+    assert!(
+        bulk_registered < 100_000,
+        "the bulk batch was fully loaded before the urgent one reported"
+    );
+    assert_eq!(sends(&rig, bulk), 0, "the bulk batch was sent first");
+    assert_eq!(registered(&rig, urgent), 20);
+    assert_eq!(sends(&rig, urgent), 1);
+    eprintln!(
+        "urgent batch reported {:.2} s after its submit; bulk batch at {bulk_registered}/100000 registered",
+        latency.as_secs_f64()
+    );
+    let rate_limited = rig.mock.ledger_summary().totals.faults.rate_limited;
+    eprintln!("requests the provider refused for its rate limit: {rate_limited}");
+    rig.verify(&[urgent.to_string()]).await;
+    rig.stop().await;
+}
+
+/// Urgent work that keeps the limiter busy does not starve bulk work: while
+/// an urgent batch of 600 one-recipient chunks loads (each its own add, more
+/// than the rate allows), the bulk batch keeps being added, at about its
+/// guaranteed share (`bulk_share`, 10 %) of the requests, and the urgent
+/// batch gets most of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bulk_keeps_its_share_while_urgent_work_keeps_coming() {
+    let config = WorkerConfig {
+        concurrency: 16,
+        rate_limit: 100,
+        rate_burst: 1,
+        bulk_share: 10,
+        poll_interval: Duration::from_millis(100),
+        ..test_config()
+    };
+    let rig = Rig::start(1, config, mock_config()).await;
+    let (bulk, urgent) = ("share-bulk", "share-urgent");
+    submit(
+        &rig,
+        Priority::Bulk,
+        &cut(bulk, &template(), recipients(3, 50_000), 250),
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "the bulk batch to start loading",
+        || async { registered(&rig, bulk) > 0 },
+    )
+    .await;
+    submit(
+        &rig,
+        Priority::Urgent,
+        &cut(urgent, &template(), recipients(4, 600), 1),
+    )
+    .await;
+    // A window in which urgent work is always waiting: from its 100th add
+    // to its 400th (200 more are queued behind it).
+    wait_until(Duration::from_secs(60), "100 urgent adds", || async {
+        registered(&rig, urgent) >= 100
+    })
+    .await;
+    let (u0, b0) = (registered(&rig, urgent), registered(&rig, bulk) / 250);
+    wait_until(Duration::from_secs(60), "400 urgent adds", || async {
+        registered(&rig, urgent) >= 400
+    })
+    .await;
+    let (u1, b1) = (registered(&rig, urgent), registered(&rig, bulk) / 250);
+    let (du, db) = (u1 - u0, b1 - b0);
+    eprintln!("in the window: {du} urgent adds, {db} bulk adds");
+    // 10 % of the window's requests is about 33 bulk adds: at least a third
+    // of that, so that scheduling noise on a busy machine does not fail it.
+    assert!(
+        db * 30 >= (du + db),
+        "bulk starved: {db} bulk adds against {du} urgent ones"
+    );
+    assert!(
+        du >= 3 * db,
+        "urgent work was not served first: {du} urgent adds against {db} bulk ones"
+    );
+    rig.stop().await;
+}
+
+/// The limiter script's lane rules, on one schedule at 1 request/s (long
+/// enough that the microseconds between calls never matter): a lane books
+/// up to its horizon, an owed lower lane past it, and urgent past what the
+/// lower lanes booked.
+#[tokio::test]
+async fn the_limiter_books_lanes_by_horizon_and_owed_share() {
+    use groupcast::store::coord::LaneLimit;
+    let (_server, store) = store(1).await;
+    let key = store.keys.limiter();
+    let max_wait = Duration::from_secs(80);
+    let limit = |lane: Priority| LaneLimit {
+        max_wait_ms: 80_000,
+        horizon_ms: groupcast::worker::limiter::horizon(lane, max_wait).as_millis() as u64,
+        share: groupcast::worker::limiter::guaranteed(lane, 1, 10),
+        share_key: store.keys.limiter_share(lane),
+    };
+    let book = |lane: Priority| {
+        let (store, key, l) = (store.clone(), key.clone(), limit(lane));
+        async move {
+            store
+                .reserve_rate(&key, 1, 1, 1, Some(&l))
+                .await
+                .expect("rate_limit")
+        }
+    };
+    // Bulk's horizon is 80 s / 8 = 10 s: slots 0..=10 s are booked.
+    for k in 0..=10 {
+        let wait = book(Priority::Bulk).await;
+        assert!(
+            (k * 1000 - 5..=k * 1000).contains(&wait),
+            "bulk slot {k}: {wait}"
+        );
+    }
+    // 11 s is past the horizon, but bulk is owed a slot: booked.
+    let owed = book(Priority::Bulk).await;
+    assert!((10_995..=11_000).contains(&owed), "owed bulk slot: {owed}");
+    // The next one is not owed for 10 s: refused, back when the wait fits
+    // the horizon (in 2 s).
+    let refused = book(Priority::Bulk).await;
+    assert!(
+        (-2_000..=-1_990).contains(&refused),
+        "bulk past its horizon: {refused}"
+    );
+    // Normal's horizon is 20 s: booked at 12 s.
+    let normal = book(Priority::Normal).await;
+    assert!((11_995..=12_000).contains(&normal), "normal: {normal}");
+    // Urgent's is 40 s: booked at 13 s, past everything bulk booked.
+    let urgent = book(Priority::Urgent).await;
+    assert!((12_995..=13_000).contains(&urgent), "urgent: {urgent}");
+    // Without a longest wait (no lane), every booking is taken.
+    let any = store
+        .reserve_rate(&key, 1, 1, 1, None)
+        .await
+        .expect("rate_limit");
+    assert!((13_995..=14_000).contains(&any), "no lane: {any}");
+}
