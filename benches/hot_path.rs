@@ -36,6 +36,7 @@ fn chunk(n: usize, kakao: bool) -> Chunk {
                 template_id: "KA01TP0000000000000000000000".into(),
             }),
         },
+        options: Default::default(),
         recipients: (0..n)
             .map(|i| Recipient {
                 to: format!("010{i:08}"),

@@ -47,6 +47,7 @@ pub fn cut(
             seq,
             last: seq as usize + 1 == n,
             template: template.clone(),
+            options: Default::default(),
             recipients: part,
         });
         seq += 1;
@@ -60,8 +61,8 @@ pub fn ingest_fields(chunk: &Chunk) -> [(&'static str, Vec<u8>); 3] {
 }
 
 /// The priority lane a chunk goes through: its batch's priority.
-pub fn lane_of(_chunk: &Chunk) -> Priority {
-    Priority::Normal
+pub fn lane_of(chunk: &Chunk) -> Priority {
+    chunk.options.priority()
 }
 
 /// Appends chunks (of any batches) to their ingest streams (their shards'

@@ -125,6 +125,14 @@ pub mod field {
     pub const CLOSED: &str = "closed";
     /// How many holes.
     pub const HOLES: &str = "holes";
+    /// The batch's options, canonical (set by its first accepted chunk).
+    pub const OPTIONS: &str = "opts";
+
+    /// When generation `gen`'s held send goes (Unix ms).
+    pub fn scheduled_at(gen: u32) -> String {
+        self::gen(gen, "at")
+    }
+
     /// Why the batch was cancelled.
     pub const CANCELLED: &str = "cancelled";
     /// Generations the cancel stopped.
@@ -159,6 +167,11 @@ pub mod event_key {
     /// `generation_ready` of generation `gen`.
     pub fn ready(gen: u32) -> String {
         format!("ready/{gen}")
+    }
+
+    /// `send_scheduled` of generation `gen` (its first hold).
+    pub fn schedule(gen: u32) -> String {
+        format!("schedule/{gen}")
     }
 
     /// `send_triggered` of generation `gen`.
@@ -227,6 +240,9 @@ pub fn updates(event: &Event) -> Vec<Update> {
                 u.push(Set(format!("x:{}", e.seq), positions.join(",")));
                 u.push(Incr(field::DUPLICATES.into(), e.duplicates.len() as i64));
             }
+            if let Some(opts) = &e.opts {
+                u.push(Set(field::OPTIONS.into(), opts.clone()));
+            }
             u
         }
         Event::GenerationClosed(e) => vec![Set(g(e.gen, "closed"), e.reason.clone())],
@@ -249,6 +265,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
             u
         }
         Event::GenerationReady(e) => vec![Set(g(e.gen, "ready"), "1".into())],
+        Event::SendScheduled(e) => vec![Set(g(e.gen, "at"), e.at_ms.to_string())],
         Event::SendTriggered(e) => vec![Set(g(e.gen, "sent"), e.outcome.clone())],
         Event::SendRefused(e) => vec![Set(g(e.gen, "refused"), e.reason.clone())],
         Event::BatchClosed(e) => vec![

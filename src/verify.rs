@@ -708,6 +708,7 @@ mod tests {
                 last: false,
                 digest: String::new(),
                 duplicates: Vec::new(),
+                opts: None,
             }),
         )
     }

@@ -247,9 +247,27 @@ async fn findings(rig: &Rig) -> BTreeMap<String, Findings> {
             .unwrap_or_default();
         used.entry((batch, gen)).or_default().push(g);
     }
+    let send_at: BTreeMap<&str, u64> = rig
+        .plan
+        .batches
+        .iter()
+        .enumerate()
+        .filter_map(|(k, (b, ..))| Some((b.as_str(), rig.send_at_ms(k)?)))
+        .collect();
     let mut registered: BTreeMap<String, u64> = BTreeMap::new();
     for ((batch, gen), groups) in &used {
         let f = out.entry(batch.clone()).or_default();
+        if let Some(at) = send_at.get(batch.as_str()) {
+            for g in groups {
+                if let Some(sent) = g.sent_at_ms.filter(|sent| sent < at) {
+                    f.ledger.push(format!(
+                        "gen {gen}: group {} sent {} ms before the batch's send_at",
+                        g.group_id,
+                        at - sent
+                    ));
+                }
+            }
+        }
         if groups.len() != 1 {
             f.ledger.push(format!(
                 "gen {gen}: {} groups hold messages: {:?}",
@@ -619,12 +637,16 @@ async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
         "seed={seed}: {:?}",
         rig.stats.power_loss_bytes
     );
-    for dropped in &rig.stats.power_loss_bytes {
-        assert!(
-            *dropped > 0,
-            "seed={seed}: a simulated power loss cut nothing away"
-        );
-    }
+    // One loss may land when the pipeline is idle (a scheduled batch waits
+    // for its send_at, the others are done): nothing unconfirmed to cut.
+    assert!(
+        rig.stats
+            .power_loss_bytes
+            .iter()
+            .any(|dropped| *dropped > 0),
+        "seed={seed}: no simulated power loss cut anything away: {:?}",
+        rig.stats.power_loss_bytes
+    );
     if server == Server::Redis {
         for (kind, lost) in &rig.stats.redis_losses {
             if *kind == "power-loss" {

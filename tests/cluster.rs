@@ -14,7 +14,7 @@ use groupcast::keys::{Keyspace, LOADERS_GROUP, OPERATORS_GROUP};
 use groupcast::producer::append_chunks;
 use groupcast::redis_cluster::{hash_slot, RedisCluster};
 use groupcast::store::batch::{Accepted, Appended, Completion, GroupRecord, Parked};
-use groupcast::store::queue::DelayedEntry;
+use groupcast::store::queue::{Alive, DelayedEntry};
 use groupcast::store::scripts::SCRIPTS;
 use groupcast::store::Store;
 use groupcast::worker::limiter::Limiter;
@@ -475,7 +475,7 @@ async fn run_every_script(store: &Store, round: u32) {
                 "0-2",
                 60_000,
                 &later,
-                Some(&k.state),
+                Some(Alive::now(&k.state)),
             )
             .await
             .expect("retry_later with a heartbeat");

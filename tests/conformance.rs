@@ -107,6 +107,8 @@ enum Call {
         last: bool,
         records: Vec<u8>,
         digest: String,
+        /// The batch options, canonical.
+        opts: String,
         /// The generation hint (it only saves a read: any value decides the same).
         hint: u32,
     },
@@ -215,6 +217,12 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
                     format!("d{seq}")
                 } else {
                     "other".into()
+                },
+                // Now and then a chunk whose options disagree with the batch's.
+                opts: if usual || rng.random_bool(0.5) {
+                    "|normal|".into()
+                } else {
+                    "1764579600000|bulk|".into()
                 },
                 hint: if rng.random_bool(0.7) { top } else { gen },
             }
@@ -351,6 +359,7 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
             last,
             records,
             digest,
+            opts,
             hint: _,
         } => protocol::accept(
             db,
@@ -362,6 +371,7 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
                 records,
                 digest,
                 cap,
+                opts,
             },
         ),
         Call::Reject {
@@ -427,9 +437,20 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             last,
             records,
             digest,
+            opts,
             hint,
         } => match log
-            .accept_with_hint(*seq, *last, records, digest, cap, *hint)
+            .accept_chunk(
+                &AcceptArgs {
+                    seq: *seq,
+                    last: *last,
+                    records,
+                    digest,
+                    cap,
+                    opts,
+                },
+                *hint,
+            )
             .await
             .expect(fail)
         {
@@ -933,6 +954,7 @@ async fn close_reads_thousands_of_seqs() {
             last: false,
             records: dedupe_records(["07000000001"]),
             digest: "d0".into(),
+            opts: "|normal|".into(),
             hint: 0,
         },
         Call::Reject {
@@ -945,6 +967,7 @@ async fn close_reads_thousands_of_seqs() {
             last: false,
             records: dedupe_records(["07000000002"]),
             digest: "d9999".into(),
+            opts: "|normal|".into(),
             hint: 0,
         },
         Call::Close {
@@ -1010,6 +1033,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
             last: false,
             records: dedupe_records([format!("0700{seq:07}").as_str()]),
             digest: format!("d{seq}"),
+            opts: "|normal|".into(),
             hint: seq.saturating_sub(1),
         });
     }
@@ -1095,6 +1119,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
                 last: true,
                 records: dedupe_records(["07000000001"]),
                 digest: "d0".into(),
+                opts: "|normal|".into(),
                 hint: 0,
             },
             Call::Reject {
@@ -1111,6 +1136,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
                 last: true,
                 records: dedupe_records(["07000000001"]),
                 digest: "d0".into(),
+                opts: "|normal|".into(),
                 hint: 0,
             },
         ],

@@ -20,7 +20,19 @@ async fn submit(rig: &Rig, lane: Priority, chunks: &[Chunk]) {
     let shard = rig.store.keys.shard_of(&chunks[0].batch);
     Producer::new(rig.store.clone())
         .max_unread(0)
-        .append_encoded(shard, lane, chunks.iter().map(Chunk::encode).collect())
+        .append_encoded(
+            shard,
+            lane,
+            chunks
+                .iter()
+                .map(|c| {
+                    // The lane is the batch's priority, in its options.
+                    let mut c = c.clone();
+                    c.options.priority = Some(lane);
+                    c.encode()
+                })
+                .collect(),
+        )
         .await
         .expect("append");
 }

@@ -96,6 +96,11 @@ async fn a_python_producer_feeds_the_pipeline_and_its_bad_entries_are_dead_lette
         "--seed",
         "11",
         "--malformed",
+        // Options in the ingest format: a send_at already past goes at once.
+        "--send-at",
+        "2026-01-01T09:00:00+09:00",
+        "--priority",
+        "normal",
     ])
     .await;
     assert!(
@@ -122,6 +127,8 @@ async fn a_python_producer_feeds_the_pipeline_and_its_bad_entries_are_dead_lette
     rig.verify(&batches).await;
     rig.check_ledger(&BTreeMap::from([(batch.clone(), recipients)]));
     let st = rig.store.batch(&batch).state().await.expect("state");
+    // 2026-01-01T00:00:00Z, as the batch's options, from the Python encoder.
+    assert_eq!(st.get("opts"), Some("1767225600000|normal|"));
     // The refused entries of this batch count against its outcome when they
     // arrived before the report (after it, they are refused as chunks of a
     // reported batch): either way every recipient was registered.

@@ -33,7 +33,7 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.count,
             if e.last { ", last" } else { "" },
             e.gen
-        ),
+        ) + &e.opts.as_deref().map(|o| format!("; batch options {o}")).unwrap_or_default(),
         Event::GenerationClosed(e) => format!(
             "generation {} closed ({}): {} chunks, {} recipients",
             e.gen, e.reason, e.chunks, e.recipients
@@ -76,6 +76,13 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
         Event::GenerationReady(e) => format!(
             "generation {} complete ({} chunks): send enqueued",
             e.gen, e.chunks
+        ),
+        Event::SendScheduled(e) => format!(
+            "generation {} group {} held until {} ({})",
+            e.gen,
+            e.group_id,
+            super::human_time(e.at_ms),
+            e.reason.replace('_', " ")
         ),
         Event::SendTriggered(e) => format!(
             "generation {} group {} {}",

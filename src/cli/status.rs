@@ -3,8 +3,9 @@
 use clap::Args;
 
 use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
+use crate::events::options::{Priority, SendWindow};
 use crate::keys::validate_batch_id;
-use crate::projection::Projection;
+use crate::projection::{field, Projection};
 use crate::store::overview::{Queued, QueuedBatch};
 use crate::store::Store;
 
@@ -38,6 +39,7 @@ pub fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
                 "sent": p.gen_field(g, "sent"),
                 "refused": p.gen_field(g, "refused"),
                 "done": p.gen_field(g, "done"),
+                "scheduledAtMs": p.gen_field(g, "at").and_then(|v| v.parse::<u64>().ok()),
             })
         })
         .collect()
@@ -60,7 +62,21 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
         "stoppedGenerations": p.int(crate::projection::field::STOPPED),
         "unsentRecipients": p.int(crate::projection::field::UNSENT),
         "lastEventMs": p.int("hb"),
+        "options": options_json(p),
         "generations": gens,
+    })
+}
+
+/// The batch's options (priority, `send_at`, quiet hours) as JSON.
+pub fn options_json(p: &Projection) -> serde_json::Value {
+    let w = p
+        .get(field::OPTIONS)
+        .and_then(SendWindow::from_canonical)
+        .unwrap_or_default();
+    serde_json::json!({
+        "priority": w.priority.name(),
+        "sendAt": w.send_at_text(),
+        "quietHours": w.quiet_text(),
     })
 }
 
@@ -109,6 +125,18 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             p.int("rejected"),
             p.int("stalls"),
         );
+        let window = p
+            .get(field::OPTIONS)
+            .and_then(SendWindow::from_canonical)
+            .unwrap_or_default();
+        if window.holds() || window.priority != Priority::Normal {
+            outln!(
+                "priority {}; send at {}; quiet hours {}",
+                window.priority,
+                window.send_at_text().unwrap_or_else(|| "once ready".into()),
+                window.quiet_text().unwrap_or_else(|| "none".into()),
+            );
+        }
         if let Some(why) = p.cancelled() {
             outln!(
                 "cancelled ({why}): {} generation(s) stopped, never sent ({} registered recipient(s)); later chunks are refused",
@@ -149,7 +177,12 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
                     f("closed"),
                     p.gen_field(g, "refused")
                         .map(|r| format!("REFUSED: {r}"))
-                        .unwrap_or_else(|| f("sent")),
+                        .or_else(|| p.gen_field(g, "sent").map(str::to_string))
+                        .or_else(|| {
+                            let at = p.gen_field(g, "at")?.parse::<u64>().ok()?;
+                            Some(format!("held until {}", human_time(at)))
+                        })
+                        .unwrap_or_else(|| "-".into()),
                     f("done"),
                 ]
             })

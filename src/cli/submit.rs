@@ -23,6 +23,7 @@ use crate::events::chunk::{
     chunk_encoded_len, recipient_encoded_len, ChunkEncoder, KakaoTemplate, RecipientFields,
     MAX_CHUNK_BYTES, MAX_CHUNK_RECIPIENTS, MAX_TEXT_CHARS, MAX_VAR_CHARS,
 };
+use crate::events::options::{BatchOptions, Priority, QuietHours};
 use crate::events::{clip, ChunkError, QUOTE_MAX};
 use crate::events::{Recipient, Template};
 use crate::keys::validate_batch_id;
@@ -57,6 +58,67 @@ pub struct SubmitArgs {
     /// whole file); 0: append everything without waiting.
     #[arg(long, default_value_t = DEFAULT_MAX_UNREAD_CHUNKS)]
     pub max_unread_chunks: u64,
+    /// Send no group before this instant (RFC 3339 with an offset, e.g.
+    /// `2026-12-01T18:00:00+09:00`). Groups are created and filled as chunks
+    /// arrive; a generation ready after it goes at once.
+    #[arg(long, value_name = "RFC3339")]
+    pub send_at: Option<String>,
+    /// The batch's lane: `urgent` work goes ahead of `normal` (the default),
+    /// `normal` ahead of `bulk`.
+    #[arg(long, value_parser = ["urgent", "normal", "bulk"])]
+    pub priority: Option<String>,
+    /// A daily window in which nothing is sent, `HH:MM-HH:MM` (in
+    /// `--timezone`; across midnight when the start is after the end, e.g.
+    /// `21:00-08:00`): a send that would fall inside waits for its end.
+    #[arg(long, value_name = "HH:MM-HH:MM")]
+    pub quiet_hours: Option<String>,
+    /// The IANA time zone of `--quiet-hours`, e.g. `Asia/Seoul` (default:
+    /// this machine's zone).
+    #[arg(long, value_name = "IANA")]
+    pub timezone: Option<String>,
+}
+
+/// The batch options from the flags, checked.
+pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
+    let quiet_hours = match (&args.quiet_hours, &args.timezone) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(usage(
+                "--timezone is the zone of --quiet-hours: give --quiet-hours too".into(),
+            ))
+        }
+        (Some(window), tz) => {
+            let Some((start, end)) = window.split_once('-') else {
+                return Err(usage(format!(
+                    "--quiet-hours {window:?}: expected HH:MM-HH:MM, e.g. 21:00-08:00"
+                )));
+            };
+            let tz = match tz {
+                Some(tz) => tz.clone(),
+                None => jiff::tz::TimeZone::system()
+                    .iana_name()
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        usage(
+                            "--quiet-hours: this machine's time zone has no IANA name: pass --timezone (e.g. Asia/Seoul)"
+                                .into(),
+                        )
+                    })?,
+            };
+            Some(QuietHours {
+                start: start.trim().into(),
+                end: end.trim().into(),
+                tz,
+            })
+        }
+    };
+    let options = BatchOptions {
+        send_at: args.send_at.clone(),
+        priority: args.priority.as_deref().and_then(Priority::parse),
+        quiet_hours,
+    };
+    options.resolve().map_err(|e| usage(e.to_string()))?;
+    Ok(options)
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,7 +189,7 @@ pub fn read_template(path: &Path) -> Result<Template, CliError> {
 /// tests and small files: `submit` itself never holds the whole file).
 pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient>, CliError> {
     let mut input = Input::open(path)?;
-    check_recipients(&mut input, template, None)?;
+    check_recipients(&mut input, template, &BatchOptions::default(), None)?;
     let mut rows = Rows::new(&mut input)?;
     let mut number = String::new();
     let mut out = Vec::new();
@@ -567,6 +629,7 @@ fn fingerprint(sum: u64, key: u64) -> u64 {
 fn check_recipients(
     input: &mut Input,
     template: &Template,
+    options: &BatchOptions,
     chunking: Option<(&str, usize)>,
 ) -> Result<Checked, CliError> {
     let (batch, size) = chunking.unwrap_or(("", usize::MAX));
@@ -587,7 +650,7 @@ fn check_recipients(
             return;
         }
         // `last` is one byte either way: the size does not depend on it.
-        let len = chunk_encoded_len(batch, checked.chunks, false, template, n, bytes);
+        let len = chunk_encoded_len(batch, checked.chunks, false, template, options, n, bytes);
         checked.largest_chunk = checked.largest_chunk.max(len);
         if len > MAX_CHUNK_BYTES && too_large.is_none() {
             too_large = Some(usage(format!(
@@ -688,7 +751,7 @@ fn first_repeat(input: &mut Input, numbers: &mut [u64]) -> Option<CliError> {
 fn cut_recipients(
     input: &mut Input,
     batch: &str,
-    template: &Template,
+    (template, options): (&Template, &BatchOptions),
     size: usize,
     checked: &Checked,
     out: &tokio::sync::mpsc::Sender<Vec<u8>>,
@@ -714,6 +777,7 @@ fn cut_recipients(
             seq,
             seq == last_seq,
             template,
+            options,
             n,
             checked.largest_chunk,
         )
@@ -775,11 +839,12 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
         )));
     }
     let template = read_template(&args.template)?;
+    let options = batch_options(&args)?;
     let mut input = Input::open(&args.recipients)?;
     let (batch, size) = (args.batch.clone(), args.chunk_size);
-    let (input, template, checked) = tokio::task::spawn_blocking(move || {
-        let checked = check_recipients(&mut input, &template, Some((&batch, size)))?;
-        Ok::<_, CliError>((input, template, checked))
+    let (input, template, options, checked) = tokio::task::spawn_blocking(move || {
+        let checked = check_recipients(&mut input, &template, &options, Some((&batch, size)))?;
+        Ok::<_, CliError>((input, template, options, checked))
     })
     .await
     .map_err(|e| CliError::Failed(format!("submit: the file reader stopped: {e}")))??;
@@ -787,7 +852,7 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
 
     let store = args.redis.connect().await?;
     let shard = store.keys.shard_of(&args.batch);
-    let lane = crate::keys::Priority::Normal;
+    let lane = options.priority();
     let stream = store.keys.ingest_in(shard, lane);
     let json = args.json;
     let mut told = false;
@@ -826,7 +891,14 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
                 input.path.display()
             )));
         }
-        cut_recipients(&mut input, &batch, &template, size, &expected, &tx)
+        cut_recipients(
+            &mut input,
+            &batch,
+            (&template, &options),
+            size,
+            &expected,
+            &tx,
+        )
     });
     let mut round = Vec::with_capacity(per_round);
     let appended = async {
@@ -995,10 +1067,24 @@ mod tests {
         }
         let p = file(dir.path(), "r.csv", &csv);
         let mut input = Input::open(&p).expect("open");
-        let checked = check_recipients(&mut input, &sms(), Some(("b", 10))).expect("check");
+        let checked = check_recipients(
+            &mut input,
+            &sms(),
+            &BatchOptions::default(),
+            Some(("b", 10)),
+        )
+        .expect("check");
         assert_eq!((checked.recipients, checked.chunks), (25, 3));
         let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-        cut_recipients(&mut input, "b", &sms(), 10, &checked, &tx).expect("cut");
+        cut_recipients(
+            &mut input,
+            "b",
+            (&sms(), &BatchOptions::default()),
+            10,
+            &checked,
+            &tx,
+        )
+        .expect("cut");
         drop(tx);
         let mut sizes = Vec::new();
         let mut seqs = Vec::new();
@@ -1021,10 +1107,20 @@ mod tests {
             "to,name\n01000000001,a\n01000000002,b\n",
         );
         let mut input = Input::open(&p).expect("open");
-        let checked = check_recipients(&mut input, &sms(), Some(("b", 1))).expect("check");
+        let checked =
+            check_recipients(&mut input, &sms(), &BatchOptions::default(), Some(("b", 1)))
+                .expect("check");
         std::fs::write(&p, "to,name\n01000000001,a\n01000000003,b\n").expect("rewrite");
         let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-        let e = cut_recipients(&mut input, "b", &sms(), 1, &checked, &tx).expect_err("changed");
+        let e = cut_recipients(
+            &mut input,
+            "b",
+            (&sms(), &BatchOptions::default()),
+            1,
+            &checked,
+            &tx,
+        )
+        .expect_err("changed");
         assert!(e.to_string().contains("changed"), "{e}");
         drop(tx);
         let mut sent = Vec::new();

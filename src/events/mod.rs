@@ -15,6 +15,7 @@
 //! fields and never a positional array. `schemas/` documents each one.
 
 pub mod chunk;
+pub mod options;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
@@ -142,6 +143,9 @@ events! {
     ChunkLoaded(ChunkLoaded) = "chunk_loaded",
     /// A generation is complete and its send work item was enqueued.
     GenerationReady(GenerationReady) = "generation_ready",
+    /// A ready generation's send is held until an instant (`send_at`,
+    /// quiet hours).
+    SendScheduled(SendScheduled) = "send_scheduled",
     /// A generation's group was sent (or found already sent).
     SendTriggered(SendTriggered) = "send_triggered",
     /// A send was refused because the provider disagreed with our counts.
@@ -185,6 +189,11 @@ pub struct ChunkAssigned {
     /// not sent (the first copy wins).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub duplicates: Vec<u32>,
+    /// The batch's options, canonical (`<send_at ms>|<priority>|<quiet
+    /// hours>`): on the chunk that set them (the batch's first accepted),
+    /// absent on the others, which had to agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opts: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -407,6 +416,20 @@ pub struct BatchCancelled {
     /// Recipients registered in the stopped generations.
     #[serde(default)]
     pub unsent: u64,
+}
+
+/// See [`Event::SendScheduled`]. Key `schedule/<gen>` (the first hold).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendScheduled {
+    /// The generation.
+    pub gen: u32,
+    /// Its group.
+    pub group_id: String,
+    /// When it will be sent (Unix ms, the shard's clock).
+    pub at_ms: u64,
+    /// Why it waits: `send_at`, or `quiet_hours` (the send would fall
+    /// inside the batch's window: it goes at the window's end).
+    pub reason: String,
 }
 
 /// See [`Event::BatchClosed`]. Key `closed`.

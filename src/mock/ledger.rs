@@ -418,6 +418,7 @@ impl Ledger {
                     codes: g.codes.clone(),
                     odd: g.odd.clone(),
                     send_calls: g.send_calls.clone(),
+                    sent_at_ms: g.sent_at.map(|(_, sys)| unix_ms(sys)),
                 }
             })
             .collect()
@@ -435,6 +436,12 @@ pub(crate) struct RawGroup {
     codes: Vec<u8>,
     odd: Vec<Box<str>>,
     send_calls: Vec<(u16, Option<&'static str>)>,
+    sent_at_ms: Option<u64>,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl RawGroup {
@@ -475,6 +482,9 @@ pub struct LedgerGroup {
     pub messages: Vec<LedgerMessage>,
     /// Every send call on this group and how it was answered.
     pub send_calls: Vec<SendCall>,
+    /// When the group was sent (the accepted send call), Unix ms.
+    #[serde(default)]
+    pub sent_at_ms: Option<u64>,
 }
 
 /// One stored message.
@@ -528,6 +538,9 @@ pub struct GroupSummary {
     pub status_codes: BTreeMap<String, u64>,
     /// Every send call on this group and how it was answered.
     pub send_calls: Vec<SendCall>,
+    /// When the group was sent (the accepted send call), Unix ms.
+    #[serde(default)]
+    pub sent_at_ms: Option<u64>,
 }
 
 /// A recipient registered (`"2000"`) more than once.
@@ -584,6 +597,7 @@ pub(crate) fn snapshot(raw: Vec<RawGroup>) -> LedgerSnapshot {
                     })
                     .collect(),
                 send_calls: g.send_calls(),
+                sent_at_ms: g.sent_at_ms,
                 group_id: g.group_id,
                 custom_fields: g.custom_fields,
                 allow_duplicates: g.allow_duplicates,
@@ -628,6 +642,7 @@ pub(crate) fn summary(raw: Vec<RawGroup>, totals: Totals) -> LedgerSummary {
             count: g.count,
             status_codes,
             send_calls: g.send_calls(),
+            sent_at_ms: g.sent_at_ms,
         });
     }
     let mut duplicate_registrations: Vec<DuplicateRegistration> = seen

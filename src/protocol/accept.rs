@@ -27,6 +27,8 @@ pub struct AcceptArgs<'a> {
     pub digest: &'a str,
     /// The provider's group cap.
     pub cap: u64,
+    /// The batch options, canonical ([`crate::events::options::SendWindow::canonical`]).
+    pub opts: &'a str,
 }
 
 /// `bucket_count(n)`: buckets for `n` records.
@@ -268,6 +270,18 @@ pub fn accept(
             true,
         );
     }
+    let opts = r.get("opts");
+    if let Some(o) = opts.as_deref().filter(|o| *o != a.opts) {
+        return rejected(
+            &mut r,
+            "conflict",
+            format!(
+                "seq {seq} has the batch options {}, but the batch has {o}",
+                a.opts
+            ),
+            true,
+        );
+    }
 
     let mut recipients = r.num("recipients");
     let (dups, count) = dedupe(&mut r, recipients, a.records);
@@ -330,10 +344,14 @@ pub fn accept(
             last: a.last,
             digest: a.digest.to_string(),
             duplicates: dups,
+            opts: opts.is_none().then(|| a.opts.to_string()),
         }),
         true,
     );
     r.put(format!("s:{seq}"), format!("{gen}|{count}|{}", a.digest));
+    if opts.is_none() {
+        r.put("opts", a.opts);
+    }
     r.put(gk(gen, "n"), n);
     r.put(gk(gen, "c"), c);
     r.put("gen", gen);

@@ -283,6 +283,7 @@ mod tests {
                     template_id: "tp".into(),
                 }),
             },
+            options: Default::default(),
             recipients,
         }
     }

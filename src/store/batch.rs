@@ -1,6 +1,8 @@
 //! One batch's log: typed calls to the batch scripts, and reads of its state
 //! and events.
 
+use crate::events::options::SendWindow;
+use crate::protocol::accept::AcceptArgs;
 use redis::{AsyncCommands, Value};
 
 use super::scripts::SCRIPTS;
@@ -437,15 +439,32 @@ impl BatchLog {
         cap: u64,
         hint: u32,
     ) -> StoreResult<Accepted> {
+        let opts = SendWindow::default().canonical();
+        let args = AcceptArgs {
+            seq,
+            last,
+            records,
+            digest,
+            cap,
+            opts: &opts,
+        };
+        self.accept_chunk(&args, hint).await
+    }
+
+    /// [`accept_with_hint`](Self::accept_with_hint), with the chunk's batch
+    /// options (canonical): a chunk whose options differ from the batch's is
+    /// refused as a conflict.
+    pub async fn accept_chunk(&self, a: &AcceptArgs<'_>, hint: u32) -> StoreResult<Accepted> {
         let v: Value = self
             .settling(&SCRIPTS.accept)
-            .arg(seq)
-            .arg(if last { "1" } else { "0" })
-            .arg(records.len() / RECORD)
-            .arg(digest)
-            .arg(cap)
+            .arg(a.seq)
+            .arg(if a.last { "1" } else { "0" })
+            .arg(a.records.len() / RECORD)
+            .arg(a.digest)
+            .arg(a.cap)
             .arg(hint)
-            .arg(records)
+            .arg(a.records)
+            .arg(a.opts)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = self.reply("accept", v)?;

@@ -245,8 +245,9 @@ impl Store {
     /// Puts a work entry in the delayed set and acknowledges the delivery that
     /// failed, in one step. With `alive` (a batch's state key, in the same
     /// slot), the same step stamps the batch's `alive` field with the
-    /// server's clock: a heartbeat without an event, for waits that show the
-    /// batch is progressing (see `worker::watchdog`).
+    /// server's clock (or, for a scheduled send, with the due time): a
+    /// heartbeat without an event, for waits that show the batch is
+    /// progressing (see `worker::watchdog`).
     #[allow(clippy::too_many_arguments)]
     pub async fn retry_later(
         &self,
@@ -256,7 +257,7 @@ impl Store {
         id: &str,
         delay_ms: u64,
         entry: &DelayedEntry,
-        alive: Option<&str>,
+        alive: Option<Alive<'_>>,
     ) -> StoreResult<()> {
         let mut inv = SCRIPTS.retry_later.prepare_invoke();
         inv.key(delayed)
@@ -265,8 +266,9 @@ impl Store {
             .arg(id)
             .arg(delay_ms)
             .arg(entry.encode());
-        if let Some(state) = alive {
-            inv.key(state);
+        if let Some(a) = alive {
+            inv.key(a.state)
+                .arg(if a.until_due { "due" } else { "now" });
         }
         inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
         Ok(())
@@ -497,4 +499,24 @@ pub async fn read_group(
         _ => {}
     }
     Ok(out)
+}
+
+/// A batch shown alive by a wait (see [`Store::retry_later`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Alive<'a> {
+    /// The batch's state key.
+    pub state: &'a str,
+    /// Stamp the wait's due time rather than now: the batch is not quiet
+    /// until then (a send held until `send_at` or the end of quiet hours).
+    pub until_due: bool,
+}
+
+impl<'a> Alive<'a> {
+    /// Alive now.
+    pub fn now(state: &'a str) -> Self {
+        Alive {
+            state,
+            until_due: false,
+        }
+    }
 }

@@ -11,8 +11,8 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
-use crate::store::queue::{read_group, DelayedEntry, Entry};
-use crate::worker::ops::{load_chunk, Op, Outcome, WorkItem};
+use crate::store::queue::{read_group, Alive, DelayedEntry, Entry};
+use crate::worker::ops::{load_chunk, Op, Outcome, RetryCause, WorkItem};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -367,9 +367,15 @@ async fn settle(
                         // A wait that shows the batch alive (a poll, a limiter
                         // or durability wait) refreshes its heartbeat in the
                         // same step, so the watchdog does not call it stalled.
-                        let alive = cause
+                        // A held send stamps its due time: the batch is not
+                        // quiet before then.
+                        let state = cause
                             .is_heartbeat()
                             .then(|| ctx.store.keys.batch(&item.batch).state);
+                        let alive = state.as_deref().map(|state| Alive {
+                            state,
+                            until_due: cause == RetryCause::Scheduled,
+                        });
                         let delayed = DelayedEntry {
                             op: op.name().into(),
                             d: encode_payload(&item),
@@ -384,7 +390,7 @@ async fn settle(
                                 &entry.id,
                                 delay.as_millis() as u64,
                                 &delayed,
-                                alive.as_deref(),
+                                alive,
                             )
                             .await
                     }

@@ -7,6 +7,7 @@ use crate::events::chunk::ChunkRef;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::keys::Priority;
+use crate::protocol::accept::AcceptArgs;
 use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection};
 use crate::store::queue::Entry;
 use crate::worker::ops::load_chunk::{self, Load};
@@ -101,6 +102,8 @@ async fn handle_chunk(
             },
         )));
     }
+    // Valid (checked above), so this is their canonical form.
+    let opts = chunk.options.canonical().unwrap_or_default();
     let records = dedupe_records(chunk.recipients.iter().map(|r| r.to));
     // Under `everysec`, Redis can lose the chunk's assignment after
     // `accept.lua` (a restart from disk). Parking or adding it then would
@@ -108,7 +111,7 @@ async fn handle_chunk(
     // wait for it for good: it is accepted again instead
     // (docs/protocol.md, counterexamples).
     for round in 1..=ACCEPT_ROUNDS {
-        match accept_and_load(ctx, &log, chunk, data, &records, &digest).await? {
+        match accept_and_load(ctx, &log, chunk, data, &records, &digest, &opts).await? {
             Some(handled) => return Ok(handled),
             None => tracing::warn!(
                 round,
@@ -135,16 +138,20 @@ async fn accept_and_load(
     data: &[u8],
     records: &[u8],
     digest: &str,
+    opts: &str,
 ) -> Result<Option<Handled>, OpError> {
     let dead = |reason: String| Ok(Some(Handled::new(Outcome::Dead(reason))));
     let done = || Ok(Some(Handled::new(Outcome::Done)));
     let accepted = log
-        .accept_with_hint(
-            chunk.seq,
-            chunk.last,
-            records,
-            digest,
-            ctx.config.group_cap,
+        .accept_chunk(
+            &AcceptArgs {
+                seq: chunk.seq,
+                last: chunk.last,
+                records,
+                digest,
+                cap: ctx.config.group_cap,
+                opts,
+            },
             ctx.gen_hint(chunk.batch),
         )
         .await?;

@@ -3,7 +3,10 @@
 -- KEYS, ARGV[1..2]: see settle.lua
 -- ARGV: 3 seq, 4 last (0|1), 5 count, 6 digest, 7 cap, 8 generation hint,
 --       9 numbers: each recipient's number, 5 bytes big-endian (the number
---       `0XXXXXXXX..` read as the integer `10XXXXXXXX..`), in chunk order
+--       `0XXXXXXXX..` read as the integer `10XXXXXXXX..`), in chunk order,
+--       10 the batch options, canonical (`<send_at ms>|<priority>|<quiet>`):
+--       every chunk of a batch must carry the same; the first accepted sets
+--       them (field `opts`)
 -- The hint is the generation the caller last saw for this batch: its fields
 -- are read in the same HMGET, which saves a second read on the common path
 -- (a wrong hint only costs that second read).
@@ -14,11 +17,12 @@
 --   batch that has ended or takes no more chunks, records nothing)
 local seq, is_last, count, digest, cap, hint, numbers = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5]),
   ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]) or 0, ARGV[9]
+local opts = ARGV[10]
 
 local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
   hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
-  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled')
+  'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled', 'opts')
 
 local function refused(why)
   return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
@@ -78,6 +82,9 @@ if is_last and rmax and rmax > seq then
 end
 if count > cap then
   return rejected('rejected', 'chunk has ' .. count .. ' recipients, more than the group cap ' .. cap, true)
+end
+if f[22] and f[22] ~= opts then
+  return rejected('conflict', 'seq ' .. seq .. ' has the batch options ' .. opts .. ', but the batch has ' .. f[22], true)
 end
 
 -- Batch-wide dedupe. The numbers given so far live in the hash DEDUPE as
@@ -248,6 +255,9 @@ end
 n, c, seqs, recipients = n + count, c + 1, seqs + 1, recipients + count
 local assigned = {seq = seq, gen = gen, count = count, last = is_last, digest = digest}
 local positions = table.concat(dups, ',')
+if not f[22] then
+  assigned.opts = opts
+end
 if #dups > 0 then
   assigned.duplicates = dups
   put('x:' .. seq, positions)
@@ -268,6 +278,9 @@ put('seqs', seqs)
 put('recipients', recipients)
 if not max or seq > max then
   put('max', seq)
+end
+if not f[22] then
+  put('opts', opts)
 end
 if is_last then
   put('last', seq)

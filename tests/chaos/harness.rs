@@ -75,6 +75,8 @@ pub struct Plan {
     /// A provider outage (every request answered 5xx): the progress point at
     /// which it starts, and how long it lasts.
     pub outage: Option<(f64, Duration)>,
+    /// Scheduled batches: (batch index, `send_at` after the start).
+    pub scheduled: Vec<(usize, Duration)>,
 }
 
 impl Plan {
@@ -114,6 +116,9 @@ impl Plan {
             redis_kills_at,
             deadline: Duration::from_secs(150),
             outage: None,
+            // Batch 1 waits for a `send_at` a few seconds in: its groups are
+            // filled under the chaos and held, then sent.
+            scheduled: vec![(1, Duration::from_millis(rng.random_range(3_000..6_000)))],
         }
     }
 
@@ -192,6 +197,8 @@ pub struct Rig {
     pub workers: Vec<WorkerProc>,
     pub stats: Stats,
     pub started: Instant,
+    /// `started` on the wall clock (Unix ms), for `send_at`.
+    pub started_unix_ms: u64,
     base_faults: Faults,
     spawned: usize,
     aof: Arc<Mutex<AofSamples>>,
@@ -269,6 +276,9 @@ impl Rig {
             workers: Vec::new(),
             stats: Stats::default(),
             started: Instant::now(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
             base_faults,
             spawned: 0,
             aof: Arc::default(),
@@ -640,7 +650,24 @@ impl Rig {
     /// The chunks of batch `k` (shuffled, a third of them twice).
     pub fn chunks(&self, k: usize) -> Vec<Chunk> {
         let (b, n, size, _) = &self.plan.batches[k];
-        common::shuffled_chunks(b, k as u32, *n, *size, self.seed ^ (k as u64 + 1))
+        let mut chunks =
+            common::shuffled_chunks(b, k as u32, *n, *size, self.seed ^ (k as u64 + 1));
+        if let Some(at) = self.send_at_ms(k) {
+            let at = jiff::Timestamp::from_millisecond(at as i64).expect("an instant");
+            for c in &mut chunks {
+                c.options.send_at = Some(at.to_string());
+            }
+        }
+        chunks
+    }
+
+    /// Batch `k`'s `send_at` (Unix ms), if it is scheduled.
+    pub fn send_at_ms(&self, k: usize) -> Option<u64> {
+        self.plan
+            .scheduled
+            .iter()
+            .find(|(i, _)| *i == k)
+            .map(|(_, after)| self.started_unix_ms + after.as_millis() as u64)
     }
 
     /// Appends chunks, retrying through a Redis restart (duplicates from a

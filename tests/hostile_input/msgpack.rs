@@ -140,6 +140,7 @@ pub fn good_chunk(batch: &str, seq: u32, n: usize) -> Chunk {
         seq,
         last: true,
         template: template(),
+        options: Default::default(),
         recipients: recipients(seq + 50, n),
     }
 }

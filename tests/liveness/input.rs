@@ -80,6 +80,7 @@ fn chunk(
         seq,
         last,
         template: template(),
+        options: Default::default(),
         recipients,
     }
 }

@@ -145,14 +145,19 @@ def recipient(base: int, i: int) -> dict:
     return {"to": f"010{base * 1_000_000 + i:08d}", "vars": {"name": f"고객{i}", "order": f"P{i}"}}
 
 
-def cut(batch: str, total: int, size: int, base: int) -> list:
-    """Chunks with seq from 0; only the highest seq is flagged last."""
+def cut(batch: str, total: int, size: int, base: int, options: dict) -> list:
+    """Chunks with seq from 0; only the highest seq is flagged last. The
+    batch options (if any) go in every chunk, the same."""
     people = [recipient(base, i) for i in range(total)]
     parts = [people[i:i + size] for i in range(0, total, size)]
-    return [
+    chunks = [
         {"batch": batch, "seq": seq, "last": seq == len(parts) - 1, "template": TEMPLATE, "recipients": part}
         for seq, part in enumerate(parts)
     ]
+    if options:
+        for c in chunks:
+            c["options"] = options
+    return chunks
 
 
 def xadd_all(r, stream: str, entries: list) -> list:
@@ -194,6 +199,8 @@ def main(argv=None) -> int:
     p.add_argument("--malformed", action="store_true", help="also append malformed entries")
     p.add_argument("--wait-timeout", type=float, default=60.0, help="seconds to wait for the last chunk's assignment")
     p.add_argument("--print-shard", action="store_true", help="print the batch's shard and exit")
+    p.add_argument("--send-at", help="the batch's send_at (RFC 3339 with an offset)")
+    p.add_argument("--priority", choices=["urgent", "normal", "bulk"], help="the batch's lane")
     args = p.parse_args(argv)
 
     try:
@@ -205,7 +212,12 @@ def main(argv=None) -> int:
             raise ProducerError("--recipients must be at least 1")
         if not 1 <= args.chunk_size <= MAX_CHUNK_RECIPIENTS:
             raise ProducerError(f"--chunk-size must be 1..{MAX_CHUNK_RECIPIENTS} (at most {MAX_CHUNK_RECIPIENTS} recipients per chunk)")
-        chunks = cut(args.batch, args.recipients, args.chunk_size, args.number_base)
+        options = {}
+        if args.send_at:
+            options["send_at"] = args.send_at
+        if args.priority:
+            options["priority"] = args.priority
+        chunks = cut(args.batch, args.recipients, args.chunk_size, args.number_base, options)
         encoded = [check_chunk(c) for c in chunks]
     except ProducerError as e:
         sys.stderr.write(f"producer.py: {e}\n")

@@ -30,6 +30,16 @@ fn pattern_matches(pattern: &str, s: &str) -> bool {
             .is_some_and(|(a, b)| digits(a) && digits(b)),
         "^[0-9]+$" => digits(s),
         "^f:" => s.starts_with("f:"),
+        "^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?$" => {
+            let parts: Vec<&str> = s.split(':').collect();
+            let two = |p: &str, max: u32| {
+                p.len() == 2 && digits(p) && p.parse::<u32>().is_ok_and(|v| v <= max)
+            };
+            matches!(parts.len(), 2 | 3)
+                && two(parts[0], 23)
+                && two(parts[1], 59)
+                && parts.get(2).is_none_or(|p| two(p, 59))
+        }
         other => {
             panic!("the schema test does not know the pattern {other:?}: add it to pattern_matches")
         }

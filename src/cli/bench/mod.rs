@@ -325,20 +325,21 @@ async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
     let n = plan.recipients.clamp(1, DEDUPE_PROBE_MAX);
     let log = store.batch("bench-dedupe-probe");
     let size = plan.chunk_size.max(1);
+    let opts = crate::events::options::SendWindow::default().canonical();
     for (seq, from) in (0..n).step_by(size).enumerate() {
         let numbers: Vec<String> = (from..(from + size).min(n))
             .map(|i| format!("010{:08}", 90_000_000 + i))
             .collect();
         let records = crate::store::batch::dedupe_records(numbers.iter().map(String::as_str));
-        log.accept_with_hint(
-            seq as u32,
-            false,
-            &records,
-            &format!("probe{seq}"),
-            u64::MAX,
-            0,
-        )
-        .await?;
+        let args = crate::protocol::accept::AcceptArgs {
+            seq: seq as u32,
+            last: false,
+            records: &records,
+            digest: &format!("probe{seq}"),
+            cap: u64::MAX,
+            opts: &opts,
+        };
+        log.accept_chunk(&args, 0).await?;
     }
     let bytes = store
         .memory_usage(&log.keys.dedupe, true)

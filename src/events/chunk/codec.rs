@@ -11,6 +11,7 @@ use super::model::{
     TemplateRef, VarsRef,
 };
 use super::MAX_CHUNK_BYTES;
+use crate::events::options::{BatchOptions, Priority, QuietHours};
 use crate::events::{decode_payload, encode_payload, DecodeError};
 
 impl Chunk {
@@ -116,21 +117,33 @@ pub fn chunk_encoded_len(
     seq: u32,
     last: bool,
     template: &Template,
+    options: &BatchOptions,
     recipients: usize,
     recipient_bytes: usize,
 ) -> usize {
     let mut bytes = Counter(0);
-    encode_head(&head(batch, seq, last, template), recipients, &mut bytes);
+    encode_head(
+        &head(batch, seq, last, template, options),
+        recipients,
+        &mut bytes,
+    );
     bytes.0 + recipient_bytes
 }
 
 /// A chunk's fields without its recipients.
-fn head<'a>(batch: &'a str, seq: u32, last: bool, template: &'a Template) -> Parts<'a, Recipient> {
+fn head<'a>(
+    batch: &'a str,
+    seq: u32,
+    last: bool,
+    template: &'a Template,
+    options: &'a BatchOptions,
+) -> Parts<'a, Recipient> {
     Parts {
         batch,
         seq,
         last,
         template: template.view(),
+        options,
         recipients: &[],
     }
 }
@@ -151,11 +164,16 @@ impl ChunkEncoder {
         seq: u32,
         last: bool,
         template: &Template,
+        options: &BatchOptions,
         recipients: usize,
         capacity: usize,
     ) -> ChunkEncoder {
         let mut bytes = Vec::with_capacity(capacity);
-        encode_head(&head(batch, seq, last, template), recipients, &mut bytes);
+        encode_head(
+            &head(batch, seq, last, template, options),
+            recipients,
+            &mut bytes,
+        );
         ChunkEncoder {
             bytes,
             left: recipients,
@@ -289,12 +307,14 @@ pub(super) fn decode_ref(bytes: &[u8]) -> Option<ChunkRef<'_>> {
     let rd = &mut Reader { b: bytes };
     let (mut batch, mut seq, mut last, mut template, mut recipients) =
         (None, None, None, None, None);
+    let mut options = None;
     for _ in 0..rd.map_len()? {
         match rd.str_bytes()? {
             b"batch" if batch.is_none() => batch = Some(rd.str()?),
             b"seq" if seq.is_none() => seq = Some(rd.u32()?),
             b"last" if last.is_none() => last = Some(rd.bool()?),
             b"template" if template.is_none() => template = Some(decode_template_ref(rd)?),
+            b"options" if options.is_none() => options = Some(decode_options(rd)?),
             b"recipients" if recipients.is_none() => {
                 let n = rd.array_len()?;
                 // A recipient takes 5 bytes at least: never reserve
@@ -313,8 +333,46 @@ pub(super) fn decode_ref(bytes: &[u8]) -> Option<ChunkRef<'_>> {
         seq: seq?,
         last: last?,
         template: template?,
+        options: options.unwrap_or_default(),
         recipients: recipients?,
     })
+}
+
+/// A chunk's `options` map (`None`: not the usual shape; rmp-serde decides).
+fn decode_options(rd: &mut Reader<'_>) -> Option<BatchOptions> {
+    let mut o = BatchOptions::default();
+    let (mut at, mut priority, mut quiet) = (false, false, false);
+    for _ in 0..rd.map_len()? {
+        match rd.str_bytes()? {
+            b"send_at" if !at => {
+                at = true;
+                o.send_at = Some(rd.str()?.to_string());
+            }
+            b"priority" if !priority => {
+                priority = true;
+                o.priority = Some(Priority::parse(rd.str()?)?);
+            }
+            b"quiet_hours" if !quiet => {
+                quiet = true;
+                let (mut start, mut end, mut tz) = (None, None, None);
+                for _ in 0..rd.map_len()? {
+                    match rd.str_bytes()? {
+                        b"start" if start.is_none() => start = Some(rd.str()?.to_string()),
+                        b"end" if end.is_none() => end = Some(rd.str()?.to_string()),
+                        b"tz" if tz.is_none() => tz = Some(rd.str()?.to_string()),
+                        _ => return None,
+                    }
+                }
+                o.quiet_hours = Some(QuietHours {
+                    start: start?,
+                    end: end?,
+                    tz: tz?,
+                });
+            }
+            _ => return None,
+        }
+    }
+    Some(o)
 }
 
 fn decode_template_ref<'a>(rd: &mut Reader<'a>) -> Option<TemplateRef<'a>> {
@@ -507,7 +565,7 @@ fn encode_head<R: RecipientFields>(c: &Parts<'_, R>, recipients: usize, w: &mut 
         str(w, value);
     }
     let t = &c.template;
-    map(w, 5);
+    map(w, 5 + usize::from(!c.options.is_empty()));
     member(w, "batch", c.batch);
     str(w, "seq");
     uint(w, c.seq);
@@ -524,8 +582,38 @@ fn encode_head<R: RecipientFields>(c: &Parts<'_, R>, recipients: usize, w: &mut 
         member(w, "pf_id", k.pf_id);
         member(w, "template_id", k.template_id);
     }
+    if !c.options.is_empty() {
+        encode_options(c.options, w);
+    }
     str(w, "recipients");
     array(w, recipients);
+}
+
+/// Writes the `options` member, as rmp-serde writes [`BatchOptions`].
+fn encode_options(o: &BatchOptions, w: &mut impl Sink) {
+    str(w, "options");
+    map(
+        w,
+        usize::from(o.send_at.is_some())
+            + usize::from(o.priority.is_some())
+            + usize::from(o.quiet_hours.is_some()),
+    );
+    if let Some(at) = &o.send_at {
+        str(w, "send_at");
+        str(w, at);
+    }
+    if let Some(p) = o.priority {
+        str(w, "priority");
+        str(w, p.name());
+    }
+    if let Some(q) = &o.quiet_hours {
+        str(w, "quiet_hours");
+        map(w, 3);
+        for (k, v) in [("start", &q.start), ("end", &q.end), ("tz", &q.tz)] {
+            str(w, k);
+            str(w, v);
+        }
+    }
 }
 
 /// An array header of `n` elements.

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::events::options::BatchOptions;
+
 /// One chunk of a batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
@@ -17,6 +19,9 @@ pub struct Chunk {
     pub last: bool,
     /// The message template shared by the batch.
     pub template: Template,
+    /// The batch's options (the same in every chunk; none by default).
+    #[serde(default, skip_serializing_if = "BatchOptions::is_empty")]
+    pub options: BatchOptions,
     /// The recipients.
     pub recipients: Vec<Recipient>,
 }
@@ -69,6 +74,8 @@ pub struct ChunkRef<'a> {
     pub last: bool,
     /// The message template shared by the batch.
     pub template: TemplateRef<'a>,
+    /// The batch's options (owned: small, and usually empty).
+    pub options: BatchOptions,
     /// The recipients.
     pub recipients: Vec<RecipientRef<'a>>,
 }
@@ -304,6 +311,7 @@ impl Chunk {
             seq: self.seq,
             last: self.last,
             template: self.template.view(),
+            options: &self.options,
             recipients: &self.recipients,
         }
     }
@@ -315,6 +323,7 @@ impl Chunk {
             seq: self.seq,
             last: self.last,
             template: self.template.view(),
+            options: self.options.clone(),
             recipients: self
                 .recipients
                 .iter()
@@ -349,6 +358,7 @@ impl<'a> ChunkRef<'a> {
             seq: self.seq,
             last: self.last,
             template: self.template,
+            options: &self.options,
             recipients: &self.recipients,
         }
     }
@@ -376,6 +386,7 @@ impl<'a> ChunkRef<'a> {
             seq: self.seq,
             last: self.last,
             template: self.template.to_template(),
+            options: self.options.clone(),
             recipients: self
                 .recipients
                 .iter()
@@ -405,5 +416,6 @@ pub(super) struct Parts<'c, R> {
     pub(super) seq: u32,
     pub(super) last: bool,
     pub(super) template: TemplateRef<'c>,
+    pub(super) options: &'c BatchOptions,
     pub(super) recipients: &'c [R],
 }

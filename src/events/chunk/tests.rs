@@ -35,6 +35,7 @@ fn validation_names_the_problem() {
         seq: 0,
         last: true,
         template: template("Hi #{name}"),
+        options: Default::default(),
         recipients: vec![Recipient {
             to: "01012345678".into(),
             vars: BTreeMap::new(),
@@ -70,6 +71,7 @@ fn sample(n: usize, kakao: bool) -> Chunk {
                 template_id: "tp".into(),
             }),
         },
+        options: Default::default(),
         recipients: (0..n)
             .map(|i| Recipient {
                 to: format!("010{i:08}"),
@@ -138,6 +140,7 @@ fn one_recipient() -> Chunk {
         seq: 3,
         last: false,
         template: template("x"),
+        options: Default::default(),
         recipients: vec![Recipient {
             to: "01012345678".into(),
             vars: BTreeMap::new(),
@@ -360,21 +363,83 @@ fn chunks_encoded_or_counted_recipient_by_recipient_are_the_encoding() {
                 seq,
                 last: n % 2 == 0,
                 template: template("Hi #{v0}"),
+                options: if n % 2 == 1 {
+                    scheduled()
+                } else {
+                    Default::default()
+                },
                 recipients,
             };
-            let mut e = ChunkEncoder::new(&c.batch, c.seq, c.last, &c.template, n, 0);
+            let mut e = ChunkEncoder::new(&c.batch, c.seq, c.last, &c.template, &c.options, n, 0);
             for r in &c.recipients {
                 e.push(r);
             }
             assert_eq!(e.finish(), Some(c.encode()), "{n} recipients, seq {seq}");
-            let short = ChunkEncoder::new(&c.batch, c.seq, c.last, &c.template, n + 1, 0);
+            let short =
+                ChunkEncoder::new(&c.batch, c.seq, c.last, &c.template, &c.options, n + 1, 0);
             assert_eq!(short.finish(), None, "a recipient missing");
             let bytes: usize = c.recipients.iter().map(recipient_encoded_len).sum();
             assert_eq!(
-                chunk_encoded_len(&c.batch, c.seq, c.last, &c.template, n, bytes),
+                chunk_encoded_len(&c.batch, c.seq, c.last, &c.template, &c.options, n, bytes),
                 c.encode().len(),
                 "{n} recipients, seq {seq}"
             );
         }
     }
+}
+
+fn scheduled() -> crate::events::options::BatchOptions {
+    use crate::events::options::{BatchOptions, Priority, QuietHours};
+    BatchOptions {
+        send_at: Some("2026-12-01T18:00:00+09:00".into()),
+        priority: Some(Priority::Urgent),
+        quiet_hours: Some(QuietHours {
+            start: "21:00".into(),
+            end: "08:00".into(),
+            tz: "Asia/Seoul".into(),
+        }),
+    }
+}
+
+#[test]
+fn options_are_read_in_place_and_are_part_of_the_digest() {
+    let mut c = one_recipient();
+    let plain = c.digest();
+    c.options = scheduled();
+    let bytes = c.encode();
+    assert_eq!(bytes, rmp_serde::to_vec_named(&c).expect("rmp-serde"));
+    let read = ChunkRef::decode(&bytes).expect("the usual shape, read in place");
+    assert_eq!(read.options, c.options);
+    assert_eq!(Chunk::decode(&bytes).expect("decode"), c);
+    assert_ne!(c.digest(), plain, "options are content");
+    assert_eq!(read.digest(), c.digest());
+    // Only a priority: one member.
+    c.options = crate::events::options::BatchOptions {
+        priority: Some(crate::events::options::Priority::Bulk),
+        ..Default::default()
+    };
+    let bytes = c.encode();
+    assert_eq!(
+        ChunkRef::decode(&bytes).expect("in place").options,
+        c.options
+    );
+    // An unknown priority is not the usual shape: rmp-serde says why.
+    let mut v: serde_json::Value = serde_json::to_value(&c).expect("json");
+    v["options"]["priority"] = "asap".into();
+    let odd = rmp_serde::to_vec_named(&v).expect("encode");
+    assert!(ChunkRef::decode(&odd).is_none());
+    let e = Chunk::decode(&odd).expect_err("unknown priority");
+    assert!(e.to_string().contains("asap"), "{e}");
+}
+
+#[test]
+fn invalid_options_fail_validation_with_the_reason() {
+    let mut c = one_recipient();
+    c.options.quiet_hours = Some(crate::events::options::QuietHours {
+        start: "21:00".into(),
+        end: "08:00".into(),
+        tz: "Asia/Nowhere".into(),
+    });
+    let e = c.validate().expect_err("unknown zone");
+    assert!(e.to_string().contains("IANA"), "{e}");
 }

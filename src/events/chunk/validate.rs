@@ -5,6 +5,7 @@ use thiserror::Error;
 
 use super::codec;
 use super::model::{placeholders, Chunk, ChunkRef, Parts, RecipientFields, Template, TemplateRef};
+use crate::events::options::OptionsError;
 use crate::events::{clip, QUOTE_MAX};
 use crate::keys::{validate_batch_id, BatchIdError};
 
@@ -85,6 +86,9 @@ pub enum ChunkError {
         /// The variable's name.
         name: String,
     },
+    /// The batch options are unusable.
+    #[error("chunk options: {0}")]
+    Options(#[from] OptionsError),
 }
 
 impl Template {
@@ -154,6 +158,9 @@ impl<R: RecipientFields> Parts<'_, R> {
         let (template, recipients) = (&self.template, self.recipients);
         validate_batch_id(self.batch)?;
         template.validate()?;
+        if !self.options.is_empty() {
+            self.options.resolve()?;
+        }
         if recipients.is_empty() {
             return Err(ChunkError::Empty);
         }

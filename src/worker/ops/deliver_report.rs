@@ -3,6 +3,7 @@
 
 use serde_json::json;
 
+use crate::events::options::SendWindow;
 use crate::events::{Event, ReportDelivered};
 use crate::keys::Priority;
 use crate::projection::{event_key, field, Projection};
@@ -20,6 +21,7 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
                 "registered": p.gen_int(g, "reg"),
                 "failed": p.gen_int(g, "fail"),
                 "status": p.gen_field(g, "done"),
+                "scheduledAt": p.gen_field(g, "at").and_then(|ms| rfc3339(ms.parse().ok()?)),
             })
         })
         .collect();
@@ -33,6 +35,10 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
             ))
         })
         .collect();
+    let window = p
+        .get(field::OPTIONS)
+        .and_then(SendWindow::from_canonical)
+        .unwrap_or_default();
     // Recipients in generations that were sent (all registered ones, unless
     // a cancel stopped some generations).
     let sent: Vec<u32> = (0..p.generations())
@@ -41,6 +47,9 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
     let sent_recipients: i64 = sent.iter().map(|&g| p.gen_int(g, "reg")).sum();
     json!({
         "batchId": batch,
+        "priority": window.priority.name(),
+        "sendAt": window.send_at_text(),
+        "quietHours": window.quiet_text(),
         "outcome": p.get("report"),
         "chunks": p.int("seqs"),
         "recipients": p.int("recipients"),
@@ -61,6 +70,13 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "sentRecipients": sent_recipients,
         "groups": groups,
     })
+}
+
+/// Unix ms as RFC 3339 (UTC).
+fn rfc3339(ms: i64) -> Option<String> {
+    jiff::Timestamp::from_millisecond(ms)
+        .ok()
+        .map(|t| t.to_string())
 }
 
 /// Runs a report item.

@@ -153,6 +153,8 @@ pub enum RetryCause {
     /// The shared rate limiter asked for a wait too long to hold the entry
     /// through: given back, no slot reserved.
     Limiter,
+    /// A send held until the batch's `send_at` or the end of its quiet hours.
+    Scheduled,
 }
 
 impl RetryCause {
@@ -165,6 +167,7 @@ impl RetryCause {
             RetryCause::Webhook => "webhook",
             RetryCause::Durability => "durability",
             RetryCause::Limiter => "limiter",
+            RetryCause::Scheduled => "scheduled",
         }
     }
 
@@ -185,7 +188,10 @@ impl RetryCause {
     pub fn is_heartbeat(self) -> bool {
         matches!(
             self,
-            RetryCause::NotFinished | RetryCause::Durability | RetryCause::Limiter
+            RetryCause::NotFinished
+                | RetryCause::Durability
+                | RetryCause::Limiter
+                | RetryCause::Scheduled
         )
     }
 }

@@ -7,6 +7,11 @@
 //! silent rejection at the provider must never go out as a partial send. A
 //! `409` means another worker's send already happened.
 //!
+//! A batch with a `send_at` or quiet hours holds its ready generations until
+//! the instant they may go (the work item waits in the delayed set; the
+//! first hold is recorded as `send_scheduled`); a generation ready after
+//! `send_at` goes at once, unless that falls inside quiet hours.
+//!
 //! Right before the send, the send is *claimed* (`claim_send.lua`, the
 //! `send_claimed` event): the claim and a cancel are linearized on the
 //! batch's state, so either the cancel came first (the claim is refused and
@@ -20,13 +25,16 @@
 //! can still take back (the generation would be redone in a new group and
 //! sent twice, or a cancel would stop a generation that was sent).
 
-use crate::events::{Event, SendRefused};
+use std::time::Duration;
+
+use crate::events::options::SendWindow;
+use crate::events::{Event, SendRefused, SendScheduled};
 use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::batch::Claim;
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, WorkItem};
+use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -34,6 +42,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
+    let schedule_key = event_key::schedule(gen);
     let p = log
         .read(&[
             field::key(&send_key),
@@ -41,6 +50,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             field::registered_in(gen),
             field::unsure_in(gen),
             field::key(&ready_key),
+            field::OPTIONS.into(),
+            field::key(&schedule_key),
         ])
         .await?;
     if p.appended(&send_key).is_some() {
@@ -53,6 +64,38 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
         )));
     };
+    // Held until `send_at`, and never inside the batch's quiet hours.
+    if let Some(window) = p
+        .get(field::OPTIONS)
+        .and_then(SendWindow::from_canonical)
+        .filter(SendWindow::holds)
+    {
+        let now = log.server_time_ms().await?;
+        let at = u64::try_from(window.release_at(now as i64)).unwrap_or(0);
+        if at > now {
+            if p.appended(&schedule_key).is_none() {
+                let group_id = p.group_of(gen).unwrap_or_default().to_string();
+                let reason = match window.send_at {
+                    Some(s) if s as u64 >= at => "send_at",
+                    _ => "quiet_hours",
+                };
+                let e = Event::SendScheduled(SendScheduled {
+                    gen,
+                    group_id,
+                    at_ms: at,
+                    reason: reason.into(),
+                });
+                log.append(&schedule_key, &e).await?;
+                tracing::info!(batch = %item.batch, gen, at_ms = at, reason, "send scheduled");
+            }
+            return Ok(Outcome::Retry {
+                delay: Some(Duration::from_millis(at - now)),
+                spend: false,
+                cause: RetryCause::Scheduled,
+                reason: format!("generation {gen} is held until {at} (Unix ms)"),
+            });
+        }
+    }
     let Some(group_id) = p.group_of(gen).map(str::to_string) else {
         return Ok(Outcome::Dead(format!(
             "generation {gen} is ready but has no group"

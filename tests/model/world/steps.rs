@@ -36,6 +36,9 @@ impl World {
                         records: &Self::records(&c.to),
                         digest: &digest,
                         cap,
+                        // The model's batches have no options (every chunk
+                        // agrees); the conformance test draws conflicts.
+                        opts: "|normal|",
                     },
                 );
                 self.sync_work();
