@@ -252,6 +252,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("accept", settling.clone()),
         ("reject", settling.clone()),
         ("close", settling.clone()),
+        ("cancel", settling.clone()),
         ("loaded", settling.clone()),
         ("completed", settling),
         (
@@ -277,6 +278,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
             vec![k.state.clone(), k.events.clone(), k.delayed.clone()],
         ),
         ("append", vec![k.state.clone(), k.events.clone()]),
+        ("claim_send", vec![k.state.clone(), k.events.clone()]),
         // consumer.rs: a dead letter of either source stream of the shard.
         ("dead_letter", vec![keys.dead_letters(s), keys.ingest(s)]),
         ("dead_letter", vec![keys.dead_letters(s), keys.work(s)]),
