@@ -97,7 +97,7 @@ async fn nothing_is_sent_before_send_at_and_everything_soon_after() {
         ..test_config()
     };
     let rig = Rig::start(3, config, mock_config()).await;
-    let at = Timestamp::now() + 4.seconds();
+    let at = Timestamp::now() + 8.seconds();
     let at_ms = at.as_millisecond() as u64;
     // 2,500 recipients, cap 1,000: three generations, all held.
     let chunks = batch("at-six", 1, 2_500, 250, &send_at(at));
@@ -172,7 +172,7 @@ async fn workers_restarted_while_a_send_is_held_still_send_on_time_and_once() {
         ..test_config()
     };
     let mut rig = Rig::start(2, config, mock_config()).await;
-    let at = Timestamp::now() + 5.seconds();
+    let at = Timestamp::now() + 10.seconds();
     let at_ms = at.as_millisecond() as u64;
     let chunks = batch("restart", 3, 1_200, 200, &send_at(at));
     append_chunks(&rig.store, &chunks).await.expect("append");
@@ -206,11 +206,11 @@ fn local_hms(t: Timestamp, tz: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn quiet_hours_defer_a_send_to_the_end_of_the_window() {
     let rig = Rig::start(2, test_config(), mock_config()).await;
-    // A window around now, in Seoul: it opened an hour ago and closes in 4 s
+    // A window around now, in Seoul: it opened an hour ago and closes in 8 s
     // (across midnight, when now is just after it: the arithmetic handles both).
     let tz = "Asia/Seoul";
     let now = Timestamp::now();
-    let end = now + 4.seconds();
+    let end = now + 8.seconds();
     let options = BatchOptions {
         priority: Some(Priority::Bulk),
         quiet_hours: Some(QuietHours {
