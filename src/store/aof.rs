@@ -167,6 +167,22 @@ async fn rounds(
     }
 }
 
+/// Appends to `pipe` a write of `marker` (value `n`) and the `WAITAOF` for
+/// it: the fsync the reply confirms covers the marker and everything the
+/// server took before it.
+fn mark_then_wait(pipe: &mut redis::Pipeline, marker: &str, n: u64, replicas: u32) {
+    pipe.cmd("SET")
+        .arg(marker)
+        .arg(n)
+        .arg("PX")
+        .arg(MARKER_TTL_MS)
+        .ignore();
+    pipe.cmd("WAITAOF")
+        .arg(1)
+        .arg(replicas)
+        .arg(WAITAOF_TIMEOUT.as_millis() as u64);
+}
+
 async fn run_round(
     target: &RedisTarget,
     conn: &mut Option<MultiplexedConnection>,
@@ -186,16 +202,7 @@ async fn run_round(
         }
     }
     // The write whose offset the WAITAOF waits for: after every read above.
-    pipe.cmd("SET")
-        .arg(marker)
-        .arg(n)
-        .arg("PX")
-        .arg(MARKER_TTL_MS)
-        .ignore();
-    pipe.cmd("WAITAOF")
-        .arg(1)
-        .arg(replicas)
-        .arg(WAITAOF_TIMEOUT.as_millis() as u64);
+    mark_then_wait(&mut pipe, marker, n, replicas);
     let mut replies: Vec<Value> = pipe.query_async(c).await?;
     let acks = replies.pop().ok_or_else(|| StoreError::UnexpectedReply {
         script: "WAITAOF",
@@ -243,16 +250,7 @@ pub async fn confirmation_delay(
     let mut shortest = WAITAOF_TIMEOUT;
     let confirm = |n: u32| {
         let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(marker)
-            .arg(n)
-            .arg("PX")
-            .arg(MARKER_TTL_MS)
-            .ignore();
-        pipe.cmd("WAITAOF")
-            .arg(1)
-            .arg(0)
-            .arg(WAITAOF_TIMEOUT.as_millis() as u64);
+        mark_then_wait(&mut pipe, marker, u64::from(n), 0);
         let mut c = conn.clone();
         async move { pipe.query_async::<Vec<(i64, i64)>>(&mut c).await }
     };
