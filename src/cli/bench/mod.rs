@@ -5,8 +5,16 @@
 //! producer, until every report arrives. Prints one JSON line per run; every
 //! run also verifies every batch (a fast wrong answer counts for nothing).
 //!
-//! [`run`] is the I/O: it starts the processes, produces, waits and reads the
-//! counters. The rest is pure and tested without Redis:
+//! Two modes: by default this process appends and the workers are tuned for
+//! throughput (`--durability none`, no rate limit, short poll and backoff);
+//! `--user-path` (`user_path`) runs what a user runs instead: CSV files
+//! through `groupcast submit`, workers with their default settings, on a
+//! server of the kind `--server` names. `--lanes` (`lanes`) is a race of
+//! its own.
+//!
+//! [`run`] is the I/O: it starts the processes, produces, waits, and
+//! `conclude` reads the counters and verifies (both modes). The rest is
+//! pure and tested without Redis:
 //!
 //! - `workload`: the workloads' sizes, the flags applied to them, and the
 //!   chunks of each append;
