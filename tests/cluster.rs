@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::*;
-use groupcast::events::{BatchStalled, ChunkLoaded, Event};
 use groupcast::cli::{CliError, RedisArgs};
+use groupcast::events::{BatchStalled, ChunkLoaded, Event};
 use groupcast::keys::{Keyspace, ShardCount, LOADERS_GROUP, OPERATORS_GROUP};
 use groupcast::producer::append_chunks;
 use groupcast::redis_cluster::{hash_slot, RedisCluster};

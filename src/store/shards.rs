@@ -40,7 +40,9 @@ impl Store {
     /// the tag `s0` for shard 0), so that its batches keep their keys.
     pub async fn default_shards(&self) -> StoreResult<u32> {
         let masters = self.cluster_masters().await?.len();
-        let n = u32::try_from(masters).unwrap_or(MAX_SHARDS).clamp(1, MAX_SHARDS);
+        let n = u32::try_from(masters)
+            .unwrap_or(MAX_SHARDS)
+            .clamp(1, MAX_SHARDS);
         if n > 1 {
             let old = Keyspace::new(self.keys.prefix(), 1).ingest(0);
             let exists: bool = self.conn.clone().exists(&old).await?;

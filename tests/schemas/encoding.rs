@@ -151,13 +151,19 @@ fn the_readmes_tag_vectors_are_groupcasts_tags() {
         .and_then(|rest| rest.split("<!-- /tag-vectors -->").next())
         .expect("README has a <!-- tag-vectors --> table");
     let mut rows = 0;
-    for line in table.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| shards")) {
+    for line in table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| shards"))
+    {
         let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
         let [n, tags] = cells[..] else {
             panic!("bad tag vector row {line:?}");
         };
         let n: u32 = n.parse().expect("shard count");
-        let tags: Vec<&str> = tags.split_whitespace().map(|t| t.trim_matches('`')).collect();
+        let tags: Vec<&str> = tags
+            .split_whitespace()
+            .map(|t| t.trim_matches('`'))
+            .collect();
         let ours: Vec<String> = (0..n).map(|k| shard_tag(k, n)).collect();
         assert_eq!(tags, ours, "tags of {n} shards");
         rows += 1;
