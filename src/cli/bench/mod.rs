@@ -5,8 +5,16 @@
 //! producer, until every report arrives. Prints one JSON line per run; every
 //! run also verifies every batch (a fast wrong answer counts for nothing).
 //!
-//! [`run`] is the I/O: it starts the processes, produces, waits and reads the
-//! counters. The rest is pure and tested without Redis:
+//! Two modes: by default this process appends and the workers are tuned for
+//! throughput (`--durability none`, no rate limit, short poll and backoff);
+//! `--user-path` (`user_path`) runs what a user runs instead: CSV files
+//! through `groupcast submit`, workers with their default settings, on a
+//! server of the kind `--server` names. `--lanes` (`lanes`) is a race of
+//! its own.
+//!
+//! [`run`] is the I/O: it starts the processes, produces, waits, and
+//! `conclude` reads the counters and verifies (both modes). The rest is
+//! pure and tested without Redis:
 //!
 //! - `workload`: the workloads' sizes, the flags applied to them, and the
 //!   chunks of each append;
@@ -492,6 +500,16 @@ fn own_exe() -> Result<std::path::PathBuf, CliError> {
     std::env::current_exe().map_err(|e| CliError::Failed(format!("cannot find my own binary: {e}")))
 }
 
+/// `r`, its error saying what the bench was doing (a timeout alone does not
+/// say which step of a long run met it).
+fn during<T>(what: &str, r: Result<T, CliError>) -> Result<T, CliError> {
+    r.map_err(|e| match e {
+        CliError::Usage(m) => CliError::Usage(format!("{what}: {m}")),
+        CliError::Redis(m) => CliError::Redis(format!("{what}: {m}")),
+        CliError::Failed(m) => CliError::Failed(format!("{what}: {m}")),
+    })
+}
+
 /// A finished run, for [`conclude`] to measure and verify.
 struct Ran {
     store: Store,
@@ -528,10 +546,15 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
     let commands = commands_by_name(&info(&store, "commandstats").await?);
     // The streams are trimmed by the workers' maintenance every 30 s; trim
     // now so that the final memory is what a steady state keeps.
-    crate::worker::maintenance::trim_all(&store).await?;
+    let trimmed = crate::worker::maintenance::trim_all(&store).await;
+    during("trimming the streams", trimmed.map_err(CliError::from))?;
     let batches = plan.batch_ids();
-    let retained_event_bytes = retained_event_bytes(&store, &batches).await?;
-    let largest = largest_keys(key_sizes(&store).await?, LARGEST_KEYS);
+    let retained_event_bytes = during(
+        "measuring the batches' keys",
+        retained_event_bytes(&store, &batches).await,
+    )?;
+    let sizes = during("measuring every key", key_sizes(&store).await)?;
+    let largest = largest_keys(sizes, LARGEST_KEYS);
     let scripts =
         info_field(&info(&store, "memory").await?, "used_memory_scripts").unwrap_or(0.0) as u64;
 
@@ -542,8 +565,14 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
         ..ProviderConfig::default()
     })
     .map_err(|e| CliError::Failed(e.to_string()))?;
-    let latencies = latencies(&store, &batches, &appended).await?;
-    let failed = failed_checks(&store, &provider, &batches, plan.group_cap).await?;
+    let latencies = during(
+        "reading the batches' events",
+        latencies(&store, &batches, &appended).await,
+    )?;
+    let failed = during(
+        "verifying the batches",
+        failed_checks(&store, &provider, &batches, plan.group_cap).await,
+    )?;
     let summary: LedgerSummary = reqwest::get(format!("{base_url}/_mock/ledger/summary"))
         .await
         .map_err(|e| CliError::Failed(format!("ledger: {e}")))?
@@ -567,7 +596,7 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
         .map(|(k, v)| (k, v.into()))
         .collect();
     // Last: its commands and keys are not the run's.
-    let dedupe_bytes_per_recipient = dedupe_probe(&fresh, plan).await?;
+    let dedupe_bytes_per_recipient = during("the dedupe probe", dedupe_probe(&fresh, plan).await)?;
 
     let measured = Measured {
         chunks,

@@ -28,8 +28,8 @@ use clap::ValueEnum;
 use super::summary::{RunKind, SubmitUse};
 use super::workload::{bench_template, recipients, Plan};
 use super::{
-    conclude, cpu_now, own_exe, start_mock, used_memory, wait_for_reports, BenchArgs, Procs, Ran,
-    ServerKind, API_KEY, API_SECRET,
+    conclude, cpu_now, during, own_exe, start_mock, used_memory, wait_for_reports, BenchArgs,
+    Procs, Ran, ServerKind, API_KEY, API_SECRET,
 };
 use crate::cli::CliError;
 use crate::keys::Keyspace;
@@ -350,7 +350,8 @@ async fn submit(
                     .map_err(|e| CliError::Failed(format!("waiting for submit: {e}")))?;
             }
             _ = tokio::time::sleep(SAMPLE_EVERY) => {
-                if let Some(m) = used_memory(store).await? {
+                let sampled = used_memory(store).await;
+                if let Some(m) = during("sampling Redis' memory during submit", sampled)? {
                     *peak = peak.max(m);
                 }
                 // Once: after it is reaped its pid may be another's.
@@ -429,7 +430,8 @@ pub(super) async fn run(args: &BenchArgs, plan: &Plan) -> Result<(), CliError> {
         used.cpu_seconds += s.cpu_seconds;
     }
     let left = deadline.saturating_duration_since(Instant::now()).as_secs();
-    wait_for_reports(&store, plan.batches, left.max(1), &mut peak).await?;
+    let reported = wait_for_reports(&store, plan.batches, left.max(1), &mut peak).await;
+    during("waiting for the reports", reported)?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let mut cpu = cpu_now(&store, &workers.pids, mock_pid)
         .await?
