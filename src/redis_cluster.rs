@@ -20,7 +20,7 @@ use thiserror::Error;
 use crate::redis_server::{free_port, RedisServer, ServerError, ServerOptions};
 
 /// How many hash slots a Redis Cluster has.
-pub const SLOTS: u16 = 16384;
+pub const SLOTS: u16 = crate::keys::CLUSTER_SLOTS;
 
 /// Why a private cluster could not be started or restarted.
 #[derive(Debug, Error)]
@@ -118,34 +118,9 @@ pub fn cli_installed() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The cluster hash slot of a key: CRC16 (XMODEM) of the key, or of its hash
-/// tag (the part between the first `{` and the next `}`, when not empty),
-/// modulo 16384. The same as `CLUSTER KEYSLOT`.
-pub fn hash_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % SLOTS
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
+/// The cluster hash slot of a key (the library's own, which picks the
+/// shards' tags), the same as `CLUSTER KEYSLOT`.
+pub use crate::keys::hash_slot;
 
 impl RedisCluster {
     /// Starts a 3-master cluster with default options.
@@ -557,23 +532,5 @@ impl Drop for RedisCluster {
         }
         self.nodes.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hash_slots_match_redis() {
-        // Values from `CLUSTER KEYSLOT` on Redis 7.
-        assert_eq!(hash_slot(b"foo"), 12182);
-        assert_eq!(hash_slot(b"bar"), 5061);
-        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
-        // An empty tag does not count: the whole key is hashed.
-        assert_eq!(hash_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
-        assert_ne!(hash_slot(b"foo{}{bar}"), hash_slot(b"bar"));
-        assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
-        assert_eq!(hash_slot(b"gc:{s3}:b:x:events"), hash_slot(b"s3"));
     }
 }

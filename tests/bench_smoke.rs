@@ -46,3 +46,84 @@ fn bench_runs_a_small_campaign_and_prints_a_verified_json_line() {
     }
     assert!(line["redis_commands"].as_u64().unwrap_or(0) > 0, "{line}");
 }
+
+/// `groupcast bench --user-path` on `server`, small: 3 batches of 200
+/// recipients in chunks of 100, three `groupcast submit` runs; its line.
+fn user_path(server: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_groupcast"))
+        .args([
+            "bench",
+            "--user-path",
+            "--server",
+            server,
+            "--workload",
+            "w3",
+            "--scale",
+            "0.2",
+            "--batches",
+            "3",
+            "--timeout-secs",
+            "120",
+        ])
+        .env_remove("GROUPCAST_LOG")
+        .output()
+        .expect("run groupcast bench --user-path");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench --user-path --server {server} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(line["verified"], true, "{line}");
+    assert_eq!(line["mode"], "user-path", "{line}");
+    assert_eq!(line["server"], server, "{line}");
+    assert_eq!(line["recipients"], 600, "{line}");
+    assert_eq!(line["batches"], 3, "{line}");
+    // Each submit cut its 200 recipients into two chunks of 100.
+    assert_eq!(line["chunks"], 6, "{line}");
+    let num = |field: &str| {
+        line[field]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{field} missing: {line}"))
+    };
+    let wall = num("wall_seconds");
+    let submit = num("submit_seconds");
+    assert!(submit > 0.0 && submit <= wall, "{line}");
+    // A few MB for a process that streams a 200-line file; far below what
+    // holding a large file would take.
+    let rss = num("submit_max_rss_mb");
+    assert!(rss > 1.0 && rss < 200.0, "{line}");
+    assert!(num("producer_cpu_seconds") > 0.0, "{line}");
+    assert!(num("worker_cpu_seconds") > 0.0, "{line}");
+    assert!(num("redis_commands_per_chunk") > 0.0, "{line}");
+    assert!(
+        num("redis_used_memory_peak") >= num("redis_used_memory_start"),
+        "{line}"
+    );
+    assert!(num("complete_to_send_ms_p99") >= 0.0, "{line}");
+    line
+}
+
+#[test]
+fn the_user_path_runs_submit_and_default_workers_on_redis() {
+    let line = user_path("redis");
+    // The workers chose for themselves, from a server without an AOF.
+    let chose = line["worker_durability"].as_str().unwrap_or_default();
+    assert!(
+        chose.contains("--durability auto") && chose.contains("appendonly=no"),
+        "{line}"
+    );
+}
+
+/// Valkey comes from `scripts/ensure-deps --tests` (`scripts/test` runs
+/// it); without it this test fails, saying so.
+#[test]
+fn the_user_path_runs_submit_and_default_workers_on_valkey_with_everysec() {
+    let line = user_path("valkey-everysec");
+    let chose = line["worker_durability"].as_str().unwrap_or_default();
+    assert!(
+        chose.contains("--durability auto") && chose.contains("appendfsync=everysec"),
+        "{line}"
+    );
+}

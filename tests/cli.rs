@@ -607,3 +607,95 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
     let out = groupcast(&url, &["cancel", "a}b"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn the_shard_count_is_recorded_once_and_another_is_refused() {
+    let (server, store) = common::store(1).await;
+    let url = server.url();
+    let recorded = || async {
+        let v: Option<String> = store
+            .raw_conn()
+            .get("gct:shards")
+            .await
+            .expect("GET gct:shards");
+        v
+    };
+    assert_eq!(recorded().await, None);
+    // The default (`auto`) on a single server: one shard, recorded.
+    let out = groupcast(&url, &["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(recorded().await.as_deref(), Some("1"));
+    // The same count given explicitly, or `auto` from the environment.
+    let out = groupcast(&url, &["status", "--shards", "1"]);
+    assert!(out.status.success());
+    let out = Command::new(BIN)
+        .args(["status"])
+        .env("GROUPCAST_REDIS_URL", &url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env("GROUPCAST_SHARDS", "auto")
+        .output()
+        .expect("run groupcast");
+    assert!(out.status.success());
+    // Another count is refused, with what to do.
+    for argv in [
+        &["status", "--shards", "4"][..],
+        &["dlq", "list", "--shards", "4"][..],
+    ] {
+        let out = groupcast(&url, argv);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{argv:?}: {err}");
+        assert!(err.contains("uses 1 shard(s)"), "{err}");
+        assert!(err.contains("redis-cli SET gct:shards 4"), "{err}");
+    }
+    assert_eq!(recorded().await.as_deref(), Some("1"));
+    // Counts out of range never reach Redis.
+    let out = groupcast(&url, &["status", "--shards", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from 1 to 1024"));
+    // A garbled record is refused too, naming the key.
+    let _: () = store
+        .raw_conn()
+        .set("gct:shards", "many")
+        .await
+        .expect("SET");
+    let out = groupcast(&url, &["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("gct:shards holds \"many\""), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_racing_to_record_the_shard_count_agree_on_one() {
+    use groupcast::keys::{Keyspace, ShardCount};
+    use groupcast::store::shards::ShardSource;
+    let server = redis();
+    let mut tasks = Vec::new();
+    for k in 1..=8u32 {
+        let url = server.url();
+        tasks.push(tokio::spawn(async move {
+            let store = groupcast::store::Store::connect(&url, Keyspace::new("race", 1))
+                .await
+                .expect("connect");
+            (k, store.settle_shards(ShardCount::Fixed(k)).await)
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            (k, Ok((n, ShardSource::RecordedNow(why)))) => {
+                assert_eq!(why, "--shards");
+                assert_eq!(n, k);
+                winners.push(k);
+            }
+            (k, Ok((n, ShardSource::Recorded))) => panic!("{k} got {n} recorded by another"),
+            (_, Err(_)) => refused += 1,
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(refused, 7);
+}

@@ -1,7 +1,8 @@
 //! groupcast on a Redis Cluster: a private 3-master cluster
 //! (`groupcast::redis_cluster`), batches spread over several shards, the same
-//! end-to-end scenarios as tests/pipeline.rs, a master killed mid-run and
-//! restarted, and proof that no script call can cross slots.
+//! end-to-end scenarios as tests/pipeline.rs, the default settings (the
+//! `groupcast` binary with no `--shards`) using every master, a master killed
+//! mid-run and restarted, and proof that no script call can cross slots.
 
 mod common;
 
@@ -9,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::*;
+use groupcast::cli::{CliError, RedisArgs};
 use groupcast::events::{BatchStalled, ChunkLoaded, Event};
-use groupcast::keys::{Keyspace, LOADERS_GROUP, OPERATORS_GROUP};
+use groupcast::keys::{Keyspace, ShardCount, LOADERS_GROUP, OPERATORS_GROUP};
 use groupcast::producer::append_chunks;
 use groupcast::redis_cluster::{hash_slot, RedisCluster};
 use groupcast::store::batch::{Accepted, Appended, Completion, GroupRecord, Parked};
@@ -32,6 +34,28 @@ async fn store_on(cluster: &RedisCluster, shards: u32) -> Store {
     Store::connect(&cluster.url(), Keyspace::new("gcc", shards))
         .await
         .expect("connect to the private cluster")
+}
+
+/// The connection flags of a command run with `--shards` at `shards` and
+/// everything else at its default.
+fn redis_args(url: &str, prefix: &str, shards: ShardCount) -> RedisArgs {
+    RedisArgs {
+        url: url.to_string(),
+        prefix: prefix.into(),
+        shards,
+        ca_file: None,
+        client_cert_file: None,
+        client_key_file: None,
+    }
+}
+
+/// A store connected the way every `groupcast` command connects, with the
+/// default `--shards auto`.
+async fn default_store(cluster: &RedisCluster, prefix: &str) -> Store {
+    redis_args(&cluster.url(), prefix, ShardCount::Auto)
+        .connect()
+        .await
+        .expect("connect with the default settings")
 }
 
 /// Batch names `<prefix>-<i>`, `per_master` of them on each master.
@@ -146,7 +170,9 @@ async fn cap_rollover_on_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_mid_run_and_restarted_loses_nothing() {
     let cluster = cluster();
-    let store = store_on(&cluster, 6).await;
+    // The default settings: one shard per master, none moved.
+    let store = default_store(&cluster, "gcc").await;
+    assert_eq!(store.keys.shards(), 3);
     let names = batches_on_every_master(&cluster, &store.keys, "crash", 3);
     // The victim also holds the shared rate limiter's key: while it is down,
     // no provider call on any master can go. The limit (150 requests/s for
@@ -726,7 +752,6 @@ async fn the_startup_check_reads_every_master() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_redriven_on_every_shard() {
     use groupcast::cli::dlq::{run, DlqAction, DlqArgs};
-    use groupcast::cli::RedisArgs;
     let cluster = cluster();
     let store = store_on(&cluster, 6).await;
     // One dead letter per shard, from its ingest stream (the redrive puts it
@@ -756,14 +781,7 @@ async fn dead_letters_are_redriven_on_every_shard() {
     }
     assert_eq!(dead_letters(&store).await.len(), 6);
     run(DlqArgs {
-        redis: RedisArgs {
-            url: cluster.url(),
-            prefix: "gcc".into(),
-            shards: 6,
-            ca_file: None,
-            client_cert_file: None,
-            client_key_file: None,
-        },
+        redis: redis_args(&cluster.url(), "gcc", ShardCount::Fixed(6)),
         action: DlqAction::Redrive {
             ids: Vec::new(),
             all: true,
@@ -835,20 +853,170 @@ async fn commands_follow_ask_and_moved_while_a_shard_moves_to_another_master() {
     store.promote(1, 10).await.expect("promote after the move");
 }
 
-#[test]
-fn shards_can_be_placed_one_per_master() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_shard_count_puts_one_shard_on_each_master_without_moves() {
     let cluster = cluster();
-    let keys = Keyspace::new("gcc", 6);
-    for shard in 0..6 {
-        let slot = hash_slot(keys.work(shard).as_bytes());
-        cluster
-            .move_empty_slot(slot, shard as usize % cluster.len())
-            .expect("move");
+    let store = default_store(&cluster, "gcd").await;
+    assert_eq!(store.keys.shards(), cluster.len() as u32);
+    // Recorded for every later process of the deployment.
+    let recorded: Option<String> = redis::cmd("GET")
+        .arg("gcd:shards")
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("GET");
+    assert_eq!(recorded.as_deref(), Some("3"));
+    // Shard k's keys are on master k (the order `--cluster create` gave
+    // them their slices), with no slot moved.
+    let owners: Vec<usize> = (0..store.keys.shards())
+        .map(|k| cluster.owner_of_key(&store.keys.work(k)).expect("owner"))
+        .collect();
+    assert_eq!(owners, [0, 1, 2]);
+    // Twice as many shards would be two per master.
+    let keys = Keyspace::new("gcd", 6);
+    let owners: Vec<usize> = (0..6)
+        .map(|k| cluster.owner_of_key(&keys.work(k)).expect("owner"))
+        .collect();
+    assert_eq!(owners, [0, 0, 1, 1, 2, 2]);
+
+    // Another process with the default reads the record; one asking for
+    // the same count explicitly agrees.
+    let again = default_store(&cluster, "gcd").await;
+    assert_eq!(again.keys, store.keys);
+    let same = redis_args(&cluster.url(), "gcd", ShardCount::Fixed(3))
+        .connect()
+        .await
+        .expect("the recorded count, given explicitly");
+    assert_eq!(same.keys, store.keys);
+    // One asking for another count is refused, saying what to do.
+    match redis_args(&cluster.url(), "gcd", ShardCount::Fixed(6))
+        .connect()
+        .await
+    {
+        Err(CliError::Usage(why)) => {
+            assert!(why.contains("uses 3 shard(s)"), "{why}");
+            assert!(why.contains("redis-cli SET gcd:shards 6"), "{why}");
+            assert!(why.contains("drain"), "{why}");
+        }
+        Ok(_) => panic!("--shards 6 accepted on a deployment of 3"),
+        Err(e) => panic!("not a usage error: {e}"),
     }
-    for shard in 0..6 {
-        assert_eq!(
-            cluster.owner_of_key(&keys.work(shard)).expect("owner"),
-            shard as usize % cluster.len()
+    // An explicit count on a new deployment (another prefix) is recorded.
+    let six = redis_args(&cluster.url(), "gce", ShardCount::Fixed(6))
+        .connect()
+        .await
+        .expect("a new deployment of 6");
+    assert_eq!(six.keys.shards(), 6);
+    assert_eq!(default_store(&cluster, "gce").await.keys.shards(), 6);
+    // A deployment from before the record (one shard, `{s0}`) keeps its
+    // keys: `auto` records 1 for it.
+    let _: String = redis::cmd("XADD")
+        .arg("gco:{s0}:ingest")
+        .arg("*")
+        .arg("v")
+        .arg("1")
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("XADD");
+    let old = default_store(&cluster, "gco").await;
+    assert_eq!(old.keys.shards(), 1);
+    assert_eq!(old.keys.ingest(0), "gco:{s0}:ingest");
+}
+
+/// Runs `groupcast` with the deployment's URL and prefix in the environment.
+fn groupcast_cmd(url: &str, prefix: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_groupcast"));
+    cmd.env("GROUPCAST_REDIS_URL", url)
+        .env("GROUPCAST_PREFIX", prefix)
+        .env_remove("GROUPCAST_SHARDS")
+        .env_remove("GROUPCAST_LOG");
+    cmd
+}
+
+/// Kills a child process on drop (a failed assertion must not leave a
+/// worker running).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_workers_and_submit_put_batches_on_every_master() {
+    let cluster = cluster();
+    let url = cluster.url();
+    let prefix = "gcu";
+    // Batch names that the default count puts on every master (the count
+    // is computed here the way the binary does, and checked below).
+    let keys = Keyspace::new(prefix, cluster.len() as u32);
+    let names = batches_on_every_master(&cluster, &keys, "user", 2);
+    // The test's own view, connected before any process recorded a count.
+    let store = Store::connect(&url, keys.clone()).await.expect("connect");
+    let rig = Rig::start_on(cluster, store, 0, test_config(), mock_config()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Two workers with no tuning flags (only no metrics port, which two
+    // processes on one machine cannot share).
+    let workers: Vec<Child> = (0..2)
+        .map(|i| {
+            let log = std::fs::File::create(dir.path().join(format!("worker-{i}.log")))
+                .expect("log file");
+            Child(
+                groupcast_cmd(&url, prefix)
+                    .args(["worker", "--metrics-listen", "off"])
+                    .env("GROUPCAST_PROVIDER_URL", rig.mock.base_url())
+                    .env("GROUPCAST_PROVIDER_API_KEY", KEY)
+                    .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
+                    .env("GROUPCAST_LOG", "info")
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .expect("spawn worker"),
+            )
+        })
+        .collect();
+    let template = dir.path().join("t.json");
+    std::fs::write(
+        &template,
+        r##"{"type": "ATA", "from": "0212345678", "text": "#{name}", "kakaoOptions": {"pfId": "PF", "templateId": "T"}}"##,
+    )
+    .expect("template");
+    let mut expected = BTreeMap::new();
+    for (k, b) in names.iter().enumerate() {
+        let n = 400 + 100 * k;
+        let mut csv = String::from("to,name\n");
+        for i in 0..n {
+            csv.push_str(&format!("010{:04}{:04},N{i}\n", 1_000 + k, i));
+        }
+        let file = dir.path().join(format!("{b}.csv"));
+        std::fs::write(&file, csv).expect("csv");
+        let out = groupcast_cmd(&url, prefix)
+            .args(["submit", "--batch", b, "--chunk-size", "100", "--template"])
+            .arg(&template)
+            .arg("--recipients")
+            .arg(&file)
+            .output()
+            .expect("run submit");
+        assert!(
+            out.status.success(),
+            "submit {b}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        expected.insert(b.clone(), n);
     }
+    // The processes recorded one shard per master for the deployment.
+    let recorded: Option<String> = redis::cmd("GET")
+        .arg(keys.shard_count())
+        .query_async(&mut rig.store.raw_conn())
+        .await
+        .expect("GET");
+    assert_eq!(recorded.as_deref(), Some("3"));
+    rig.wait_reported(&names, Duration::from_secs(120)).await;
+    rig.verify(&names).await;
+    rig.check_ledger(&expected);
+    assert!(dead_letters(&rig.store).await.is_empty());
+    assert_batches_on_every_master(&rig.server, &rig.store, &names);
+    drop(workers);
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use groupcast::events::{Chunk, Event};
-use groupcast::keys::shard_of;
+use groupcast::keys::{shard_of, Keyspace};
 use groupcast::store::queue::{parse_entries, Entry};
 use groupcast::store::Store;
 use serde_json::Value;
@@ -85,8 +85,8 @@ async fn a_python_producer_feeds_the_pipeline_and_its_bad_entries_are_dead_lette
         &url,
         "--prefix",
         rig.store.keys.prefix(),
-        "--shards",
-        &rig.store.keys.shards().to_string(),
+        // No --shards: the producer reads (here: records) the deployment's
+        // count, 1 on a single server, as the workers do.
         "--batch",
         &batch,
         "--recipients",
@@ -270,6 +270,32 @@ async fn the_python_producer_computes_groupcasts_shard() {
                 String::from_utf8_lossy(&out.stdout).trim(),
                 shard_of(batch, shards).to_string(),
                 "shard of {batch:?} among {shards}"
+            );
+        }
+    }
+    // And the stream key, hash tag included.
+    for batch in ["a", "b1", "camp-2026.11_29"] {
+        for shards in [1u32, 3, 4, 6, 16, 1000] {
+            let out = run_producer(&[
+                "--batch",
+                batch,
+                "--prefix",
+                "gc",
+                "--shards",
+                &shards.to_string(),
+                "--print-stream",
+            ])
+            .await;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let keys = Keyspace::new("gc", shards);
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                keys.ingest(keys.shard_of(batch)),
+                "stream of {batch:?} among {shards}"
             );
         }
     }

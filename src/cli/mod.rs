@@ -18,7 +18,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::keys::Keyspace;
+use crate::keys::{Keyspace, ShardCount};
+use crate::store::shards::ShardSource;
 use crate::store::{ClientTlsConfig, Store, StoreError, TlsCertificates};
 
 /// Bulk notifications through a provider's group API, event-sourced on Redis Streams.
@@ -115,10 +116,13 @@ pub struct RedisArgs {
     /// Key prefix, so that deployments can share a server.
     #[arg(long, global = true, env = "GROUPCAST_PREFIX", default_value = "gc")]
     pub prefix: String,
-    /// Number of shards (hash tags) batches are spread over. Changing it
-    /// moves batches to other shards: drain first (see docs/cluster.md).
-    #[arg(long, global = true, env = "GROUPCAST_SHARDS", default_value_t = 1)]
-    pub shards: u32,
+    /// Number of shards (hash tags) batches are spread over: `auto` (the
+    /// count the deployment recorded in `<prefix>:shards`; the first process
+    /// records one per cluster master, or 1 on a single server) or 1 to
+    /// 1024 (recorded if none is; refused if the deployment recorded
+    /// another: changing it moves batches, see docs/cluster.md).
+    #[arg(long, global = true, env = "GROUPCAST_SHARDS", default_value = "auto")]
+    pub shards: ShardCount,
     /// PEM file of the CA that signed the Redis server's certificate
     /// (rediss:// only). Without it the system's trust store is used.
     #[arg(long = "redis-ca-file", global = true, env = "GROUPCAST_REDIS_CA_FILE")]
@@ -220,7 +224,7 @@ impl RedisArgs {
         let tls = self.tls_certificates()?;
         self.connect_with(&creds, tls)
             .await
-            .map_err(|e| CliError::Redis(self.explain(&e, &creds)))
+            .map_err(|e| self.failure(&e, &creds))
     }
 
     /// Connects and checks the server answers `PING`, returning the raw
@@ -231,10 +235,32 @@ impl RedisArgs {
         tls: Option<TlsCertificates>,
     ) -> Result<Store, StoreError> {
         let url = self.url_with(creds);
-        let keys = Keyspace::new(self.prefix.clone(), self.shards);
+        // One shard until the deployment's count is settled: the count is
+        // read from (or recorded in) Redis, outside every shard.
+        let keys = Keyspace::new(self.prefix.clone(), 1);
         let store = Store::connect_with_tls(&url, keys, tls).await?;
         store.ping().await?;
-        Ok(store)
+        let (shards, source) = store.settle_shards(self.shards).await?;
+        let key = store.keys.shard_count();
+        match source {
+            ShardSource::RecordedNow(why) => {
+                tracing::info!("shards: {shards} ({why}), recorded for the deployment in {key}")
+            }
+            ShardSource::Recorded => {
+                tracing::debug!("shards: {shards}, as the deployment recorded in {key}")
+            }
+        }
+        Ok(store.with_shards(shards))
+    }
+
+    /// A connection failure as the command's error: a refused shard count
+    /// is a usage error with its own advice; the rest is explained by
+    /// [`explain`](Self::explain).
+    pub fn failure(&self, e: &StoreError, creds: &RedisCredentials) -> CliError {
+        match e {
+            StoreError::ShardCount(why) => CliError::Usage(why.clone()),
+            _ => CliError::Redis(self.explain(e, creds)),
+        }
     }
 
     /// What a connection error means and what to do, without secrets.
@@ -243,6 +269,7 @@ impl RedisArgs {
             StoreError::Redis(r) => {
                 explain_connect(&self.url, Some(r), &format!("redis: {r}"), creds)
             }
+            StoreError::ShardCount(why) => why.clone(),
             other => explain_connect(&self.url, None, &other.to_string(), creds),
         }
     }
@@ -354,6 +381,7 @@ pub enum CliError {
 impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
         match &e {
+            StoreError::ShardCount(why) => CliError::Usage(why.clone()),
             StoreError::Redis(r) if r.code() == Some("NOPERM") => CliError::Redis(format!(
                 "{e} (the ACL user lacks a command groupcast needs: see docs/security.md for the rule)"
             )),
@@ -610,7 +638,7 @@ mod tests {
                 Ok(Some(r)) => {
                     assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
                     assert_eq!(r.prefix, "px", "{line}");
-                    assert_eq!(r.shards, 3, "{line}");
+                    assert_eq!(r.shards, ShardCount::Fixed(3), "{line}");
                     assert_eq!(
                         r.ca_file.as_ref().map(|p| p.display().to_string()),
                         Some(ca.clone()),

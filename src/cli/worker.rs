@@ -512,7 +512,7 @@ async fn start(
         args.redis.connect_with(&creds, tls.clone())
     })
     .await
-    .map_err(|e| CliError::Redis(describe(&e)))?;
+    .map_err(|e| args.redis.failure(&e, &creds))?;
     check_server(&store, args.worker.durability).await;
     let mut config = config.clone();
     // Only the modes that depend on the server read it (`+config|get` and

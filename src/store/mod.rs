@@ -13,6 +13,7 @@
 //!   batches, dead letters and their redrive).
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 //! - [`aof`]: waiting until events are on disk (`WAITAOF`, group-committed).
+//! - [`shards`]: the deployment's shard count, recorded in Redis.
 
 pub mod aof;
 pub mod batch;
@@ -22,6 +23,7 @@ pub mod overview;
 pub mod queue;
 pub mod scripts;
 pub mod server;
+pub mod shards;
 pub mod witness;
 
 use std::time::Duration;
@@ -53,6 +55,10 @@ pub enum StoreError {
         /// What it said.
         reply: String,
     },
+    /// The deployment's recorded shard count cannot be used as asked (see
+    /// [`shards`]): the text says what to do.
+    #[error("{0}")]
+    ShardCount(String),
     /// The configured URL or credentials cannot be used.
     #[error("cannot use redis at {url}: {reason}")]
     Config {

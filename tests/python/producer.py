@@ -67,12 +67,72 @@ def shard_of(batch: str, shards: int) -> int:
     return h % max(shards, 1)
 
 
-def ingest_key(prefix: str, shard: int) -> str:
-    return f"{prefix}:{{s{shard}}}:ingest"
+SLOTS = 16384
+MAX_SHARDS = 1024
 
 
-def events_key(prefix: str, shard: int, batch: str) -> str:
-    return f"{prefix}:{{s{shard}}}:b:{batch}:events"
+def crc16(data: bytes) -> int:
+    """CRC16/XMODEM, Redis Cluster's key hash."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+            crc &= 0xFFFF
+    return crc
+
+
+def shard_tag(k: int, shards: int) -> str:
+    """The hash tag of shard k of `shards`: `s<k>`, or the first `s<k>-<j>`
+    (j = 1, 2, ...), whose slot lies in [ceil(k*16384/n), floor((k+1)*16384/n))."""
+    lo, hi = -(-k * SLOTS // shards), (k + 1) * SLOTS // shards
+    tag, j = f"s{k}", 0
+    while not lo <= crc16(tag.encode()) % SLOTS < hi:
+        j += 1
+        tag = f"s{k}-{j}"
+    return tag
+
+
+def ingest_key(prefix: str, tag: str) -> str:
+    return f"{prefix}:{{{tag}}}:ingest"
+
+
+def events_key(prefix: str, tag: str, batch: str) -> str:
+    return f"{prefix}:{{{tag}}}:b:{batch}:events"
+
+
+def parse_shards(text: str):
+    """`auto` (None) or a shard count from 1 to MAX_SHARDS."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_SHARDS:
+        raise argparse.ArgumentTypeError(f"give auto or a number from 1 to {MAX_SHARDS}")
+    return n
+
+
+def deployment_shards(r, prefix: str, asked) -> int:
+    """The deployment's shard count, as in README section 1: `<prefix>:shards`
+    if recorded (a different explicit count is refused), else recorded now
+    with SET NX (1 on a single server, one per master on a cluster)."""
+    key = f"{prefix}:shards"
+    recorded = r.get(key)
+    if recorded is None:
+        want = asked
+        if want is None:
+            want = 1
+            if r.info("cluster").get("cluster_enabled") == 1:
+                masters = {(m[0], m[1]) for (_, _, m, *_) in r.execute_command("CLUSTER", "SLOTS")}
+                want = min(max(len(masters), 1), MAX_SHARDS)
+        r.set(key, want, nx=True)
+        recorded = r.get(key)
+    n = int(recorded)
+    if asked is not None and asked != n:
+        raise ProducerError(f"the deployment uses {n} shards ({key}), not {asked}")
+    return n
 
 
 def check_batch_id(batch: str) -> None:
@@ -190,7 +250,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis URL")
     p.add_argument("--prefix", default="gc", help="the workers' key prefix")
-    p.add_argument("--shards", type=int, default=1, help="the workers' shard count")
+    p.add_argument("--shards", type=parse_shards, default=None,
+                   help="the deployment's shard count: auto (the default: read from <prefix>:shards) or a number")
     p.add_argument("--batch", required=True, help="the batch id")
     p.add_argument("--recipients", type=int, default=1000, help="how many recipients to generate")
     p.add_argument("--chunk-size", type=int, default=500, help="recipients per chunk")
@@ -198,15 +259,19 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1, help="shuffle seed")
     p.add_argument("--malformed", action="store_true", help="also append malformed entries")
     p.add_argument("--wait-timeout", type=float, default=60.0, help="seconds to wait for the last chunk's assignment")
-    p.add_argument("--print-shard", action="store_true", help="print the batch's shard and exit")
+    p.add_argument("--print-shard", action="store_true", help="print the batch's shard and exit (needs --shards N)")
+    p.add_argument("--print-stream", action="store_true", help="print the batch's ingest stream and exit (needs --shards N)")
     p.add_argument("--send-at", help="the batch's send_at (RFC 3339 with an offset)")
     p.add_argument("--priority", choices=["urgent", "normal", "bulk"], help="the batch's lane")
     args = p.parse_args(argv)
 
     try:
         check_batch_id(args.batch)
-        if args.print_shard:
-            print(shard_of(args.batch, args.shards))
+        if args.print_shard or args.print_stream:
+            if args.shards is None:
+                raise ProducerError("--print-shard and --print-stream need --shards N")
+            shard = shard_of(args.batch, args.shards)
+            print(shard if args.print_shard else ingest_key(args.prefix, shard_tag(shard, args.shards)))
             return 0
         if args.recipients < 1:
             raise ProducerError("--recipients must be at least 1")
@@ -223,15 +288,21 @@ def main(argv=None) -> int:
         sys.stderr.write(f"producer.py: {e}\n")
         return 2
 
-    shard = shard_of(args.batch, args.shards)
-    stream = ingest_key(args.prefix, shard)
+    r = redis.Redis.from_url(args.redis)
+    try:
+        shards = deployment_shards(r, args.prefix, args.shards)
+    except ProducerError as e:
+        sys.stderr.write(f"producer.py: {e}\n")
+        return 2
+    shard = shard_of(args.batch, shards)
+    tag = shard_tag(shard, shards)
+    stream = ingest_key(args.prefix, tag)
     rng = random.Random(args.seed)
     entries = [{"v": "1", "t": "chunk", "d": d} for d in encoded]
     repeats = entries[::3]  # a few chunks twice
     entries = entries + repeats
     rng.shuffle(entries)
 
-    r = redis.Redis.from_url(args.redis)
     ids = xadd_all(r, stream, entries)
     summary = {
         "batch": args.batch,
@@ -264,7 +335,7 @@ def main(argv=None) -> int:
         ]
         early_ids = xadd_all(r, stream, [f for _, f in early])
         try:
-            wait_assigned(r, events_key(args.prefix, shard, args.batch), last, args.wait_timeout)
+            wait_assigned(r, events_key(args.prefix, tag, args.batch), last, args.wait_timeout)
         except ProducerError as e:
             sys.stderr.write(f"producer.py: {e}\n")
             return 1

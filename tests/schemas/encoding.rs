@@ -1,7 +1,7 @@
 //! The README's encoding rules and shard vectors hold.
 
 use groupcast::events::{Chunk, Event};
-use groupcast::keys::{shard_of, Keyspace};
+use groupcast::keys::{shard_of, shard_tag, Keyspace};
 use serde_json::json;
 
 use crate::validator::schema_errors;
@@ -135,9 +135,43 @@ fn the_readmes_shard_vectors_are_fnv1a() {
     // The worked example's key.
     let ks = Keyspace::new("gc", 16);
     let key = ks.ingest(ks.shard_of("camp-2026.11_29"));
-    assert_eq!(key, "gc:{s9}:ingest");
+    assert_eq!(key, "gc:{s9-2}:ingest");
     assert!(
         readme.contains(&format!("`{key}`")),
         "README's worked example names {key}"
     );
+}
+
+#[test]
+fn the_readmes_tag_vectors_are_groupcasts_tags() {
+    let readme = readme();
+    let table = readme
+        .split("<!-- tag-vectors -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- /tag-vectors -->").next())
+        .expect("README has a <!-- tag-vectors --> table");
+    let mut rows = 0;
+    for line in table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| shards"))
+    {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [n, tags] = cells[..] else {
+            panic!("bad tag vector row {line:?}");
+        };
+        let n: u32 = n.parse().expect("shard count");
+        let tags: Vec<&str> = tags
+            .split_whitespace()
+            .map(|t| t.trim_matches('`'))
+            .collect();
+        let ours: Vec<String> = (0..n).map(|k| shard_tag(k, n)).collect();
+        assert_eq!(tags, ours, "tags of {n} shards");
+        rows += 1;
+    }
+    assert!(rows >= 4, "only {rows} tag vectors");
+    // The worked example's other key, and the Python in the text.
+    let ks = Keyspace::new("gc", 16);
+    assert_eq!(ks.ingest(ks.shard_of("b1")), "gc:{s12-60}:ingest");
+    assert!(readme.contains("`gc:{s12-60}:ingest`"));
+    assert!(readme.contains("def shard_tag(k: int, n: int) -> str:"));
 }

@@ -5,8 +5,16 @@
 //! producer, until every report arrives. Prints one JSON line per run; every
 //! run also verifies every batch (a fast wrong answer counts for nothing).
 //!
-//! [`run`] is the I/O: it starts the processes, produces, waits and reads the
-//! counters. The rest is pure and tested without Redis:
+//! Two modes: by default this process appends and the workers are tuned for
+//! throughput (`--durability none`, no rate limit, short poll and backoff);
+//! `--user-path` (`user_path`) runs what a user runs instead: CSV files
+//! through `groupcast submit`, workers with their default settings, on a
+//! server of the kind `--server` names. `--lanes` (`lanes`) is a race of
+//! its own.
+//!
+//! [`run`] is the I/O: it starts the processes, produces, waits, and
+//! `conclude` reads the counters and verifies (both modes). The rest is
+//! pure and tested without Redis:
 //!
 //! - `workload`: the workloads' sizes, the flags applied to them, and the
 //!   chunks of each append;
@@ -15,6 +23,7 @@
 
 mod lanes;
 mod summary;
+mod user_path;
 mod workload;
 
 #[cfg(test)]
@@ -38,7 +47,7 @@ use crate::store::Store;
 use crate::verify::verify_batch;
 use summary::{
     commands_by_name, cpu_seconds, info_field, largest_keys, redis_cpu_seconds, result_line,
-    violations, CpuSeconds, FailedCheck, KeySize, Latencies, Measured, MemoryUse,
+    violations, CpuSeconds, FailedCheck, KeySize, Latencies, Measured, MemoryUse, RunKind,
 };
 use workload::{bench_template, Plan};
 
@@ -100,6 +109,31 @@ pub struct BenchArgs {
     /// With `--lanes`: when the urgent batch is submitted, after the bulk one.
     #[arg(long, default_value_t = 2000)]
     pub urgent_after_ms: u64,
+    /// Run the workload as a user does: each batch written to a CSV file and
+    /// sent with `groupcast submit` (a child process, one batch after the
+    /// other), and `--workers` `groupcast worker` processes with their
+    /// default settings (only the connection, the provider and
+    /// `--metrics-listen off`; `--group-cap` when the workload's differs from
+    /// the default, as the provider's cap is the deployment's to give).
+    /// Measures `submit`'s own time and peak memory too.
+    #[arg(long, conflicts_with_all = ["lanes", "concurrency"])]
+    pub user_path: bool,
+    /// With `--user-path`: the private server the run uses.
+    #[arg(long, value_enum, default_value_t = ServerKind::Redis, requires = "user_path")]
+    pub server: ServerKind,
+}
+
+/// The private server of a `--user-path` run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ServerKind {
+    /// `redis-server` from the PATH (Debian's is 7.0: no `WAITAOF`), without
+    /// an AOF.
+    Redis,
+    /// Valkey 8.1 (installed by `scripts/ensure-deps --tests`) with an AOF,
+    /// `appendfsync everysec`.
+    ValkeyEverysec,
+    /// Valkey 8.1 with an AOF, `appendfsync always`.
+    ValkeyAlways,
 }
 
 /// The mock provider's credentials, shared with the workers.
@@ -416,8 +450,10 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         return lanes::run(&args).await;
     }
     let plan = args.plan()?;
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::Failed(format!("cannot find my own binary: {e}")))?;
+    if args.user_path {
+        return user_path::run(&args, &plan).await;
+    }
+    let exe = own_exe()?;
     let server = RedisServer::start().map_err(|e| CliError::Usage(e.to_string()))?;
     let store = Store::connect(&server.url(), Keyspace::new("bench", 1)).await?;
     let mut procs = Procs(Vec::new());
@@ -444,13 +480,81 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let cpu = cpu_now(&store, &worker_pids, mock_pid)
         .await?
         .since(cpu_start);
+    let ran = Ran {
+        store,
+        server,
+        base_url,
+        procs,
+        chunks: produced.chunks,
+        wall_seconds,
+        cpu,
+        memory: (start, peak),
+        appended: produced.appended,
+        kind: RunKind::in_process(),
+    };
+    conclude(&plan, ran).await
+}
+
+/// The binary running now: the workers, the mock and `submit` are it too.
+fn own_exe() -> Result<std::path::PathBuf, CliError> {
+    std::env::current_exe().map_err(|e| CliError::Failed(format!("cannot find my own binary: {e}")))
+}
+
+/// `r`, its error saying what the bench was doing (a timeout alone does not
+/// say which step of a long run met it).
+fn during<T>(what: &str, r: Result<T, CliError>) -> Result<T, CliError> {
+    r.map_err(|e| match e {
+        CliError::Usage(m) => CliError::Usage(format!("{what}: {m}")),
+        CliError::Redis(m) => CliError::Redis(format!("{what}: {m}")),
+        CliError::Failed(m) => CliError::Failed(format!("{what}: {m}")),
+    })
+}
+
+/// A finished run, for [`conclude`] to measure and verify.
+struct Ran {
+    store: Store,
+    server: RedisServer,
+    /// The mock provider's.
+    base_url: String,
+    /// Every child still running (stopped before the final memory reading).
+    procs: Procs,
+    chunks: usize,
+    wall_seconds: f64,
+    cpu: CpuSeconds,
+    /// Redis `used_memory` before producing, and the highest seen since.
+    memory: (f64, f64),
+    /// When each chunk was appended, when this process appended them.
+    appended: BTreeMap<String, BTreeMap<u32, u64>>,
+    kind: RunKind,
+}
+
+/// Reads the counters a run leaves (commands, memory, keys), verifies every
+/// batch, and prints the JSON line; fails if a check broke.
+async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
+    let Ran {
+        store,
+        server,
+        base_url,
+        procs,
+        chunks,
+        wall_seconds,
+        cpu,
+        memory: (start, peak),
+        appended,
+        kind,
+    } = ran;
     let commands = commands_by_name(&info(&store, "commandstats").await?);
     // The streams are trimmed by the workers' maintenance every 30 s; trim
     // now so that the final memory is what a steady state keeps.
-    crate::worker::maintenance::trim_all(&store).await?;
+    let trimmed = crate::worker::maintenance::trim_all(&store).await;
+    during("trimming the streams", trimmed.map_err(CliError::from))?;
     let batches = plan.batch_ids();
-    let retained_event_bytes = retained_event_bytes(&store, &batches).await?;
-    let largest = largest_keys(key_sizes(&store).await?, LARGEST_KEYS);
+    let retained_event_bytes = during(
+        "measuring the batches' keys",
+        retained_event_bytes(&store, &batches).await,
+    )?;
+    let sizes = during("measuring every key", key_sizes(&store).await)?;
+    let largest = largest_keys(sizes, LARGEST_KEYS);
     let scripts =
         info_field(&info(&store, "memory").await?, "used_memory_scripts").unwrap_or(0.0) as u64;
 
@@ -461,8 +565,14 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         ..ProviderConfig::default()
     })
     .map_err(|e| CliError::Failed(e.to_string()))?;
-    let latencies = latencies(&store, &batches, &produced.appended).await?;
-    let failed = failed_checks(&store, &provider, &batches, plan.group_cap).await?;
+    let latencies = during(
+        "reading the batches' events",
+        latencies(&store, &batches, &appended).await,
+    )?;
+    let failed = during(
+        "verifying the batches",
+        failed_checks(&store, &provider, &batches, plan.group_cap).await,
+    )?;
     let summary: LedgerSummary = reqwest::get(format!("{base_url}/_mock/ledger/summary"))
         .await
         .map_err(|e| CliError::Failed(format!("ledger: {e}")))?
@@ -486,10 +596,10 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         .map(|(k, v)| (k, v.into()))
         .collect();
     // Last: its commands and keys are not the run's.
-    let dedupe_bytes_per_recipient = dedupe_probe(&fresh, &plan).await?;
+    let dedupe_bytes_per_recipient = during("the dedupe probe", dedupe_probe(&fresh, plan).await)?;
 
     let measured = Measured {
-        chunks: produced.chunks,
+        chunks,
         wall_seconds,
         cpu,
         commands,
@@ -505,8 +615,10 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         },
         latencies,
         verified: violations.is_empty(),
+        kind,
     };
-    println!("{}", result_line(&plan, &measured));
+    println!("{}", result_line(plan, &measured));
+    drop(server);
     if violations.is_empty() {
         Ok(())
     } else {

@@ -66,7 +66,8 @@ pub(super) struct CpuSeconds {
     pub(super) workers: f64,
     pub(super) redis: f64,
     pub(super) mock: f64,
-    /// This process: the producer (and the bench's own reads).
+    /// The producer: this process (and the bench's own reads), or the
+    /// `groupcast submit` processes of a `--user-path` run.
     pub(super) producer: f64,
 }
 
@@ -213,6 +214,52 @@ pub(super) struct Measured {
     pub(super) latencies: Latencies,
     /// Whether nothing broke.
     pub(super) verified: bool,
+    /// How the run was made.
+    pub(super) kind: RunKind,
+}
+
+/// How a run was made: by this process appending to a server it started,
+/// or by `groupcast submit` and default workers on a server of a kind.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct RunKind {
+    /// `in-process` or `user-path`.
+    pub(super) mode: &'static str,
+    /// The server's kind, as `--server` names it.
+    pub(super) server: String,
+    /// The submits', when `groupcast submit` produced.
+    pub(super) submit: Option<SubmitUse>,
+    /// What the workers said they wait for at start (their `durability:`
+    /// line), when they were started with the default `--durability auto`.
+    pub(super) durability: Option<String>,
+}
+
+impl Default for RunKind {
+    fn default() -> RunKind {
+        RunKind::in_process()
+    }
+}
+
+impl RunKind {
+    /// This process appends, the workers tuned for throughput, on `redis`.
+    pub(super) fn in_process() -> RunKind {
+        RunKind {
+            mode: "in-process",
+            server: "redis".into(),
+            submit: None,
+            durability: None,
+        }
+    }
+}
+
+/// What the `groupcast submit` processes of a run used, together.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct SubmitUse {
+    /// Their wall time, summed (they run one after the other).
+    pub(super) seconds: f64,
+    /// The largest peak resident set of any of them, in bytes.
+    pub(super) max_rss_bytes: u64,
+    /// Their CPU seconds (user + system), summed.
+    pub(super) cpu_seconds: f64,
 }
 
 pub(super) fn round(x: f64) -> f64 {
@@ -226,6 +273,9 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
     let commands: u64 = m.commands.values().sum();
     let mut loaded = m.latencies.submit_to_loaded_ms.clone();
     loaded.sort_unstable();
+    // Chunks appended by `submit` have no append time here: none measured.
+    let loaded_at = |p: f64| (!loaded.is_empty()).then(|| percentile(&loaded, p));
+    let submit = m.kind.submit;
     let mut send = m.latencies.complete_to_send_ms.clone();
     send.sort_unstable();
     let largest: Vec<serde_json::Value> = m
@@ -235,6 +285,8 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
         .map(|k| json!([k.key, k.bytes]))
         .collect();
     json!({
+        "mode": m.kind.mode,
+        "server": m.kind.server,
         "workload": plan.name,
         "recipients": total,
         "chunks": m.chunks,
@@ -260,8 +312,11 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
         "largest_keys_end": largest,
         "redis_memory_stats_end": m.memory.stats_end,
         "dedupe_bytes_per_recipient": round(m.memory.dedupe_bytes_per_recipient),
-        "submit_to_loaded_ms_p50": percentile(&loaded, 0.5),
-        "submit_to_loaded_ms_p99": percentile(&loaded, 0.99),
+        "submit_seconds": submit.map(|s| round(s.seconds)),
+        "submit_max_rss_mb": submit.map(|s| round(s.max_rss_bytes as f64 / (1024.0 * 1024.0))),
+        "worker_durability": m.kind.durability,
+        "submit_to_loaded_ms_p50": loaded_at(0.5),
+        "submit_to_loaded_ms_p99": loaded_at(0.99),
         "complete_to_send_ms_p50": percentile(&send, 0.5),
         "complete_to_send_ms_p99": percentile(&send, 0.99),
         "verified": m.verified,

@@ -295,11 +295,14 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             complete_to_send_ms: vec![2],
         },
         verified: true,
+        kind: RunKind::in_process(),
     };
     let line = result_line(&p, &m);
     assert_eq!(
         line,
         json!({
+            "mode": "in-process",
+            "server": "redis",
             "workload": "W1",
             "recipients": 50_000,
             "chunks": 10,
@@ -326,6 +329,9 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             "largest_keys_end": [["bench:{s0}:work", 6_194]],
             "redis_memory_stats_end": {"keys.count": 6},
             "dedupe_bytes_per_recipient": 7.063,
+            "submit_seconds": null,
+            "submit_max_rss_mb": null,
+            "worker_durability": null,
             "submit_to_loaded_ms_p50": 431,
             "submit_to_loaded_ms_p99": 449,
             "complete_to_send_ms_p50": 2,
@@ -333,4 +339,56 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             "verified": true,
         })
     );
+}
+
+#[test]
+fn a_user_path_line_has_the_submits_and_no_append_latencies() {
+    let p = plan(&["--workload", "w3", "--scale", "0.1", "--user-path"]);
+    let m = Measured {
+        chunks: 100,
+        wall_seconds: 2.0,
+        kind: RunKind {
+            mode: "user-path",
+            server: "valkey-everysec".into(),
+            submit: Some(SubmitUse {
+                seconds: 1.23456,
+                max_rss_bytes: 12 * 1024 * 1024 + 512 * 1024,
+                cpu_seconds: 0.5,
+            }),
+            durability: Some("--durability auto: ...".into()),
+        },
+        latencies: Latencies {
+            submit_to_loaded_ms: vec![],
+            complete_to_send_ms: vec![3],
+        },
+        ..Measured::default()
+    };
+    let line = result_line(&p, &m);
+    assert_eq!(line["mode"], "user-path");
+    assert_eq!(line["server"], "valkey-everysec");
+    assert_eq!(line["submit_seconds"], 1.235);
+    assert_eq!(line["submit_max_rss_mb"], 12.5);
+    assert_eq!(line["worker_durability"], "--durability auto: ...");
+    assert_eq!(line["submit_to_loaded_ms_p50"], serde_json::Value::Null);
+    assert_eq!(line["complete_to_send_ms_p99"], 3);
+}
+
+#[test]
+fn the_user_path_takes_a_server_and_no_worker_tuning() {
+    let a = args(&["--user-path", "--server", "valkey-always"]);
+    assert!(a.user_path);
+    assert_eq!(a.server, ServerKind::ValkeyAlways);
+    assert_eq!(args(&["--user-path"]).server, ServerKind::Redis);
+    let parse = |argv: &[&str]| {
+        BenchArgs::augment_args(clap::Command::new("groupcast"))
+            .try_get_matches_from(std::iter::once(&"groupcast").chain(argv))
+            .map(|_| ())
+    };
+    assert!(parse(&["--user-path", "--concurrency", "4"]).is_err());
+    assert!(parse(&["--user-path", "--lanes"]).is_err());
+    assert!(
+        parse(&["--server", "redis"]).is_err(),
+        "--server needs --user-path"
+    );
+    assert!(parse(&["--user-path", "--server", "valkey"]).is_err());
 }
