@@ -13,11 +13,9 @@
 //! rate limit, no persistence on any Redis. Setups:
 //!
 //! - `single`: one redis-server, 1 shard;
-//! - `cluster-3-placed`: 3 masters, 3 shards, each shard's slot moved to its
-//!   own master (see docs/cluster.md, "Placing shards");
-//! - `cluster-3-hashed`: 3 masters, 3 shards where `redis-cli --cluster
-//!   create` put them (with the default prefix, two share a master);
-//! - `cluster-6-hashed`: 3 masters, 6 shards, as hashed.
+//! - `cluster-3`: 3 masters, 3 shards (the default: one per master, each
+//!   shard's tag on its own master with no slot moved, see docs/cluster.md);
+//! - `cluster-6`: 3 masters, 6 shards (two per master).
 //!
 //! Everything (every Redis, the mock provider, the workers) shares this
 //! machine's cores: on a small machine the cluster measures the cost of
@@ -31,7 +29,7 @@ use groupcast::keys::Keyspace;
 use groupcast::mock::{self, MockConfig};
 use groupcast::producer::{append_chunks, cut};
 use groupcast::provider::{ProviderClient, ProviderConfig};
-use groupcast::redis_cluster::{hash_slot, ClusterOptions, RedisCluster};
+use groupcast::redis_cluster::{ClusterOptions, RedisCluster};
 use groupcast::redis_server::RedisServer;
 use groupcast::store::Store;
 use groupcast::worker::{Ctx, Worker, WorkerConfig};
@@ -203,38 +201,26 @@ async fn main() -> Result<(), Error> {
         drop(server);
         results.entry("single (1 shard)").or_default().push(r);
 
-        let placed = cluster()?;
+        let even = cluster()?;
         let keys = Keyspace::new("bench", 3);
-        for shard in 0..3 {
-            let slot = hash_slot(keys.work(shard).as_bytes());
-            placed.move_empty_slot(slot, shard as usize % placed.len())?;
-        }
-        let r = measure(&placed.url(), 3, w, run).await?;
-        drop(placed);
-        results
-            .entry("cluster-3-placed (3 masters, 3 shards, one per master)")
-            .or_default()
-            .push(r);
-
-        let hashed = cluster()?;
         let owners: Vec<usize> = (0..3)
-            .map(|s| hashed.owner_of_key(&keys.work(s)))
+            .map(|s| even.owner_of_key(&keys.work(s)))
             .collect::<Result<_, _>>()?;
-        let r = measure(&hashed.url(), 3, w, run).await?;
-        drop(hashed);
+        let r = measure(&even.url(), 3, w, run).await?;
+        drop(even);
         results
-            .entry("cluster-3-hashed (3 masters, 3 shards as hashed)")
+            .entry("cluster-3 (3 masters, 3 shards: the default)")
             .or_default()
             .push(r);
         if run == 0 {
-            println!("  (cluster-3-hashed: shards 0,1,2 on masters {owners:?})");
+            println!("  (cluster-3: shards 0,1,2 on masters {owners:?})");
         }
 
         let hashed6 = cluster()?;
         let r = measure(&hashed6.url(), 6, w, run).await?;
         drop(hashed6);
         results
-            .entry("cluster-6-hashed (3 masters, 6 shards as hashed)")
+            .entry("cluster-6 (3 masters, 6 shards)")
             .or_default()
             .push(r);
     }

@@ -687,7 +687,8 @@ async fn processes_racing_to_record_the_shard_count_agree_on_one() {
     let mut refused = 0;
     for t in tasks {
         match t.await.expect("task") {
-            (k, Ok((n, ShardSource::RecordedNow))) => {
+            (k, Ok((n, ShardSource::RecordedNow(why)))) => {
+                assert_eq!(why, "--shards");
                 assert_eq!(n, k);
                 winners.push(k);
             }

@@ -250,3 +250,54 @@ async fn the_limiter_books_lanes_by_horizon_and_owed_share() {
         .expect("rate_limit");
     assert!((13_995..=14_000).contains(&any), "no lane: {any}");
 }
+
+/// Reservations that arrive together are booked together: two limiters (two
+/// worker processes' worth), 15 concurrent requests each, at 20 requests/s
+/// with a burst of 1. Fewer booking calls than requests reach Redis, and no
+/// request goes before its slot: the k-th to go went at least k / 20 s after
+/// the first booking (a lower bound, which a slow machine cannot break).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reservations_are_booked_in_rounds_and_keep_the_rate() {
+    use groupcast::worker::limiter::Limiter;
+    let (_server, store) = store(1).await;
+    let limiters = [
+        Limiter::new(store.clone(), 20, 1, 10),
+        Limiter::new(store.clone(), 20, 1, 10),
+    ];
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for k in 0..30 {
+        let limiter = limiters[k % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            limiter
+                .reserve_within(Priority::Normal, 1, Duration::from_secs(60))
+                .await
+                .expect("reserve")
+                .expect("booked within the horizon");
+            started.elapsed()
+        }));
+    }
+    let mut went = Vec::new();
+    for t in tasks {
+        went.push(t.await.expect("task"));
+    }
+    went.sort();
+    for (k, at) in went.iter().enumerate() {
+        assert!(
+            *at + Duration::from_millis(2) >= Duration::from_millis(50 * k as u64),
+            "request {k} went after {at:?}, before its slot at {} ms",
+            50 * k
+        );
+    }
+    let info: String = store.info("commandstats").await.expect("info");
+    let calls: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls");
+    assert!(
+        calls < 30,
+        "{calls} booking calls for 30 requests: nothing was booked together"
+    );
+}

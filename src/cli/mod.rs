@@ -242,19 +242,11 @@ impl RedisArgs {
         store.ping().await?;
         let (shards, source) = store.settle_shards(self.shards).await?;
         let key = store.keys.shard_count();
-        match (source, self.shards) {
-            (ShardSource::RecordedNow, ShardCount::Auto) => tracing::info!(
-                "shards: {shards} ({}), recorded for the deployment in {key}",
-                if store.target.is_cluster() {
-                    "one per cluster master"
-                } else {
-                    "a single server"
-                }
-            ),
-            (ShardSource::RecordedNow, ShardCount::Fixed(_)) => {
-                tracing::info!("shards: {shards} (--shards), recorded for the deployment in {key}")
+        match source {
+            ShardSource::RecordedNow(why) => {
+                tracing::info!("shards: {shards} ({why}), recorded for the deployment in {key}")
             }
-            (ShardSource::Recorded, _) => {
+            ShardSource::Recorded => {
                 tracing::debug!("shards: {shards}, as the deployment recorded in {key}")
             }
         }

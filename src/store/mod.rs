@@ -42,7 +42,7 @@ use thiserror::Error;
 use crate::keys::Keyspace;
 
 /// Errors at the Redis boundary, classified by what the caller should do.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum StoreError {
     /// Redis answered with an error or the connection failed.
     #[error("redis: {0}")]

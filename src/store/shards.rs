@@ -20,8 +20,9 @@ use crate::keys::{Keyspace, ShardCount, MAX_SHARDS};
 pub enum ShardSource {
     /// The deployment had recorded it.
     Recorded,
-    /// This process recorded it (its `--shards`, or the `auto` default).
-    RecordedNow,
+    /// This process recorded it: why that count (`--shards`, or which
+    /// `auto` default).
+    RecordedNow(&'static str),
 }
 
 impl Store {
@@ -38,8 +39,12 @@ impl Store {
     /// stream of shard `{s0}`: a deployment from before the count was
     /// recorded, whose default was one shard (a count above one never has
     /// the tag `s0` for shard 0), so that its batches keep their keys.
-    pub async fn default_shards(&self) -> StoreResult<u32> {
+    /// Returns the count and why.
+    pub async fn default_shards(&self) -> StoreResult<(u32, &'static str)> {
         let masters = self.cluster_masters().await?.len();
+        if masters == 0 {
+            return Ok((1, "a single server"));
+        }
         let n = u32::try_from(masters)
             .unwrap_or(MAX_SHARDS)
             .clamp(1, MAX_SHARDS);
@@ -52,10 +57,13 @@ impl Store {
                      keeping 1 shard, not one per master; to spread batches over the masters, \
                      drain and change it (docs/cluster.md, \"Changing the shard count\")"
                 );
-                return Ok(1);
+                return Ok((
+                    1,
+                    "a cluster holding an earlier one-shard deployment's keys",
+                ));
             }
         }
-        Ok(n)
+        Ok((n, "one per cluster master"))
     }
 
     /// Settles the shard count this process uses (see the module docs):
@@ -66,8 +74,8 @@ impl Store {
         let (n, source) = match self.recorded_shards().await? {
             Some(n) => (n, ShardSource::Recorded),
             None => {
-                let want = match asked {
-                    ShardCount::Fixed(n) => n,
+                let (want, why) = match asked {
+                    ShardCount::Fixed(n) => (n, "--shards"),
                     ShardCount::Auto => self.default_shards().await?,
                 };
                 let key = self.keys.shard_count();
@@ -79,7 +87,7 @@ impl Store {
                     .await?
                     .is_some();
                 if set {
-                    (want, ShardSource::RecordedNow)
+                    (want, ShardSource::RecordedNow(why))
                 } else {
                     // Another process recorded one between our GET and SET:
                     // its count wins.

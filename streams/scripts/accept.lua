@@ -106,42 +106,12 @@ local function layout(b) -- b = 2^i + p, 0 <= p < 2^i
   end
   return i, b - 2 ^ i
 end
-local function value(rec)
-  local a, b, c, d, e = string.byte(rec, 1, 5)
-  return (((a * 256 + b) * 256 + c) * 256 + d) * 256 + e
-end
-local function bucket_of(v, i, p)
-  local b = v % 2 ^ i
-  if b < p then
-    b = v % 2 ^ (i + 1)
-  end
-  return b
-end
-local function holds(s, rec) -- an aligned occurrence of rec in s
-  local at = string.find(s, rec, 1, true)
-  while at do
-    if (at - 1) % 5 == 0 then
-      return true
-    end
-    at = string.find(s, rec, at + 1, true)
-  end
-  return false
-end
 
 -- Reads and writes go in pages: Lua's unpack() takes at most ~8,000
--- values, and a large chunk of a large batch touches a bucket per number
--- (a write page is 2 * PAGE values).
-local PAGE = 3000
-local function read_buckets(list)
-  local out = {}
-  for i = 1, #list, PAGE do
-    local got = redis.call('HMGET', DEDUPE, unpack(list, i, math.min(i + PAGE - 1, #list)))
-    for k = 1, #got do
-      out[i + k - 1] = got[k]
-    end
-  end
-  return out
-end
+-- values, and a large chunk of a large batch touches a bucket per number.
+-- A page is 7,000 values: a chunk of up to 7,000 numbers reads its buckets
+-- with one HMGET (a write page, bucket and content, holds 3,500 buckets).
+local PAGE = 7000
 
 -- The split after bucket p at level i: the next bucket to split.
 local function next_split(i, p)
@@ -154,16 +124,25 @@ end
 
 local b0 = bucket_count(recipients)
 local i0, p0 = layout(b0)
-local content, dirty, pending, fresh = {}, {}, {}, {}
+-- The bucket of a record's value under b0 buckets (powers computed once:
+-- this runs for every number of the chunk).
+local low, high0 = 2 ^ i0, 2 ^ (i0 + 1)
+local byte, sub, find = string.byte, string.sub, string.find
+local content, dirty = {}, {}
 local recs, where = {}, {}
 local wanted, names = {}, {}
 for k = 1, count do
-  local rec = string.sub(numbers, 5 * k - 4, 5 * k)
-  local b = bucket_of(value(rec), i0, p0)
-  recs[k], where[k] = rec, b
-  if not wanted[b] then
-    wanted[b] = true
-    names[#names + 1] = b
+  local at = 5 * k - 4
+  local a, b, c, d, e = byte(numbers, at, at + 4)
+  local v = (((a * 256 + b) * 256 + c) * 256 + d) * 256 + e
+  local bk = v % low
+  if bk < p0 then
+    bk = v % high0
+  end
+  recs[k], where[k] = sub(numbers, at, at + 4), bk
+  if not wanted[bk] then
+    wanted[bk] = true
+    names[#names + 1] = bk
   end
 end
 -- Buckets that growing by `count` numbers could split (existing ones only).
@@ -178,35 +157,58 @@ do
   end
 end
 if recipients > 0 then
-  local got = read_buckets(names)
-  for k, b in ipairs(names) do
-    content[b] = got[k] or ''
+  for i = 1, #names, PAGE do
+    local got = redis.call('HMGET', DEDUPE, unpack(names, i, math.min(i + PAGE - 1, #names)))
+    for k = 1, #got do
+      if got[k] then
+        content[names[i + k - 1]] = got[k]
+      end
+    end
   end
 end
-local dups, added = {}, 0
+-- A record in its bucket, or earlier in this chunk, is a copy.
+local dups, added, fresh, pending = {}, 0, {}, {}
 for k = 1, count do
-  local rec, b = recs[k], where[k]
-  if fresh[rec] or holds(content[b] or '', rec) then
+  local rec, bk = recs[k], where[k]
+  local held = fresh[rec]
+  local s = content[bk]
+  if s and not held then
+    local at = find(s, rec, 1, true)
+    while at do
+      if (at - 1) % 5 == 0 then
+        held = true
+        break
+      end
+      at = find(s, rec, at + 1, true)
+    end
+  end
+  if held then
     dups[#dups + 1] = k - 1
   else
     fresh[rec] = true
-    pending[b] = pending[b] or {}
-    table.insert(pending[b], rec)
+    local list = pending[bk]
+    if list then
+      list[#list + 1] = rec
+    else
+      pending[bk] = {rec}
+    end
     added = added + 1
   end
 end
-for b, list in pairs(pending) do
-  content[b] = (content[b] or '') .. table.concat(list)
-  dirty[b] = true
+for bk, list in pairs(pending) do
+  content[bk] = (content[bk] or '') .. table.concat(list)
+  dirty[bk] = true
 end
 do
   local i, p = i0, p0
   for _ = b0, bucket_count(recipients + added) - 1 do
     local s, stay, move = content[p] or '', {}, {}
     local high = p + 2 ^ i
+    local m = 2 ^ (i + 1)
     for at = 1, #s, 5 do
-      local rec = string.sub(s, at, at + 4)
-      if value(rec) % 2 ^ (i + 1) == p then
+      local rec = sub(s, at, at + 4)
+      local a, b, c, d, e = byte(rec, 1, 5)
+      if ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) % m == p then
         stay[#stay + 1] = rec
       else
         move[#move + 1] = rec
@@ -222,8 +224,8 @@ for b in pairs(dirty) do
   writes[#writes + 1] = b
   writes[#writes + 1] = content[b]
 end
-for i = 1, #writes, 2 * PAGE do
-  redis.call('HSET', DEDUPE, unpack(writes, i, math.min(i + 2 * PAGE - 1, #writes)))
+for i = 1, #writes, PAGE do
+  redis.call('HSET', DEDUPE, unpack(writes, i, math.min(i + PAGE - 1, #writes)))
 end
 count = added
 
