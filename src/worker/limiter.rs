@@ -2,7 +2,8 @@
 //!
 //! A GCRA reservation (`streams/scripts/rate_limit.lua`): one round trip tells
 //! the caller how long to wait before its request may go, and reserves the
-//! slot; no retry loop, no thundering herd.
+//! slot; no retry loop, no thundering herd. A process books in rounds: the
+//! requests of a lane that arrive together share one round trip ([`Limiter`]).
 //!
 //! Priority lanes share it: every lane reserves on one schedule, but a lane
 //! only reserves a slot that starts within its *horizon* ([`horizon`]), a
@@ -29,8 +30,14 @@ use crate::store::{Store, StoreResult};
 /// Reservations of one lane that arrive while that lane's booking is in
 /// flight are booked together, in one call for their summed cost, and the
 /// slots handed out in arrival order (a *booking round*, as a group commit):
-/// the limiter costs one Redis round trip per round rather than per request,
-/// and books exactly what those requests would have booked one by one.
+/// the limiter costs one Redis round trip per round rather than per request.
+/// The round's requests take consecutive slots of the one schedule, as they
+/// would one by one, so the provider never sees more than the rate. Two
+/// things differ from booking them one by one: a round whose last slot is
+/// past the lane's horizon gives every one of its requests back (one by one,
+/// the first few might have gone), and a round booked on the lane's owed
+/// slot books all its requests past the horizon, moving the next owed slot
+/// on by as many (the lane's share over time is the same).
 #[derive(Clone)]
 pub struct Limiter {
     inner: Arc<Shared>,
@@ -102,7 +109,7 @@ fn split_wait(wait_ms: i64, requests: &[u32], rate: u32) -> Vec<i64> {
 /// A lane's booking-round task: takes every booking queued (with the same
 /// `max_wait` as the first), books them in one call, answers each, and
 /// starts over. Ends when the limiter is dropped.
-async fn rounds(shared: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiver<Booking>) {
+async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiver<Booking>) {
     let mut next: Option<Booking> = None;
     loop {
         let first = match next.take() {
@@ -126,12 +133,12 @@ async fn rounds(shared: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
         let limit = round[0].max_wait.map(|m| LaneLimit {
             max_wait_ms: m.as_millis() as u64,
             horizon_ms: horizon(lane, m).as_millis() as u64,
-            share: guaranteed(lane, shared.rate, shared.share),
-            share_key: shared.store.keys.limiter_share(lane),
+            share: guaranteed(lane, booker.rate, booker.share),
+            share_key: booker.store.keys.limiter_share(lane),
         });
-        let booked = shared
+        let booked = booker
             .store
-            .reserve_rate(&shared.key, shared.rate, shared.burst, cost, limit.as_ref())
+            .reserve_rate(&booker.key, booker.rate, booker.burst, cost, limit.as_ref())
             .await;
         match booked {
             // Nothing reserved: every booking of the round comes back then.
@@ -141,7 +148,7 @@ async fn rounds(shared: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
                 }
             }
             Ok(w) => {
-                for (b, own) in round.into_iter().zip(split_wait(w, &requests, shared.rate)) {
+                for (b, own) in round.into_iter().zip(split_wait(w, &requests, booker.rate)) {
                     let _ = b.reply.send(Ok(own));
                 }
             }
