@@ -33,7 +33,7 @@ async fn connect(server: &RedisServer) -> Store {
 
 async fn auto(server: &RedisServer, replicas: u32) -> (DurableWait, String) {
     let store = connect(server).await;
-    let p = ServerPersistence::read(&store).await;
+    let p = ServerPersistence::read(&store).await.expect("persistence");
     choose_wait(Durability::Auto, replicas, &p).expect("auto always chooses")
 }
 
@@ -59,7 +59,9 @@ async fn auto_follows_the_servers_persistence() {
     assert_eq!(wait, WINDOW, "{why}");
     assert!(why.contains("no WAITAOF"), "{why}");
     // WAITAOF asked for explicitly on a server without it: refused.
-    let p = ServerPersistence::read(&connect(&redis_everysec).await).await;
+    let p = ServerPersistence::read(&connect(&redis_everysec).await)
+        .await
+        .expect("persistence");
     assert!(choose_wait(Durability::Waitaof, 0, &p).is_err());
 
     // Valkey 8.1.8 with everysec has WAITAOF, but it confirms writes that
@@ -70,7 +72,9 @@ async fn auto_follows_the_servers_persistence() {
     let (wait, why) = auto(&everysec, 0).await;
     assert_eq!(wait, WINDOW, "{why}");
     assert!(why.contains("confirms before the fsync"), "{why}");
-    let p = ServerPersistence::read(&connect(&everysec).await).await;
+    let p = ServerPersistence::read(&connect(&everysec).await)
+        .await
+        .expect("persistence");
     assert!(p.confirms_early.is_some(), "{p:?}");
     let (wait, why) = choose_wait(Durability::Waitaof, 0, &p).expect("explicit waitaof");
     assert_eq!(wait, DurableWait::WaitAof { replicas: 0 }, "{why}");

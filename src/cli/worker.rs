@@ -424,8 +424,11 @@ pub const EARLY_CONFIRMATION: Duration = Duration::from_millis(500);
 
 impl ServerPersistence {
     /// Reads them. On a cluster the weakest master counts: `no` over `yes`,
-    /// `no` over `everysec` over `always`; unreadable over everything.
-    pub async fn read(store: &Store) -> ServerPersistence {
+    /// `no` over `everysec` over `always`; unreadable over everything. An
+    /// error is Redis going away while it asks (the caller waits and asks
+    /// again): a worker started while Redis restarts must not conclude that
+    /// the server has no `WAITAOF`.
+    pub async fn read(store: &Store) -> Result<ServerPersistence, StoreError> {
         fn weakest(values: Vec<(String, Option<String>)>, order: &[&str]) -> Option<String> {
             let mut worst: Option<(usize, String)> = None;
             for (_, v) in values {
@@ -443,7 +446,7 @@ impl ServerPersistence {
                 store.config_everywhere("appendfsync").await,
                 &["no", "everysec", "always"],
             ),
-            waitaof: store.waitaof_works().await,
+            waitaof: store.waitaof_works().await?,
             cluster: store.target.is_cluster(),
             confirms_early: None,
         };
@@ -456,13 +459,14 @@ impl ServerPersistence {
             match store.waitaof_confirmation_delay().await {
                 Ok(d) if d < EARLY_CONFIRMATION => p.confirms_early = Some(d),
                 Ok(_) => {}
+                Err(e) if e.is_retryable() => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot measure how WAITAOF confirms: not using it");
                     p.waitaof = false;
                 }
             }
         }
-        p
+        Ok(p)
     }
 }
 
@@ -518,7 +522,13 @@ async fn start(
     // Only the modes that depend on the server read it (`+config|get` and
     // `+waitaof` stay optional for the others).
     let server = match args.worker.durability {
-        Durability::Auto | Durability::Waitaof => ServerPersistence::read(&store).await,
+        Durability::Auto | Durability::Waitaof => {
+            while_redis_is_away(&describe, "reading the server's persistence", || {
+                ServerPersistence::read(&store)
+            })
+            .await
+            .map_err(|e| args.redis.failure(&e, &creds))?
+        }
         _ => ServerPersistence::default(),
     };
     let (wait, why) = choose_wait(args.worker.durability, args.worker.replicas_ack, &server)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{Store, StoreResult};
+use super::{Store, StoreError, StoreResult};
 
 impl Store {
     /// Checks that the server answers `PING`.
@@ -38,14 +38,27 @@ impl Store {
 
     /// Whether this connection may use `WAITAOF` (Redis/Valkey 7.2+, and
     /// allowed by the ACL): `WAITAOF 0 0 0` answers at once where it works.
-    pub async fn waitaof_works(&self) -> bool {
-        redis::cmd("WAITAOF")
+    pub async fn waitaof_works(&self) -> StoreResult<bool> {
+        match redis::cmd("WAITAOF")
             .arg(0)
             .arg(0)
             .arg(0)
             .query_async::<Value>(&mut self.conn.clone())
             .await
-            .is_ok()
+        {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                // Redis away (restarting, a dropped connection) says nothing
+                // about WAITAOF: the caller waits and asks again. An answer
+                // (unknown command, no permission) is a no.
+                let e = StoreError::from(e);
+                if e.is_retryable() {
+                    Err(e)
+                } else {
+                    Ok(false)
+                }
+            }
+        }
     }
 
     /// A section of `INFO` (of the server the command lands on).
