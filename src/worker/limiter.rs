@@ -177,7 +177,7 @@ impl Ahead {
         if requests == 0 || self.slots.len() < requests as usize {
             return None;
         }
-        let last = self.slots.drain(..requests as usize).last()?;
+        let last = self.slots.drain(..requests as usize).next_back()?;
         self.used += requests;
         let wait = last.saturating_duration_since(now);
         Some(wait.as_micros().div_ceil(1000) as i64)
