@@ -296,7 +296,7 @@ impl<'de> Deserialize<'de> for AddSummary {
 /// Whatever it accepts, serde_json reads to the same [`AddSummary`]; on
 /// anything else it gives up (`None`) and serde_json decides.
 mod scan {
-    use super::AddSummary;
+    use super::{AddSummary, CODE_DUPLICATE, CODE_REGISTERED};
 
     struct Scan<'a> {
         b: &'a [u8],
@@ -523,7 +523,13 @@ mod scan {
                     break;
                 }
             }
-            out.count(std::str::from_utf8(code?).ok()?);
+            let code = code?;
+            // The usual codes are matched as bytes; any other is kept as text.
+            match code {
+                c if c == CODE_REGISTERED.as_bytes() => out.count(CODE_REGISTERED),
+                c if c == CODE_DUPLICATE.as_bytes() => out.count(CODE_DUPLICATE),
+                c => out.count(std::str::from_utf8(c).ok()?),
+            }
             if s.next(b']')? {
                 return Some(());
             }
