@@ -262,3 +262,55 @@ async fn under_the_window_adds_and_sends_wait_in_place() {
     );
     rig.stop().await;
 }
+
+/// Reading acknowledged events back (`witness::check`): events still there
+/// cost one `HMGET` per batch and are not reported; an event under another
+/// entry id, or gone, is; a batch whose whole state is gone only counts
+/// when no retention could have expired it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_events_back_finds_what_is_gone_in_one_read_when_nothing_is() {
+    use groupcast::store::witness::{check, Witnesses};
+    let server = RedisServer::start().expect("redis-server");
+    let store = connect(&server).await;
+    let a = event(&store, "wit-a", "stalled/1").await;
+    let b = event(&store, "wit-b", "stalled/1").await;
+    let witnesses = Witnesses::default();
+    for (batch, f) in [("wit-a", &a), ("wit-b", &b)] {
+        let key = f.field.trim_start_matches("k:");
+        witnesses.record(batch, &f.state, key, &f.id);
+    }
+    let all = witnesses.due(Duration::ZERO);
+    let commands = |info: String| -> u64 {
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter(|l| !l.starts_with("info:"))
+            .filter_map(|l| l.split("calls=").nth(1))
+            .filter_map(|r| r.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let before = commands(store.info("commandstats").await.expect("info"));
+    assert!(check(&store, &all, false).await.expect("check").is_empty());
+    let after = commands(store.info("commandstats").await.expect("info"));
+    assert_eq!(after - before, 2, "one HMGET per batch, nothing else");
+    // Another entry id under a's key: lost.
+    let other = groupcast::store::witness::Witness {
+        id: "1-1".into(),
+        ..all[0].clone()
+    };
+    let lost = check(&store, &[other, all[1].clone()], false)
+        .await
+        .expect("check");
+    assert_eq!(lost.len(), 1);
+    assert_eq!(lost[0].now.as_deref(), Some(a.id.as_str()));
+    // b's whole state gone: lost, unless its retention may have expired it.
+    let _: () = redis::cmd("DEL")
+        .arg(&b.state)
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("del");
+    let lost = check(&store, &all, false).await.expect("check");
+    assert_eq!(lost.len(), 1);
+    assert_eq!(lost[0].witness.batch, "wit-b");
+    assert_eq!(lost[0].now, None);
+    assert!(check(&store, &all, true).await.expect("check").is_empty());
+}

@@ -304,3 +304,46 @@ async fn concurrent_reservations_are_booked_in_rounds_and_keep_the_rate() {
         "{calls} booking calls for 30 requests: nothing was booked together"
     );
 }
+
+/// Requests that come one after another, each once the one before went (a
+/// busy lane whose requests never arrive together), do not cost a call each:
+/// while the schedule is past its burst, a call books slots ahead that the
+/// next requests take without one. At 100 requests/s with a burst of 1, 30
+/// sequential requests: at most half as many booking calls as requests, and
+/// none goes before its slot (the k-th at least k / 100 s after the first
+/// booking).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reservations_take_slots_booked_ahead() {
+    use groupcast::worker::limiter::Limiter;
+    let (_server, store) = store(1).await;
+    let limiter = Limiter::new(store.clone(), 100, 1, 10);
+    let started = Instant::now();
+    for k in 0..30u64 {
+        limiter
+            .reserve_within(Priority::Normal, 1, Duration::from_secs(60))
+            .await
+            .expect("reserve")
+            .expect("booked within the horizon");
+        let at = started.elapsed();
+        assert!(
+            at + Duration::from_millis(2) >= Duration::from_millis(10 * k),
+            "request {k} went after {at:?}, before its slot at {} ms",
+            10 * k
+        );
+    }
+    let calls = evalsha_calls(&store).await;
+    assert!(
+        calls <= 15,
+        "{calls} booking calls for 30 sequential requests: nothing was booked ahead"
+    );
+}
+
+/// `EVALSHA` calls the server counted so far.
+async fn evalsha_calls(store: &groupcast::store::Store) -> u64 {
+    let info: String = store.info("commandstats").await.expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls")
+}

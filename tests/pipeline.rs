@@ -458,3 +458,99 @@ async fn the_report_is_delivered_to_the_webhook_until_accepted() {
     rig.verify(std::slice::from_ref(&batch)).await;
     rig.stop().await;
 }
+
+/// The maintenance trim skips a stream whose consumer group is as its last
+/// trim left it (one `XINFO` instead of three commands), and trims again as
+/// soon as anything was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_is_skipped_only_while_nothing_was_acknowledged() {
+    use groupcast::keys::{Priority, LOADERS_GROUP};
+    let (server, store) = store(1).await;
+    let stream = store.keys.ingest_in(0, Priority::Normal);
+    store.ensure_group(&stream, LOADERS_GROUP).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for i in 0..3 {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("n")
+            .arg(i)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let read: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(LOADERS_GROUP)
+        .arg("c")
+        .arg("COUNT")
+        .arg(2)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ids: Vec<String> = groupcast::store::queue::parse_entries(match &read {
+        redis::Value::Array(s) => match &s[0] {
+            redis::Value::Array(parts) => &parts[1],
+            other => panic!("{other:?}"),
+        },
+        redis::Value::Map(m) => &m[0].1,
+        other => panic!("{other:?}"),
+    })
+    .into_iter()
+    .map(|e| e.id)
+    .collect();
+    assert_eq!(ids.len(), 2);
+    let len = |mut conn: redis::aio::MultiplexedConnection| {
+        let stream = stream.clone();
+        async move {
+            redis::cmd("XLEN")
+                .arg(&stream)
+                .query_async::<u64>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let trims = |store: &groupcast::store::Store| {
+        let store = store.clone();
+        async move {
+            let stats = store.info("commandstats").await.unwrap();
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_xtrim:calls="))
+                .and_then(|l| l.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        }
+    };
+
+    // The first entry acknowledged, the second pending, the third unread.
+    store.ack(&stream, LOADERS_GROUP, &ids[0]).await.unwrap();
+    let mark = store
+        .trim_acknowledged_since(&stream, LOADERS_GROUP, None)
+        .await
+        .unwrap();
+    assert!(mark.is_some());
+    assert_eq!(len(conn.clone()).await, 2);
+    let before = trims(&store).await;
+
+    // Nothing acknowledged since: skipped.
+    let again = store
+        .trim_acknowledged_since(&stream, LOADERS_GROUP, mark.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(again, mark);
+    assert_eq!(trims(&store).await, before);
+
+    // The pending one acknowledged: trimmed, up to the unread one.
+    store.ack(&stream, LOADERS_GROUP, &ids[1]).await.unwrap();
+    let after = store
+        .trim_acknowledged_since(&stream, LOADERS_GROUP, again.as_ref())
+        .await
+        .unwrap();
+    assert_ne!(after, again);
+    assert_eq!(trims(&store).await, before + 1);
+    assert_eq!(len(conn.clone()).await, 1);
+}

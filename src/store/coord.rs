@@ -70,6 +70,42 @@ impl Store {
         }
         Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
+
+    /// Like [`reserve_rate`](Self::reserve_rate), and books up to `ahead`
+    /// more slots right after the cost's last one, `1 / rate` apart, for
+    /// the caller's next requests: only when the schedule is past the burst
+    /// (so each of them starts later than the cost's last slot), each
+    /// within the lane's limit, and never on the lane's owed slot. Returns
+    /// the wait (as [`reserve_rate`](Self::reserve_rate)) and how many
+    /// slots were booked ahead (0 when nothing was reserved).
+    pub async fn reserve_rate_ahead(
+        &self,
+        key: &str,
+        rate: u32,
+        burst: u32,
+        cost: u32,
+        ahead: u32,
+        limit: Option<&LaneLimit>,
+    ) -> StoreResult<(i64, u32)> {
+        let mut inv = SCRIPTS.rate_limit.prepare_invoke();
+        inv.key(key).arg(rate).arg(burst).arg(cost);
+        // Absent arguments are empty strings: `ahead` comes after them.
+        match limit {
+            Some(l) => {
+                inv.arg(l.max_wait_ms).arg(l.horizon_ms);
+                if l.share > 0.0 {
+                    inv.key(&l.share_key).arg(l.share);
+                } else {
+                    inv.arg("");
+                }
+            }
+            None => {
+                inv.arg("").arg("").arg("");
+            }
+        }
+        inv.arg(ahead);
+        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+    }
 }
 
 /// How far ahead a lane's request may book the rate limiter (see

@@ -148,13 +148,35 @@ impl Store {
     /// Trims `stream` below the oldest entry `group` still needs: the oldest
     /// pending one, or else the first not yet delivered.
     pub async fn trim_acknowledged(&self, stream: &str, group: &str) -> StoreResult<()> {
-        let Some(last_delivered) = self
-            .group_info(stream, group)
-            .await?
-            .and_then(|g| g.last_delivered)
-        else {
-            return Ok(());
+        self.trim_acknowledged_since(stream, group, None)
+            .await
+            .map(drop)
+    }
+
+    /// [`Store::trim_acknowledged`], unless the group is as `seen` (what an
+    /// earlier trim returned) showed it: then nothing was acknowledged since
+    /// (no entry was delivered, and pending entries leave only by an
+    /// acknowledgement), so the trim would remove nothing, and it costs one
+    /// command instead of three. Returns what to pass next time.
+    pub async fn trim_acknowledged_since(
+        &self,
+        stream: &str,
+        group: &str,
+        seen: Option<&TrimMark>,
+    ) -> StoreResult<Option<TrimMark>> {
+        let Some(info) = self.group_info(stream, group).await? else {
+            return Ok(None);
         };
+        let Some(last_delivered) = info.last_delivered else {
+            return Ok(None);
+        };
+        let mark = info.pending.map(|pending| TrimMark {
+            last_delivered: last_delivered.clone(),
+            pending,
+        });
+        if mark.is_some() && mark.as_ref() == seen {
+            return Ok(mark);
+        }
         let mut conn = self.conn.clone();
         let pending: Value = redis::cmd("XPENDING")
             .arg(stream)
@@ -178,8 +200,16 @@ impl Store {
             .arg(&keep_from)
             .query_async(&mut conn)
             .await?;
-        Ok(())
+        Ok(mark)
     }
+}
+
+/// A consumer group as a trim of its stream found it (see
+/// [`Store::trim_acknowledged_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrimMark {
+    last_delivered: String,
+    pending: u64,
 }
 
 #[cfg(test)]

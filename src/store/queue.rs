@@ -41,6 +41,15 @@ fn bytes(v: &Value) -> Option<Vec<u8>> {
     }
 }
 
+/// [`bytes`], moving a bulk string's buffer out instead of copying it (a
+/// chunk payload is read once per entry: no second copy of it).
+fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        other => bytes(&other),
+    }
+}
+
 fn text(v: &Value) -> Option<String> {
     bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
@@ -68,6 +77,37 @@ pub fn parse_entries(v: &Value) -> Vec<Entry> {
                 .chunks(2)
                 .filter_map(|kv| Some((text(kv.first()?)?, bytes(kv.get(1)?)?)))
                 .collect();
+            Some(Entry { id, fields })
+        })
+        .collect()
+}
+
+/// [`parse_entries`] of an owned reply: the values are moved out, not copied.
+fn into_entries(v: Value) -> Vec<Entry> {
+    let Value::Array(entries) = v else {
+        return Vec::new();
+    };
+    entries
+        .into_iter()
+        .filter_map(|e| {
+            let Value::Array(parts) = e else {
+                return None;
+            };
+            let mut parts = parts.into_iter();
+            let id = text(&parts.next()?)?;
+            let fields = match parts.next() {
+                Some(Value::Array(kv)) => {
+                    let mut fields = Vec::with_capacity(kv.len() / 2);
+                    let mut kv = kv.into_iter();
+                    while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+                        if let (Some(k), Some(v)) = (text(&k), into_bytes(v)) {
+                            fields.push((k, v));
+                        }
+                    }
+                    fields
+                }
+                _ => Vec::new(),
+            };
             Some(Entry { id, fields })
         })
         .collect()
@@ -475,28 +515,25 @@ pub async fn read_group(
     }
     let v: Value = cmd.query_async(conn).await?;
     let mut out = Vec::new();
-    match &v {
-        Value::Array(per_stream) => {
-            for s in per_stream {
-                let parts = items(s);
-                let (Some(name), Some(entries)) = (parts.first().and_then(text), parts.get(1))
-                else {
-                    continue;
-                };
-                for e in parse_entries(entries) {
-                    out.push((name.clone(), e));
-                }
-            }
+    // The reply is owned: its entries' values (chunk payloads) are moved
+    // out rather than copied.
+    let per_stream: Vec<(Value, Value)> = match v {
+        Value::Array(per_stream) => per_stream
+            .into_iter()
+            .filter_map(|s| {
+                let Value::Array(parts) = s else { return None };
+                let mut parts = parts.into_iter();
+                Some((parts.next()?, parts.next()?))
+            })
+            .collect(),
+        Value::Map(per_stream) => per_stream,
+        _ => Vec::new(),
+    };
+    for (name, entries) in per_stream {
+        let Some(name) = text(&name) else { continue };
+        for e in into_entries(entries) {
+            out.push((name.clone(), e));
         }
-        Value::Map(per_stream) => {
-            for (name, entries) in per_stream {
-                let Some(name) = text(name) else { continue };
-                for e in parse_entries(entries) {
-                    out.push((name.clone(), e));
-                }
-            }
-        }
-        _ => {}
     }
     Ok(out)
 }

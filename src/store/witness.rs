@@ -131,7 +131,8 @@ pub struct Lost {
     pub now: Option<String>,
 }
 
-/// Reads `witnesses` back (one `HMGET` per batch) and returns those that are
+/// Reads `witnesses` back (one `HMGET` per batch, read again with an
+/// `EXISTS` of the batch's state when something differs) and returns those that are
 /// gone or hold another entry id. A batch whose whole state is gone is only
 /// counted when `expiry_possible` is false (a short retention can expire a
 /// reported batch's state legitimately).
@@ -147,6 +148,20 @@ pub async fn check(
     let mut lost = Vec::new();
     for (state, ws) in by_state {
         let fields: Vec<String> = ws.iter().map(|w| format!("k:{}", w.key)).collect();
+        // The usual answer, every event still there, needs no `EXISTS`:
+        // only a mismatch is read again with it.
+        let found: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(state)
+            .arg(&fields)
+            .query_async(&mut store.conn.clone())
+            .await?;
+        if ws
+            .iter()
+            .zip(&found)
+            .all(|(w, now)| now.as_deref() == Some(w.id.as_str()))
+        {
+            continue;
+        }
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET").arg(state).arg(&fields);
         pipe.cmd("EXISTS").arg(state);

@@ -3,7 +3,9 @@
 //! A GCRA reservation (`streams/scripts/rate_limit.lua`): one round trip tells
 //! the caller how long to wait before its request may go, and reserves the
 //! slot; no retry loop, no thundering herd. A process books in rounds: the
-//! requests of a lane that arrive together share one round trip ([`Limiter`]).
+//! requests of a lane that arrive together share one round trip, and while
+//! the schedule is past its burst a call also books a few slots ahead for
+//! the process's next requests of the lane ([`Limiter`]).
 //!
 //! Priority lanes share it: every lane reserves on one schedule, but a lane
 //! only reserves a slot that starts within its *horizon* ([`horizon`]), a
@@ -16,6 +18,7 @@
 //! (`--bulk-share`): an owed request may book up to the longest wait, past
 //! the urgent horizon.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,6 +41,16 @@ use crate::store::{Store, StoreResult};
 /// the first few might have gone), and a round booked on the lane's owed
 /// slot books all its requests past the horizon, moving the next owed slot
 /// on by as many (the lane's share over time is the same).
+///
+/// Booking ahead: while the schedule is past its burst (every slot booked
+/// has a wait), a call books up to [`ahead_cap`] more slots right after the
+/// round's last one, each within the lane's horizon (never on an owed
+/// slot). The process's next requests of the lane take them in arrival
+/// order without a call, each while its slot has not started: a slot whose
+/// time passed unused lapses (the schedule gave it away; nobody uses it
+/// late, so the provider still never sees more than the rate). How many to
+/// book ahead follows the process's demand: twice as many as last time
+/// while all were used, as many as were used once some lapsed.
 #[derive(Clone)]
 pub struct Limiter {
     inner: Arc<Shared>,
@@ -106,11 +119,120 @@ fn split_wait(wait_ms: i64, requests: &[u32], rate: u32) -> Vec<i64> {
         .collect()
 }
 
+/// How far ahead of a request a process books slots for its next ones, as
+/// a time of the rate: at most `rate × BOOK_AHEAD` slots (15 at 300/s).
+pub const BOOK_AHEAD: Duration = Duration::from_millis(50);
+
+/// The most slots a process books ahead at `rate` ([`BOOK_AHEAD`] of it).
+pub fn ahead_cap(rate: u32) -> u32 {
+    (u128::from(rate) * BOOK_AHEAD.as_millis() / 1000) as u32
+}
+
+/// A lane's slots booked ahead ([`Limiter`]): handed out in order to the
+/// process's next requests of the lane, each only while it has not started
+/// (a slot whose time has passed lapses unused).
+struct Ahead {
+    /// When each slot booked ahead and not handed out starts, in order.
+    slots: VecDeque<Instant>,
+    /// The longest wait they were booked under: they only serve bookings
+    /// under the same one (the same lane limit).
+    max_wait: Option<Duration>,
+    /// How many to book ahead at the next call.
+    next: u32,
+    /// Since the last call: slots handed out, and slots that lapsed.
+    used: u32,
+    lapsed: u32,
+}
+
+impl Ahead {
+    fn new() -> Ahead {
+        Ahead {
+            slots: VecDeque::new(),
+            max_wait: None,
+            next: 1,
+            used: 0,
+            lapsed: 0,
+        }
+    }
+
+    /// Drops the slots that started before `now` (or that were booked under
+    /// another longest wait than `max_wait`); returns how many.
+    fn lapse(&mut self, now: Instant, max_wait: Option<Duration>) -> u32 {
+        let before = self.slots.len();
+        if self.max_wait != max_wait {
+            self.slots.clear();
+        } else {
+            while self.slots.front().is_some_and(|at| *at < now) {
+                self.slots.pop_front();
+            }
+        }
+        let gone = (before - self.slots.len()) as u32;
+        self.lapsed += gone;
+        gone
+    }
+
+    /// Takes `requests` slots, if there are as many: the wait (ms, rounded
+    /// up) until the last of them starts.
+    fn take(&mut self, requests: u32, now: Instant) -> Option<i64> {
+        if requests == 0 || self.slots.len() < requests as usize {
+            return None;
+        }
+        let last = self.slots.drain(..requests as usize).next_back()?;
+        self.used += requests;
+        let wait = last.saturating_duration_since(now);
+        Some(wait.as_micros().div_ceil(1000) as i64)
+    }
+
+    /// How many to book ahead at this call (at most `cap`), and starts
+    /// counting anew: twice as many as last time while none lapsed (the
+    /// process's requests used them all and want more), else as many as
+    /// were used.
+    fn size(&mut self, cap: u32) -> u32 {
+        let want = if self.lapsed == 0 {
+            self.next.saturating_mul(2).max(1)
+        } else {
+            self.used
+        };
+        (self.used, self.lapsed) = (0, 0);
+        self.next = want.min(cap);
+        self.next
+    }
+
+    /// Adds `n` slots booked ahead after a call answered at `answered` that
+    /// the cost's last slot starts in `wait_ms`: `1 / rate` apart after it.
+    fn add(
+        &mut self,
+        n: u32,
+        answered: Instant,
+        wait_ms: i64,
+        rate: u32,
+        max_wait: Option<Duration>,
+    ) {
+        if n == 0 {
+            return;
+        }
+        if self.max_wait != max_wait {
+            self.slots.clear();
+            self.max_wait = max_wait;
+        }
+        let last = answered + Duration::from_millis(wait_ms.max(0) as u64);
+        let rate = u64::from(rate.max(1));
+        for k in 1..=u64::from(n) {
+            // Rounded up: a slot booked ahead never starts early.
+            self.slots
+                .push_back(last + Duration::from_nanos((k * 1_000_000_000).div_ceil(rate)));
+        }
+    }
+}
+
 /// A lane's booking-round task: takes every booking queued (with the same
-/// `max_wait` as the first), books them in one call, answers each, and
-/// starts over. Ends when the limiter is dropped.
+/// `max_wait` as the first), serves what it can from the slots booked ahead,
+/// books the rest in one call (with slots ahead for the next ones), answers
+/// each, and starts over. Ends when the limiter is dropped.
 async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiver<Booking>) {
     let mut next: Option<Booking> = None;
+    let mut ahead = Ahead::new();
+    let cap = ahead_cap(booker.rate);
     loop {
         let first = match next.take() {
             Some(b) => b,
@@ -128,26 +250,55 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
                 break;
             }
         }
+        let max_wait = round[0].max_wait;
+        // Served from the slots booked ahead, in arrival order, until one
+        // does not fit in what is left: it and those after it are booked.
+        let now = Instant::now();
+        let lapsed = ahead.lapse(now, max_wait);
+        if lapsed > 0 {
+            metrics::counter!("groupcast_rate_limiter_lapsed_total", "lane" => lane.name())
+                .increment(u64::from(lapsed));
+        }
+        let mut rest = round.into_iter().peekable();
+        while let Some(wait) = rest.peek().and_then(|b| ahead.take(b.requests, now)) {
+            if let Some(b) = rest.next() {
+                let _ = b.reply.send(Ok(wait));
+            }
+        }
+        let round: Vec<Booking> = rest.collect();
+        if round.is_empty() {
+            continue;
+        }
         let requests: Vec<u32> = round.iter().map(|b| b.requests).collect();
         let cost: u32 = requests.iter().sum();
-        let limit = round[0].max_wait.map(|m| LaneLimit {
+        let limit = max_wait.map(|m| LaneLimit {
             max_wait_ms: m.as_millis() as u64,
             horizon_ms: horizon(lane, m).as_millis() as u64,
             share: guaranteed(lane, booker.rate, booker.share),
             share_key: booker.store.keys.limiter_share(lane),
         });
+        let book_ahead = ahead.size(cap);
         let booked = booker
             .store
-            .reserve_rate(&booker.key, booker.rate, booker.burst, cost, limit.as_ref())
+            .reserve_rate_ahead(
+                &booker.key,
+                booker.rate,
+                booker.burst,
+                cost,
+                book_ahead,
+                limit.as_ref(),
+            )
             .await;
+        let answered = Instant::now();
         match booked {
             // Nothing reserved: every booking of the round comes back then.
-            Ok(w) if w < 0 => {
+            Ok((w, _)) if w < 0 => {
                 for b in round {
                     let _ = b.reply.send(Ok(w));
                 }
             }
-            Ok(w) => {
+            Ok((w, n)) => {
+                ahead.add(n, answered, w, booker.rate, max_wait);
                 for (b, own) in round.into_iter().zip(split_wait(w, &requests, booker.rate)) {
                     let _ = b.reply.send(Ok(own));
                 }
@@ -253,7 +404,67 @@ impl Limiter {
 
 #[cfg(test)]
 mod tests {
-    use super::split_wait;
+    use std::time::{Duration, Instant};
+
+    use super::{ahead_cap, split_wait, Ahead};
+
+    #[test]
+    fn slots_booked_ahead_go_in_order_and_lapse_once_started() {
+        let mut ahead = Ahead::new();
+        let t0 = Instant::now();
+        let lane = Some(Duration::from_secs(60));
+        // The cost's last slot in 100 ms; 3 more at 10/s: 200, 300, 400 ms.
+        ahead.add(3, t0, 100, 10, lane);
+        assert_eq!(ahead.lapse(t0, lane), 0);
+        assert_eq!(ahead.take(1, t0), Some(200));
+        // Two at once wait for the later of their two slots.
+        assert_eq!(ahead.take(2, t0 + Duration::from_millis(50)), Some(350));
+        assert_eq!(ahead.take(1, t0), None, "none left");
+        ahead.add(3, t0, 100, 10, lane);
+        // At 250 ms the slot of 200 ms has started unused: it lapses.
+        assert_eq!(ahead.lapse(t0 + Duration::from_millis(250), lane), 1);
+        assert_eq!(ahead.take(1, t0 + Duration::from_millis(250)), Some(50));
+        // More than are left: nothing taken.
+        assert_eq!(ahead.take(2, t0 + Duration::from_millis(250)), None);
+        // Another lane limit does not use them.
+        assert_eq!(ahead.lapse(t0, Some(Duration::from_secs(1))), 1);
+        assert_eq!(ahead.take(1, t0), None);
+        // A fractional interval rounds up: 1/300 s after 0 ms is 4 ms.
+        ahead.add(1, t0, 0, 300, lane);
+        assert_eq!(ahead.take(1, t0), Some(4));
+    }
+
+    #[test]
+    fn booking_ahead_grows_while_all_are_used_and_shrinks_to_what_was_used() {
+        let mut ahead = Ahead::new();
+        assert_eq!(ahead.size(15), 2);
+        assert_eq!(ahead.size(15), 4);
+        assert_eq!(ahead.size(15), 8);
+        assert_eq!(ahead.size(15), 15, "capped");
+        assert_eq!(ahead.size(15), 15);
+        // 15 booked ahead, 6 used, 9 lapsed: next time 6.
+        let t0 = Instant::now();
+        let lane = None;
+        ahead.add(15, t0, 0, 1000, lane);
+        for _ in 0..6 {
+            assert!(ahead.take(1, t0).is_some());
+        }
+        assert_eq!(ahead.lapse(t0 + Duration::from_secs(1), lane), 9);
+        assert_eq!(ahead.size(15), 6);
+        // None used, some lapsed: none booked ahead, then growing again.
+        ahead.add(6, t0, 0, 1000, lane);
+        ahead.lapse(t0 + Duration::from_secs(1), lane);
+        assert_eq!(ahead.size(15), 0);
+        assert_eq!(ahead.size(15), 1);
+        assert_eq!(ahead.size(0), 0, "no booking ahead at a low rate");
+    }
+
+    #[test]
+    fn booking_ahead_is_capped_at_a_short_time_of_the_rate() {
+        assert_eq!(ahead_cap(300), 15);
+        assert_eq!(ahead_cap(100), 5);
+        assert_eq!(ahead_cap(19), 0);
+    }
 
     #[test]
     fn a_round_hands_out_its_slots_in_arrival_order() {

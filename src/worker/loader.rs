@@ -225,6 +225,10 @@ async fn accept_and_load(
         Load::Stale => return Ok(None),
     };
     // Should the add fail, the retry is a `load` work item carrying the chunk.
+    // A load that is done needs neither: the chunk is not copied for it.
+    if matches!(outcome, Outcome::Done) {
+        return done();
+    }
     let retry = WorkItem {
         batch: chunk.batch.to_string(),
         gen,

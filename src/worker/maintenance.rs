@@ -3,6 +3,7 @@
 //! oldest entry still pending or undelivered, so they never grow with input,
 //! and every `gauge_interval` the streams are sampled into gauges.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
+use crate::store::info::TrimMark;
 use crate::store::{Store, StoreResult};
 use crate::worker::Ctx;
 
@@ -19,12 +21,14 @@ const PROMOTE_EVERY: Duration = Duration::from_millis(100);
 /// acknowledged since the last trim stay in Redis until it: with producers
 /// held back to a bound of unread chunks (`producer::Producer`), those are
 /// what would grow with the input (a 10 M recipient batch peaked at 426 MB of
-/// Redis memory with a 30 s interval). A trim is three commands per stream.
+/// Redis memory with a 30 s interval). A trim is three commands per stream;
+/// one for a stream whose group is as the last trim left it (an idle lane).
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs until shutdown.
 pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
     let mut last_trim = Instant::now();
+    let mut trims = Trims::default();
     // Sample once at start, so that a fresh worker's gauges exist at once.
     let mut last_sample: Option<Instant> = None;
     while !*shutdown.borrow() {
@@ -57,7 +61,7 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
         }
         if last_trim.elapsed() >= TRIM_EVERY {
             last_trim = Instant::now();
-            if let Err(e) = trim_all(&ctx.store).await {
+            if let Err(e) = trims.trim_all(&ctx.store).await {
                 tracing::warn!(error = %e, "trimming failed");
             }
             if let Err(e) = forget_old_tombstones(&ctx.store, ctx.config.remember).await {
@@ -102,6 +106,37 @@ pub async fn trim_all(store: &Store) -> StoreResult<()> {
         }
     }
     Ok(())
+}
+
+/// Trims every stream like [`trim_all`], skipping the work of a stream
+/// whose consumer group is as this trimmer's last trim of it left it
+/// ([`Store::trim_acknowledged_since`]).
+#[derive(Default)]
+struct Trims {
+    seen: HashMap<String, TrimMark>,
+}
+
+impl Trims {
+    async fn trim_all(&mut self, store: &Store) -> StoreResult<()> {
+        let keys = &store.keys;
+        for shard in 0..keys.shards() {
+            for lane in Priority::ALL {
+                for (stream, group) in [
+                    (keys.ingest_in(shard, lane), LOADERS_GROUP),
+                    (keys.work_in(shard, lane), OPERATORS_GROUP),
+                ] {
+                    let mark = store
+                        .trim_acknowledged_since(&stream, group, self.seen.get(&stream))
+                        .await?;
+                    match mark {
+                        Some(m) => self.seen.insert(stream, m),
+                        None => self.seen.remove(&stream),
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Forgets the ids of batches reported longer than `remember` ago (their

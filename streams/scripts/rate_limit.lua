@@ -3,11 +3,14 @@
 -- request, no retry loop.
 -- KEYS: limiter key[, the lane's share key]
 -- ARGV: requests per second, burst, cost (requests), and optionally the
--- longest wait (ms) worth reserving for, the lane's horizon (ms) and the
--- lane's share (requests per second)
+-- longest wait (ms) worth reserving for, the lane's horizon (ms), the
+-- lane's share (requests per second) and how many slots to book ahead
+-- (an empty string stands for an absent one)
 -- Returns the wait in ms; a negative number -w when the wait would be longer
 -- than allowed: nothing was reserved, come back in w ms. (A cost too large
 -- to ever fit in that wait is reserved anyway, or it would never go.)
+-- With slots to book ahead, returns {wait, n}: n more slots were booked
+-- right after the cost's last one, `1 / rate` apart (see below).
 --
 -- Priority lanes: every lane reserves on the one schedule, but a lane with
 -- a horizon (normal, bulk) only reserves a slot that starts within its
@@ -18,6 +21,7 @@
 -- lane keeps its share while higher lanes have work.
 local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_wait, horizon, share = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local ahead = tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = 1000000 / rate
@@ -53,12 +57,32 @@ if limit and wait > limit * 1000 and wait > (cost - burst) * interval then
   if owed_at and not owed and owed_at - now < back then
     back = owed_at - now
   end
-  return -math.max(1, math.ceil(back / 1000))
+  back = -math.max(1, math.ceil(back / 1000))
+  if ahead then
+    return {back, 0}
+  end
+  return back
 end
 if owed then
   -- The lane's owed slot is taken: the next one is 1/share seconds on.
   local next_owed = now + cost * 1000000 / share
   redis.call('SET', KEYS[2], string.format('%.0f', next_owed), 'PX', math.ceil((next_owed - now) / 1000) + 1000)
 end
+-- Booking ahead: up to `ahead` more slots for the caller's next requests,
+-- only when the schedule is already past the burst (each of them then
+-- starts strictly later than the cost's last slot, after a wait the caller
+-- can still use) and each within the lane's limit; never on an owed slot
+-- (the share is taken request by request).
+local booked = 0
+if ahead and ahead > 0 and not owed and new_tat - burst * interval - now >= 0 then
+  booked = ahead
+  if limit then
+    booked = math.min(ahead, math.max(0, math.floor((limit * 1000 - wait) / interval)))
+  end
+  new_tat = new_tat + booked * interval
+end
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
+if ahead then
+  return {math.ceil(wait / 1000), booked}
+end
 return math.ceil(wait / 1000)

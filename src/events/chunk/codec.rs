@@ -245,7 +245,14 @@ impl<'a> Reader<'a> {
 
     #[inline]
     fn str(&mut self) -> Option<&'a str> {
-        std::str::from_utf8(self.str_bytes()?).ok()
+        let b = self.str_bytes()?;
+        // Numbers and most values are ASCII: `is_ascii` checks a short
+        // string in a few word reads, where `from_utf8` goes byte by byte.
+        if b.is_ascii() {
+            // SAFETY: ASCII bytes are valid UTF-8.
+            return Some(unsafe { std::str::from_utf8_unchecked(b) });
+        }
+        std::str::from_utf8(b).ok()
     }
 
     /// A map's or an array's length: in the `fix` marker's low four bits,
