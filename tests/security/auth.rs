@@ -107,7 +107,7 @@ async fn a_worker_with_wrong_credentials_fails_at_start_and_says_so() {
 /// The ACL rule documented in docs/security.md, for prefix `gc`: the
 /// commands groupcast sends (and its scripts call), on its own keys only.
 const ACL_COMMANDS: &str = "+ping +time \
-    +xadd +xreadgroup +xack +xgroup|create +xautoclaim +xpending +xrange +xrevrange +xlen +xinfo|groups +xtrim +xdel \
+    +xadd +xreadgroup +xack +xgroup|create +xautoclaim +xclaim +xpending +xrange +xrevrange +xlen +xinfo|groups +xtrim +xdel \
     +hget +hmget +hgetall +hset +hmset +hincrby +hexists \
     +sadd +srem +smembers +scard \
     +zadd +zrange +zrangebyscore +zrem +zcard +zscore +zremrangebyscore +exists \
