@@ -220,49 +220,6 @@ async fn a_batch_completes_with_workers_waiting_for_waitaof() {
     rig.stop().await;
 }
 
-/// `cmdstat_zadd`'s calls on the server: the delayed retries (and a few
-/// others: the first poll of each generation, each report's tombstone).
-async fn zadd_calls(store: &Store) -> u64 {
-    let info = store.info("commandstats").await.expect("info");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_zadd:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Under the window (a server without a trustworthy `WAITAOF`), an add or a
-/// send waits in place until what it relies on is old enough, its consumer
-/// slot given back meanwhile: no chunk goes through the delayed set just to
-/// wait. 20 chunks, 4 generations: waiting through the delayed set would
-/// schedule at least 24 retries; the first polls and the tombstone are 5.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_the_window_adds_and_sends_wait_in_place() {
-    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let store = connect(&server).await;
-    let config = WorkerConfig {
-        durable: DurableWait::Window(Duration::from_millis(300)),
-        group_cap: 500,
-        ..common::test_config()
-    };
-    let rig = common::Rig::start_on(server, store, 2, config, common::mock_config()).await;
-    let batch = "window-batch".to_string();
-    let chunks = common::shuffled_chunks(&batch, 0, 2_000, 100, 7);
-    groupcast::producer::append_chunks(&rig.store, &chunks)
-        .await
-        .expect("append");
-    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
-        .await;
-    rig.verify(std::slice::from_ref(&batch)).await;
-    rig.check_ledger(&BTreeMap::from([(batch.clone(), 2_000)]));
-    let scheduled = zadd_calls(&rig.store).await;
-    assert!(
-        scheduled <= 10,
-        "{scheduled} entries were scheduled in the delayed set"
-    );
-    rig.stop().await;
-}
-
 /// Reading acknowledged events back (`witness::check`): events still there
 /// cost one `HMGET` per batch and are not reported; an event under another
 /// entry id, or gone, is; a batch whose whole state is gone only counts

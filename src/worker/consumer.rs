@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
 use crate::events::encode_payload;
@@ -47,50 +47,6 @@ impl Source {
     }
 }
 
-tokio::task_local! {
-    /// The consumer slot of the entry this task handles.
-    static SLOT: Arc<Slot>;
-}
-
-/// An entry's place among its consumer's `concurrency` entries in hand.
-/// An entry that only waits for time to pass (the durability window) gives
-/// it back meanwhile, so that the consumer goes on with other entries, and
-/// takes one again before it goes on.
-struct Slot {
-    permits: Arc<Semaphore>,
-    held: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
-    /// Room for entries waiting without a slot, shared by the consumer.
-    waiting: Arc<Semaphore>,
-}
-
-/// Entries of a consumer that may wait without a slot at once, per slot:
-/// beyond that an entry waits through the delayed retries instead, so the
-/// entries held in memory stay bounded.
-const WAITING_PER_SLOT: usize = 8;
-
-/// Sleeps `delay` without holding the entry's consumer slot (other entries
-/// are read and handled meanwhile), then takes a slot again. False when
-/// there is no room to wait that way (too many entries already do, or the
-/// task handles no consumer entry): the caller waits otherwise.
-pub(crate) async fn wait_without_slot(delay: Duration) -> bool {
-    let Ok(slot) = SLOT.try_with(Arc::clone) else {
-        return false;
-    };
-    let Ok(room) = slot.waiting.clone().try_acquire_owned() else {
-        return false;
-    };
-    let given_back = slot.held.lock().map(|mut h| h.take()).unwrap_or(None);
-    drop(given_back);
-    tokio::time::sleep(delay).await;
-    drop(room);
-    if let Ok(p) = slot.permits.clone().acquire_owned().await {
-        if let Ok(mut h) = slot.held.lock() {
-            *h = Some(p);
-        }
-    }
-    true
-}
-
 /// Reads `source` on `shard`'s `lane` until `shutdown`,
 /// `ctx.config.concurrency` entries at a time; every `visibility_timeout / 2`
 /// it also takes over entries another consumer left pending too long. Each
@@ -106,9 +62,6 @@ pub async fn run(
     let stream = source.stream(&ctx, shard, lane);
     let group = source.group();
     let permits = Arc::new(Semaphore::new(ctx.config.concurrency.max(1)));
-    let waiting = Arc::new(Semaphore::new(
-        ctx.config.concurrency.max(1) * WAITING_PER_SLOT,
-    ));
     let (acker, flusher) = Acker::spawn(ctx.store.clone(), stream.clone(), group);
     let total = ctx.config.concurrency.max(1) as u32;
     let mut conn = None;
@@ -196,13 +149,9 @@ pub async fn run(
         let acker = acker.clone();
         // Every log line of this entry (handling and settling) names it.
         let span = tracing::info_span!("entry", stream = source.label(), shard, lane = lane.name(), id = %entry.id, deliveries);
-        let slot = Arc::new(Slot {
-            permits: permits.clone(),
-            held: std::sync::Mutex::new(Some(slot)),
-            waiting: waiting.clone(),
-        });
         tokio::spawn(
-            SLOT.scope(slot, async move {
+            async move {
+                let _slot = slot;
                 let at = At {
                     source,
                     shard,
@@ -210,7 +159,7 @@ pub async fn run(
                     stream: &stream,
                 };
                 process(&ctx, &acker, &at, entry, deliveries).await;
-            })
+            }
             .instrument(span),
         );
     }

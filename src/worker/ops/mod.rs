@@ -247,9 +247,7 @@ pub enum OpError {
 /// the generation redone, and recipients registered or sent twice.
 ///
 /// - [`DurableWait::Window`]: until the youngest fact is that old
-///   ([`durability_wait`]): the handler sleeps until then without its
-///   consumer slot; when too many entries of its consumer already wait so,
-///   the entry is retried then instead, through the delayed retries.
+///   ([`durability_wait`]); the entry is retried then.
 /// - [`DurableWait::WaitAof`]: waits here, with every other waiter of the
 ///   process, for one `WAITAOF` round ([`crate::store::aof`]), which also
 ///   checks that each fact is still there. A fact gone (Redis lost it) sends
@@ -271,17 +269,9 @@ pub async fn on_disk(
         DurableWait::None => Ok(None),
         DurableWait::Window(window) => {
             let ids: Vec<&str> = facts.iter().map(|(_, id)| *id).collect();
-            // Waits here, its consumer slot given back, unless too many
-            // entries already wait so: then through the delayed retries.
-            // A few seconds at most, well within the entry's lease.
-            loop {
-                let Some(delay) = durability_wait(log, window, &ids).await? else {
-                    return Ok(None);
-                };
-                if !crate::worker::consumer::wait_without_slot(delay).await {
-                    return Ok(Some(wait_for_disk(delay, what())));
-                }
-            }
+            Ok(durability_wait(log, window, &ids)
+                .await?
+                .map(|delay| wait_for_disk(delay, what())))
         }
         DurableWait::WaitAof { .. } => {
             let Some(aof) = &ctx.aof else {
