@@ -1,9 +1,9 @@
 //! How long an add or a send waits for `WAITAOF` to confirm the events it
-//! relies on, on a private Valkey with `appendfsync everysec`: the figures of
-//! `docs/durability.md`.
+//! relies on, on a private Redis 8 or Valkey with `appendfsync everysec`:
+//! the figures of `docs/durability.md`.
 //!
 //! ```text
-//! cargo run --release --example fsync_wait -- [--waiters N] [--seconds S] [--fsync everysec|always]
+//! cargo run --release --example fsync_wait -- [--waiters N] [--seconds S] [--fsync everysec|always] [--server redis8|valkey]
 //! ```
 //!
 //! Defaults: 16 waiters for 20 s. Each waiter, in a loop, appends an event
@@ -11,8 +11,9 @@
 //! it through the process's one `WAITAOF` waiter, as a loader or operator
 //! does before an add or a send; the latency of every wait is kept. Prints
 //! the percentiles, the waits per `WAITAOF` call (the group commit) and the
-//! events appended per second. Needs `valkey-server` (`scripts/ensure-deps
-//! --tests`, or `GROUPCAST_VALKEY_SERVER`).
+//! events appended per second. Needs the server (default `redis8`: Redis
+//! 8.0, whose `WAITAOF` waits for the fsync; `valkey`: Valkey 8.1.8, whose
+//! `WAITAOF` confirms before it), from `scripts/ensure-deps --tests`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +54,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let waiters: usize = arg(&args, "--waiters").map_or(Ok(16), |v| v.parse())?;
     let seconds: u64 = arg(&args, "--seconds").map_or(Ok(20), |v| v.parse())?;
     let fsync = arg(&args, "--fsync").unwrap_or_else(|| "everysec".into());
-    let server = RedisServer::start_valkey(&fsync, &[])?;
+    let kind = arg(&args, "--server").unwrap_or_else(|| "redis8".into());
+    let server = match kind.as_str() {
+        "redis8" => RedisServer::start_redis8(&fsync, &[])?,
+        "valkey" => RedisServer::start_valkey(&fsync, &[])?,
+        other => return Err(format!("--server {other}: expected redis8 or valkey").into()),
+    };
     let store = Store::connect(&server.url(), Keyspace::new("fsync", 1)).await?;
     let waiter = Arc::new(store.aof_waiter(0));
     let before = waitaof_calls(&store).await;
@@ -96,7 +102,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let calls = waitaof_calls(&store).await - before;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "valkey appendfsync {fsync}, {waiters} waiters, {seconds} s: {} waits, {calls} WAITAOF calls ({:.1} waits per call), {:.0} events/s",
+        "{kind} appendfsync {fsync}, {waiters} waiters, {seconds} s: {} waits, {calls} WAITAOF calls ({:.1} waits per call), {:.0} events/s",
         all.len(),
         all.len() as f64 / calls.max(1) as f64,
         all.len() as f64 / seconds as f64

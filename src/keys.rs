@@ -332,6 +332,7 @@ impl Keyspace {
             events: format!("{base}:events"),
             parked_prefix: format!("{base}:parked:"),
             dedupe: format!("{base}:dedupe"),
+            dedupe_mobile: format!("{base}:dedupe:mobile"),
             reported: self.reported(shard),
             work: self.work_in(shard, lane),
             lane,
@@ -354,6 +355,14 @@ impl Keyspace {
     /// [`crate::store::aof`]); expires a minute after the last round.
     pub fn fsync_marker(&self) -> String {
         format!("{}:{{fsync}}:marker", self.prefix)
+    }
+
+    /// How fast each server process's `WAITAOF` confirms (a hash: the
+    /// server's `run_id` to milliseconds), so that only the first worker
+    /// to start against a server measures it (see
+    /// [`crate::store::Store::waitaof_confirmation_delay`]).
+    pub fn fsync_measured(&self) -> String {
+        format!("{}:{{fsync}}:measured", self.prefix)
     }
 
     /// The lock that lets one watchdog scan at a time.
@@ -380,6 +389,9 @@ pub struct BatchKeys {
     /// The numbers given to the batch so far (batch-wide dedupe; see
     /// `accept.lua`), until its report.
     pub dedupe: String,
+    /// The mobile numbers given to a large batch so far, one bit each
+    /// (`accept.lua`), until its report.
+    pub dedupe_mobile: String,
     /// The shard's tombstones (see [`Keyspace::reported`]).
     pub reported: String,
     /// The work stream of the shard's lane that the batch's work goes
@@ -433,6 +445,7 @@ mod tests {
             &k.active,
             &k.reports,
             &k.dedupe,
+            &k.dedupe_mobile,
             &k.reported,
             &ks.batch_in("campaign-7", Priority::Urgent).work,
             &ks.ingest_in(k.shard, Priority::Bulk),

@@ -32,6 +32,7 @@
 //! | `cancelled`, `stopped`, `unsent` | why the batch was cancelled; generations it stopped (done with status `cancelled`); registered recipients in them |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
+//! | `dkept` | the numbers the batch's dedupe buckets keep, once its mobile numbers went to the dedupe bitmap (`accept.lua`): bookkeeping of the dedupe keys, **not** derived from events ([`LIVE_ONLY`]) |
 //!
 //! The Rust side spells these names only in [`field`] (and the event keys it
 //! looks up in [`event_key`]); handlers read them through [`Projection`]'s
@@ -65,6 +66,9 @@ pub mod field {
     /// Ms of the last wait that showed the batch progressing (not an event;
     /// see [`LIVE_ONLY`](super::LIVE_ONLY)).
     pub const ALIVE: &str = "alive";
+    /// The numbers the dedupe buckets keep once the batch has its dedupe
+    /// bitmap (not an event; see [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const DEDUPE_KEPT: &str = "dkept";
     /// ms of the first chunk's acceptance.
     pub const FIRST_ACCEPTED: &str = "t0";
     /// The batch's report outcome, once decided.
@@ -304,9 +308,11 @@ pub fn updates(event: &Event) -> Vec<Update> {
 }
 
 /// State fields kept by the live copy only, not derived from events: the
-/// `alive` heartbeat (stamped by waits that append no event). A rebuild keeps
-/// them; a comparison with a replay ignores them.
-pub const LIVE_ONLY: &[&str] = &[field::ALIVE];
+/// `alive` heartbeat (stamped by waits that append no event) and `dkept`
+/// (the dedupe keys' own bookkeeping, kept in the state so that
+/// `accept.lua`'s one read of the state finds it). A rebuild keeps them
+/// (`restore.lua`); a comparison with a replay ignores them.
+pub const LIVE_ONLY: &[&str] = &[field::ALIVE, field::DEDUPE_KEPT];
 
 /// Whether an event refreshes the batch's heartbeat.
 pub fn touches_heartbeat(event: &Event) -> bool {

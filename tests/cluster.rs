@@ -272,6 +272,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         k.reports.clone(),
         k.dedupe.clone(),
         k.reported.clone(),
+        k.dedupe_mobile.clone(),
     ];
     vec![
         // The scripts that can end a batch share settle.lua's keys.

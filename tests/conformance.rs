@@ -50,6 +50,9 @@ struct Chunks {
     clean: bool,
     /// By seq: (usual numbers, other numbers).
     content: Vec<(Vec<String>, Vec<String>)>,
+    /// The policy's `bitmap_from`: whether and when the run's batches move
+    /// their mobile numbers to the dedupe bitmap.
+    bitmap_from: u64,
 }
 
 impl Chunks {
@@ -63,9 +66,19 @@ impl Chunks {
             (90, 250)
         };
         let clean = rng.random_bool(0.3);
+        // Half of them mobile (010-XXXX-XXXX, low in the range: a small
+        // bitmap), for the dedupe bitmap.
         let pool: Vec<String> = (0..pool_size)
-            .map(|_| format!("0{:010}", rng.random_range(0..10_000_000_000u64)))
+            .map(|_| {
+                if rng.random_bool(0.5) {
+                    format!("010{:08}", rng.random_range(0..4_000u64))
+                } else {
+                    format!("0{:010}", rng.random_range(0..10_000_000_000u64))
+                }
+            })
             .collect();
+        // From the first chunk, after some, or never.
+        let bitmap_from = [0, 20, 60, BatchPolicy::BITMAP_FROM][rng.random_range(0..4)];
         let draw = |rng: &mut StdRng| -> Vec<String> {
             // Now and then one over the cap (refused).
             let n = if !clean && rng.random_bool(0.05) {
@@ -82,6 +95,7 @@ impl Chunks {
             cap,
             clean,
             content,
+            bitmap_from,
         }
     }
 
@@ -161,10 +175,11 @@ enum Call {
 
 /// The policy a step's scripts end batches by: with or without retention
 /// and webhook (both the model and the scripts take it as an argument).
-fn policy(rng: &mut StdRng) -> BatchPolicy {
+fn policy(rng: &mut StdRng, bitmap_from: u64) -> BatchPolicy {
     BatchPolicy {
         retention: Duration::from_secs(if rng.random_bool(0.5) { 3600 } else { 0 }),
         deliver: rng.random_bool(0.5),
+        bitmap_from,
     }
 }
 
@@ -581,6 +596,7 @@ struct Seen {
     work: Vec<(String, String, WorkItem, Option<Vec<u8>>)>,
     parked: BTreeMap<u32, BTreeMap<String, Vec<u8>>>,
     dedupe: BTreeMap<String, Vec<u8>>,
+    dedupe_mobile: Vec<u8>,
     active: BTreeSet<String>,
     reported: BTreeSet<String>,
     reports: Vec<(String, String, Event)>,
@@ -625,6 +641,7 @@ async fn read(store: &Store, log: &BatchLog) -> Seen {
         }
     }
     let dedupe: BTreeMap<String, Vec<u8>> = conn.hgetall(&k.dedupe).await.expect("HGETALL");
+    let dedupe_mobile: Option<Vec<u8>> = conn.get(&k.dedupe_mobile).await.expect("GET");
     let active: BTreeSet<String> = conn.smembers(&k.active).await.expect("SMEMBERS");
     let reported: Vec<String> = conn.zrange(&k.reported, 0, -1).await.expect("ZRANGE");
     let reports = xrange(&mut conn, &k.reports)
@@ -644,6 +661,7 @@ async fn read(store: &Store, log: &BatchLog) -> Seen {
         work,
         parked,
         dedupe,
+        dedupe_mobile: dedupe_mobile.unwrap_or_default(),
         active,
         reported: reported.into_iter().collect(),
         reports,
@@ -740,6 +758,18 @@ fn compare(db: &Db, batch: &str, seen: &Seen) -> Vec<String> {
             seen.dedupe
         ));
     }
+    // The bitmap as Redis keeps it: bit `o` is bit 7 - o % 8 of byte o / 8,
+    // the string as long as its highest byte set.
+    let mut bits = vec![0u8; m.dedupe_mobile.last().map_or(0, |&o| o as usize / 8 + 1)];
+    for &o in &m.dedupe_mobile {
+        bits[o as usize / 8] |= 0x80 >> (o % 8);
+    }
+    if bits != seen.dedupe_mobile {
+        out.push(format!(
+            "dedupe bitmap: model {:?}, redis {:?}",
+            m.dedupe_mobile, seen.dedupe_mobile
+        ));
+    }
     if db.reported != seen.reported {
         out.push(format!(
             "tombstones: model {:?}, redis {:?}",
@@ -795,6 +825,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     // The most dedupe buckets a batch had, and the outcomes reported.
     let mut buckets = 0usize;
+    let mut mobile = 0usize;
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     let mut copies = 0usize;
     for run in 0..RUNS {
@@ -814,7 +845,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         let mut history: Vec<String> = Vec::new();
         for step in 0..STEPS {
             let batch = &names[usize::from(rng.random_bool(0.3))];
-            let p = policy(&mut rng);
+            let p = policy(&mut rng, chunks.bitmap_from);
             let store = store.clone().with_policy(p);
             let log = store.batch(batch);
             let call = pick(&mut rng, &db, batch, &chunks);
@@ -827,6 +858,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
                 }
             }
             buckets = buckets.max(db.batch(batch).map_or(0, |b| b.dedupe.len()));
+            mobile = mobile.max(db.batch(batch).map_or(0, |b| b.dedupe_mobile.len()));
             let kind = format!(
                 "{}:{}",
                 format!("{call:?}").split([' ', '(']).next().unwrap_or(""),
@@ -883,7 +915,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         }
     }
     shout(&format!(
-        "conformance: steps={steps} seeds={seed0}..{} calls={kinds:?} outcomes={outcomes:?} copies={copies} max dedupe buckets={buckets}",
+        "conformance: steps={steps} seeds={seed0}..{} calls={kinds:?} outcomes={outcomes:?} copies={copies} max dedupe buckets={buckets} max bitmap numbers={mobile}",
         seed0 + RUNS - 1
     ));
     // Every kind of decision was exercised, not only the easy ones.
@@ -930,6 +962,8 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     }
     // The dedupe hash grew past one bucket and split (at least twice).
     assert!(buckets >= 3, "at most {buckets} dedupe buckets");
+    // Batches moved to the bitmap and kept adding to it.
+    assert!(mobile >= 20, "at most {mobile} numbers in a dedupe bitmap");
     assert!(copies > 100, "only {copies} copies found by the dedupe");
     assert!(steps >= 10_000);
 }
@@ -1143,4 +1177,88 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
     )
     .await;
     assert!(db.reported.contains(unseen));
+}
+
+/// A batch past the default `bitmap_from` (100,000 numbers): the chunk that
+/// finds it so moves the mobile numbers to the bitmap and rebuilds the
+/// buckets with the others; numbers given before and after come back as
+/// copies, within a chunk too, and the scripts keep deciding as their mirror.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_batch_dedupes_its_mobile_numbers_in_a_bitmap() {
+    let server = common::redis();
+    let p = BatchPolicy::default();
+    let store = Store::connect(&server.url(), Keyspace::new("bitmap", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(p);
+    let batch = "large";
+    let log = store.batch(batch);
+    let mut db = Db::default();
+    // Number i: mobile (spread over the range) four times in five, else 070.
+    let number = |i: u64| {
+        if i % 5 == 0 {
+            format!("070{:08}", i)
+        } else {
+            format!("010{:08}", i * 7_919 % 100_000_000)
+        }
+    };
+    let per_chunk = 5_000u64;
+    let before = p.bitmap_from / per_chunk;
+    let mut chunks: Vec<Vec<String>> = (0..before)
+        .map(|c| (c * per_chunk..(c + 1) * per_chunk).map(number).collect())
+        .collect();
+    // The chunk that moves the batch to the bitmap: half of chunk 0 again,
+    // half new; then one with copies of both, of itself, and new numbers.
+    let fresh = before * per_chunk;
+    chunks.push(
+        (0..2_500)
+            .map(number)
+            .chain((fresh..fresh + 2_500).map(number))
+            .collect(),
+    );
+    chunks.push(
+        (fresh..fresh + 1_000)
+            .chain(50_000..51_000)
+            .chain(fresh + 2_500..fresh + 4_000)
+            .chain(fresh + 2_500..fresh + 3_000)
+            .map(number)
+            .collect(),
+    );
+    let mut given: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut copies = 0;
+    for (seq, numbers) in chunks.iter().enumerate() {
+        let call = Call::Accept {
+            seq: seq as u32,
+            last: seq + 1 == chunks.len(),
+            records: dedupe_records(numbers.iter().map(String::as_str)),
+            digest: format!("d{seq}"),
+            opts: "|normal|".into(),
+            hint: 0,
+        };
+        let want = model(&mut db, batch, &p, per_chunk, &call);
+        let got = real(&store, &log, per_chunk, &call).await;
+        assert_eq!(want, got, "seq {seq}");
+        let expected: Vec<String> = numbers
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| !given.insert(n.to_string()))
+            .map(|(k, _)| k.to_string())
+            .collect();
+        copies += expected.len();
+        assert_eq!(got.get(4), Some(&expected.join(",")), "seq {seq}: copies");
+        if seq + 2 >= chunks.len() {
+            let diffs = compare(&db, batch, &read(&store, &log).await);
+            assert!(diffs.is_empty(), "seq {seq}: {}", diffs.join("\n"));
+        }
+    }
+    // 2,500 + 1,000 + 1,000 + 500 copies, and the buckets keep only the
+    // 070 numbers.
+    assert_eq!(copies, 5_000);
+    let m = db.batch(batch).expect("the batch");
+    let non_mobile = given.iter().filter(|n| n.starts_with("070")).count();
+    assert_eq!(
+        m.state.get(groupcast::projection::field::DEDUPE_KEPT),
+        Some(&non_mobile.to_string())
+    );
+    assert_eq!(m.dedupe_mobile.len(), given.len() - non_mobile);
 }

@@ -124,6 +124,7 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
         group_id: None,
         attempt: 0,
         since: 0,
+        poll_delay_ms: 0,
     };
     let a = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
     let b = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
@@ -553,4 +554,41 @@ async fn a_trim_is_skipped_only_while_nothing_was_acknowledged() {
     assert_ne!(after, again);
     assert_eq!(trims(&store).await, before + 1);
     assert_eq!(len(conn.clone()).await, 1);
+}
+
+/// A batch's chunks that arrive together, before its first generation has a
+/// group: one worker parks the first (which asks for the group), and the
+/// others wait in the process for the group instead of being parked one by
+/// one (src/worker/group_wait.rs). 12 chunks read 4 at a time: parked one by
+/// one, the first read alone parks 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_that_arrive_before_the_group_wait_for_it_instead_of_parking() {
+    let config = groupcast::worker::WorkerConfig {
+        // A hold of 1 s (a quarter of the visibility timeout, at most 1 s):
+        // room for a loaded machine to create the group.
+        visibility_timeout: Duration::from_secs(8),
+        ..test_config()
+    };
+    let batch = "together".to_string();
+    let chunks = groupcast::producer::cut(&batch, &template(), recipients(91, 1_200), 100);
+    assert_eq!(chunks.len(), 12);
+    // Appended before the worker starts: its first read takes 4 at once.
+    let (server, store) = store(1).await;
+    append_chunks(&store, &chunks).await.expect("append");
+    let rig = Rig::start_on(server, store, 1, config, mock_config()).await;
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
+        .await;
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.check_ledger(&BTreeMap::from([(batch.clone(), 1_200)]));
+    let parked = rig
+        .store
+        .batch(&batch)
+        .events()
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| matches!(e, Ok(r) if r.event.type_name() == "chunk_parked"))
+        .count();
+    assert_eq!(parked, 1, "chunks parked");
+    rig.stop().await;
 }

@@ -126,6 +126,7 @@ pub async fn run(args: BoardArgs) -> Result<(), CliError> {
         policy: BatchPolicy {
             retention: args.retention.into(),
             deliver: true,
+            ..BatchPolicy::default()
         },
     });
     serve(listener, board)

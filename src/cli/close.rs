@@ -40,6 +40,7 @@ pub(super) async fn batch_log(
     let store = redis.connect().await?.with_policy(BatchPolicy {
         retention: retention.into(),
         deliver: true,
+        ..BatchPolicy::default()
     });
     // Its work (the sends a close makes ready, the deletes a cancel
     // queues) goes to its lane.

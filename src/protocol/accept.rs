@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::settle::{make_ready, reject, settled, tombstoned};
 use super::{tonumber, BatchPolicy, Run};
 use crate::events::{ChunkAssigned, Event, GenerationClosed};
+use crate::projection::field;
 
 /// Bytes of one dedupe record.
 const RECORD: usize = 5;
@@ -72,32 +73,114 @@ fn splits(b0: i64, to: i64) -> Vec<(u32, i64)> {
     out
 }
 
-/// The dedupe step: looks the chunk's records up in the batch's buckets,
-/// adds the new ones, splits buckets for them (HMGET then HSET of the dedupe
-/// hash). Returns the positions of the records the batch already had, and
-/// how many were added.
-fn dedupe(r: &mut Run, recipients: i64, records: &[u8]) -> (Vec<u32>, i64) {
-    let recs: Vec<&[u8]> = records.chunks(RECORD).collect();
+/// The values of mobile numbers (010-XXXX-XXXX) as dedupe records: a large
+/// batch keeps them in its bitmap, one bit each.
+const MOBILE: std::ops::Range<i64> = 101_000_000_000..101_100_000_000;
+
+/// `value` back to its record.
+fn record(v: i64) -> [u8; RECORD] {
+    let b = v.to_be_bytes();
+    [b[3], b[4], b[5], b[6], b[7]]
+}
+
+/// The dedupe step: a large batch's mobile numbers go to its bitmap; the
+/// others are looked up in the batch's buckets, the new ones added and
+/// buckets split for them (HMGET then HSET of the dedupe hash). The chunk
+/// that finds the batch at `policy.bitmap_from` numbers first moves the
+/// mobile records to the bitmap and rebuilds the buckets. Returns the
+/// positions of the records the batch already had, and how many were added.
+fn dedupe(r: &mut Run, policy: &BatchPolicy, recipients: i64, records: &[u8]) -> (Vec<u32>, i64) {
+    let kept_was = r
+        .get(field::DEDUPE_KEPT)
+        .and_then(|v| v.parse::<i64>().ok());
+    let mut bucketed = kept_was;
+    if bucketed.is_none() && recipients >= policy.bitmap_from as i64 {
+        let old =
+            r.db.batch(&r.batch)
+                .map(|b| b.dedupe.clone())
+                .unwrap_or_default();
+        let (mut offsets, mut rest) = (Vec::new(), Vec::new());
+        for bk in 0..bucket_count(recipients) {
+            for rec in old
+                .get(&(bk as u64))
+                .into_iter()
+                .flat_map(|s| s.chunks(RECORD))
+            {
+                let v = value(rec);
+                if MOBILE.contains(&v) {
+                    offsets.push((v - MOBILE.start) as u64);
+                } else {
+                    rest.push(v);
+                }
+            }
+        }
+        let b = r.b();
+        b.dedupe_mobile.extend(offsets);
+        b.dedupe.clear();
+        let (i, p) = layout(bucket_count(rest.len() as i64));
+        for &v in &rest {
+            b.dedupe
+                .entry(bucket_of(v, i, p) as u64)
+                .or_default()
+                .extend_from_slice(&record(v));
+        }
+        bucketed = Some(rest.len() as i64);
+    }
+    let (mut in_buckets, mut in_bitmap) = (Vec::new(), Vec::new());
+    for (k, rec) in records.chunks(RECORD).enumerate() {
+        let v = value(rec);
+        if bucketed.is_some() && MOBILE.contains(&v) {
+            in_bitmap.push((k as u32, (v - MOBILE.start) as u64));
+        } else {
+            in_buckets.push((k as u32, rec));
+        }
+    }
+    let (mut dups, added) = buckets(r, bucketed.unwrap_or(recipients), &in_buckets);
+    if !in_bitmap.is_empty() {
+        let set = &mut r.b().dedupe_mobile;
+        dups.extend(
+            in_bitmap
+                .iter()
+                .filter(|(_, o)| !set.insert(*o))
+                .map(|(k, _)| *k),
+        );
+        dups.sort_unstable();
+    }
+    // `dkept` (in the state) is written when it changes.
+    if let Some(b) = bucketed {
+        if Some(b + added) != kept_was {
+            r.put(field::DEDUPE_KEPT, b + added);
+        }
+    }
+    let count = (records.len() / RECORD) as i64;
+    let fresh = count - dups.len() as i64;
+    (dups, fresh)
+}
+
+/// The buckets' part of the dedupe step, for `recs` (position, record) of a
+/// hash that keeps `kept` records. Returns the positions of copies and how
+/// many records were added.
+fn buckets(r: &mut Run, kept: i64, recs: &[(u32, &[u8])]) -> (Vec<u32>, i64) {
     let count = recs.len() as i64;
-    let b0 = bucket_count(recipients);
+    let b0 = bucket_count(kept);
     let (i0, p0) = layout(b0);
     let where_: Vec<i64> = recs
         .iter()
-        .map(|rec| bucket_of(value(rec), i0, p0))
+        .map(|(_, rec)| bucket_of(value(rec), i0, p0))
         .collect();
     // The buckets read: each record's, then the existing ones that growing
     // by `count` records could split.
     let mut wanted: BTreeSet<i64> = where_.iter().copied().collect();
-    for (_, p) in splits(b0, bucket_count(recipients + count)) {
+    for (_, p) in splits(b0, bucket_count(kept + count)) {
         if p < b0 {
             wanted.insert(p);
         }
     }
     let mut content: BTreeMap<i64, Vec<u8>> = BTreeMap::new();
-    if recipients > 0 {
-        let kept = r.db.batch(&r.batch).map(|b| &b.dedupe);
+    if kept > 0 {
+        let held = r.db.batch(&r.batch).map(|b| &b.dedupe);
         for &b in &wanted {
-            let got = kept.and_then(|d| d.get(&(b as u64))).cloned();
+            let got = held.and_then(|d| d.get(&(b as u64))).cloned();
             content.insert(b, got.unwrap_or_default());
         }
     }
@@ -105,13 +188,13 @@ fn dedupe(r: &mut Run, recipients: i64, records: &[u8]) -> (Vec<u32>, i64) {
     let mut fresh: BTreeSet<&[u8]> = BTreeSet::new();
     let mut pending: BTreeMap<i64, Vec<u8>> = BTreeMap::new();
     let (mut dups, mut added) = (Vec::new(), 0);
-    for (k, rec) in recs.iter().enumerate() {
-        let b = where_[k];
+    for (j, (k, rec)) in recs.iter().enumerate() {
+        let b = where_[j];
         let held = content
             .get(&b)
             .is_some_and(|s| s.chunks(RECORD).any(|x| x == *rec));
         if fresh.contains(rec) || held {
-            dups.push(k as u32);
+            dups.push(*k);
         } else {
             fresh.insert(rec);
             pending.entry(b).or_default().extend_from_slice(rec);
@@ -122,7 +205,7 @@ fn dedupe(r: &mut Run, recipients: i64, records: &[u8]) -> (Vec<u32>, i64) {
         content.entry(b).or_default().extend_from_slice(&list);
         dirty.insert(b);
     }
-    for (i, p) in splits(b0, bucket_count(recipients + added)) {
+    for (i, p) in splits(b0, bucket_count(kept + added)) {
         let s = content.get(&p).cloned().unwrap_or_default();
         let (mut stay, mut moved) = (Vec::new(), Vec::new());
         for rec in s.chunks(RECORD) {
@@ -284,7 +367,7 @@ pub fn accept(
     }
 
     let mut recipients = r.num("recipients");
-    let (dups, count) = dedupe(&mut r, recipients, a.records);
+    let (dups, count) = dedupe(&mut r, policy, recipients, a.records);
 
     let mut gen = r.num("gen");
     let gk = |gen: i64, f: &str| format!("g:{gen}:{f}");

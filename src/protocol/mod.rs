@@ -72,9 +72,12 @@ pub struct BatchDb {
     /// The parked hashes, by generation: (seq, chunk payload) in insertion
     /// order, which is the order Redis answers HGETALL of a small hash in.
     pub parked: BTreeMap<u32, Vec<(String, Vec<u8>)>>,
-    /// The dedupe hash (`accept.lua`): bucket number → its 5-byte records,
-    /// concatenated (a bucket may be written empty).
+    /// The dedupe hash's buckets (`accept.lua`): bucket number → its 5-byte
+    /// records, concatenated (a bucket may be written empty).
     pub dedupe: BTreeMap<u64, Vec<u8>>,
+    /// The dedupe bitmap of a large batch's mobile numbers (`accept.lua`):
+    /// the offsets of its bits set.
+    pub dedupe_mobile: BTreeSet<u64>,
     /// Whether the state and events carry a retention TTL.
     pub expiring: bool,
 }
@@ -230,6 +233,7 @@ pub fn work_item(batch: &str, gen: u32, seq: Option<u32>, group: Option<&str>) -
         group_id: group.map(str::to_string),
         attempt: 0,
         since: 0,
+        poll_delay_ms: 0,
     }
 }
 

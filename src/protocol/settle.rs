@@ -138,6 +138,7 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     // remembered (ZADD of the tombstone).
     if let Some(b) = r.db.batches.get_mut(&batch) {
         b.dedupe.clear();
+        b.dedupe_mobile.clear();
     }
     r.db.reported.insert(batch);
     true

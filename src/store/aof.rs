@@ -25,10 +25,14 @@
 //! in one server lifetime and confirmed in the next. A fact not found (or
 //! under another entry id) in (1) is answered [`Fsync::Gone`]: Redis lost it.
 //!
-//! Group commit: one round (one pipeline, one `WAITAOF`) is in flight per
-//! process; every waiter that arrives meanwhile joins the next round. Under
-//! `appendfsync everysec` a round takes until the next fsync (at most about
-//! a second), whatever the number of waiters.
+//! Group commit: a round (one pipeline, one `WAITAOF`) carries every waiter
+//! queued when it starts. While one is in flight the next starts when a
+//! round ends or 100 ms after the last one started (up to 12 in flight,
+//! each on its own connection): under `appendfsync everysec` a round takes
+//! until the next fsync (at most about a second), so with a single round in
+//! flight a waiter that arrived just after its marker waited for it and
+//! then for one more fsync, up to two seconds. Each round's argument below
+//! is its own: its reads, its marker, its connection.
 //!
 //! Single servers only: on a cluster the facts of different batches live on
 //! different masters, and `WAITAOF` answers for one node.
@@ -129,41 +133,73 @@ fn unavailable(reason: String) -> StoreError {
     )))
 }
 
+/// Rounds in flight at once, at most (each on a dedicated connection).
+const ROUNDS_IN_FLIGHT: usize = 12;
+
+/// While a round is in flight, the next one starts when one ends or this
+/// long after the last one started, whichever comes first: a waiter that
+/// arrives just after a round's marker waits for the next fsync, not for
+/// that round and then one more (up to two seconds under `everysec`).
+const ROUND_GAP: Duration = Duration::from_millis(100);
+
 /// The round task: takes every waiter queued, runs one round for them all,
-/// answers them, and starts over. Runs until the waiter is dropped.
+/// answers them, and starts over, with up to [`ROUNDS_IN_FLIGHT`] rounds in
+/// flight ([`ROUND_GAP`]). Runs until the waiter is dropped.
 async fn rounds(
     target: RedisTarget,
     marker: String,
     replicas: u32,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
-    let mut conn: Option<MultiplexedConnection> = None;
+    // Idle connections; one that failed is dropped, never reused: the next
+    // round opens a new one (and reads the facts again).
+    let idle = std::sync::Arc::new(std::sync::Mutex::new(Vec::<MultiplexedConnection>::new()));
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut last_start: Option<tokio::time::Instant> = None;
     let mut n: u64 = 0;
     while let Some(first) = rx.recv().await {
+        // Reap the rounds that ended.
+        while in_flight.try_join_next().is_some() {}
+        if !in_flight.is_empty() {
+            let gap_ends = last_start.map_or_else(tokio::time::Instant::now, |t| t + ROUND_GAP);
+            if in_flight.len() >= ROUNDS_IN_FLIGHT {
+                in_flight.join_next().await;
+            } else {
+                tokio::select! {
+                    _ = in_flight.join_next() => {}
+                    _ = tokio::time::sleep_until(gap_ends) => {}
+                }
+            }
+        }
         let mut round = vec![first];
         while let Ok(more) = rx.try_recv() {
             round.push(more);
         }
         n += 1;
-        let result = run_round(&target, &mut conn, &marker, n, replicas, &round).await;
-        if result.is_err() {
-            // Never reuse a connection that failed: the next round opens a
-            // new one (and reads the facts again).
-            conn = None;
-        }
-        match result {
-            Ok(answers) => {
-                for (req, a) in round.into_iter().zip(answers) {
-                    let _ = req.reply.send(Ok(a));
+        last_start = Some(tokio::time::Instant::now());
+        let (target, marker, idle) = (target.clone(), marker.clone(), idle.clone());
+        in_flight.spawn(async move {
+            let mut conn = idle.lock().ok().and_then(|mut v| v.pop());
+            let result = run_round(&target, &mut conn, &marker, n, replicas, &round).await;
+            if let (Ok(_), Some(c)) = (&result, conn) {
+                if let Ok(mut v) = idle.lock() {
+                    v.push(c);
                 }
             }
-            Err(e) => {
-                let reason = e.to_string();
-                for req in round {
-                    let _ = req.reply.send(Err(reason.clone()));
+            match result {
+                Ok(answers) => {
+                    for (req, a) in round.into_iter().zip(answers) {
+                        let _ = req.reply.send(Ok(a));
+                    }
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    for req in round {
+                        let _ = req.reply.send(Err(reason.clone()));
+                    }
                 }
             }
-        }
+        });
     }
 }
 

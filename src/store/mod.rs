@@ -492,9 +492,46 @@ impl Store {
 
     /// How fast this server's `WAITAOF` confirms a write (see
     /// [`aof::confirmation_delay`]): under `everysec`, well under a second
-    /// means it confirms writes that are not fsynced yet.
+    /// means it confirms writes that are not fsynced yet. Measured once per
+    /// server process: the first worker to start against it measures (up to
+    /// 3 s on a server that waits for the fsync) and records the answer
+    /// under the server's `run_id` ([`Keyspace::fsync_measured`]); the next
+    /// ones read it. A restarted server has a new `run_id` and is measured
+    /// again. (Workers restarted one after another, as in a rolling deploy
+    /// or the chaos suite, each spent the 3 s.)
     pub async fn waitaof_confirmation_delay(&self) -> StoreResult<Duration> {
-        aof::confirmation_delay(&self.target, &self.keys.fsync_marker(), 2).await
+        let marker = self.keys.fsync_marker();
+        let run_id = match self.run_id().await {
+            Ok(id) => id,
+            Err(e) if e.is_retryable() => return Err(e),
+            // `INFO` refused (an ACL): measured every time.
+            Err(_) => return aof::confirmation_delay(&self.target, &marker, 2).await,
+        };
+        let key = self.keys.fsync_measured();
+        let known: Option<u64> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(&run_id)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if let Some(ms) = known {
+            return Ok(Duration::from_millis(ms));
+        }
+        let measured = aof::confirmation_delay(&self.target, &marker, 2).await?;
+        // Kept a week past the last measurement: a server process lives
+        // long, the record is a few bytes per restart.
+        redis::pipe()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(&run_id)
+            .arg(measured.as_millis() as u64)
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(7 * 24 * 3600)
+            .ignore()
+            .query_async::<()>(&mut self.conn.clone())
+            .await?;
+        Ok(measured)
     }
 
     /// A fresh connection for blocking reads.

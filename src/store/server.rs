@@ -61,6 +61,19 @@ impl Store {
         }
     }
 
+    /// The server process's `run_id` (`INFO server`): a new one at every
+    /// start.
+    pub async fn run_id(&self) -> StoreResult<String> {
+        let info = self.info("server").await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_string())
+            .ok_or_else(|| StoreError::Config {
+                url: self.target.redacted(),
+                reason: "INFO server has no run_id".into(),
+            })
+    }
+
     /// A section of `INFO` (of the server the command lands on).
     pub async fn info(&self, section: &str) -> StoreResult<String> {
         Ok(redis::cmd("INFO")

@@ -101,7 +101,9 @@ pub struct WorkerConfig {
     pub visibility_timeout: Duration,
     /// Deliveries of one entry before it is dead-lettered as poison. Default 10.
     pub max_deliveries: u64,
-    /// How often a sent group's status is read. Default 500 ms.
+    /// The longest wait between two reads of a sent group's status: the
+    /// first read comes [`WorkerConfig::FIRST_POLL`] after the send, each
+    /// next one twice as late as the one before, up to this. Default 500 ms.
     pub poll_interval: Duration,
     /// Where to POST each batch's report (none: reports only go to the
     /// reports stream). Default none.
@@ -169,6 +171,10 @@ impl WorkerConfig {
     pub const MAX_DELIVERIES: u64 = 10;
     /// Default of [`WorkerConfig::poll_interval`].
     pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+    /// How long after the send a group's status is first read (at most
+    /// [`WorkerConfig::poll_interval`]): a small group is often finished
+    /// by then, a large one costs a few more reads.
+    pub const FIRST_POLL: Duration = Duration::from_millis(100);
     /// Default of [`WorkerConfig::retention`].
     pub const RETENTION: Duration = crate::store::batch::BatchPolicy::RETENTION;
     /// Default of [`WorkerConfig::remember`].
@@ -231,12 +237,26 @@ impl WorkerConfig {
         cap.mul_f64(0.5 + jitter * 0.5)
     }
 
+    /// The wait before the next read of a group still sending, after
+    /// waiting `last` before this one (zero: the send): the first is
+    /// [`WorkerConfig::FIRST_POLL`], each next one twice as long, never
+    /// longer than [`WorkerConfig::poll_interval`].
+    pub fn next_poll(&self, last: Duration) -> Duration {
+        let next = if last.is_zero() {
+            Self::FIRST_POLL
+        } else {
+            last.saturating_mul(2)
+        };
+        next.min(self.poll_interval)
+    }
+
     /// How the batches this worker ends end: its retention, and whether
     /// reports are queued for the webhook.
     pub fn batch_policy(&self) -> crate::store::batch::BatchPolicy {
         crate::store::batch::BatchPolicy {
             retention: self.retention,
             deliver: self.report_webhook.is_some(),
+            ..Default::default()
         }
     }
 

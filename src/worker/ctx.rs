@@ -44,6 +44,8 @@ pub struct Ctx {
     /// The `WAITAOF` waiter, when adds and sends wait with it
     /// ([`crate::worker::DurableWait::WaitAof`]).
     pub aof: Option<crate::store::aof::AofWaiter>,
+    /// This process's chunks waiting for their generation's group.
+    pub group_waits: std::sync::Arc<crate::worker::group_wait::GroupWaits>,
     gen_hints: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
@@ -72,6 +74,7 @@ impl Ctx {
                 .unwrap_or_default(),
             consumer: format!("{host}-{}-{}", std::process::id(), ulid::Ulid::new()),
             gen_hints: Default::default(),
+            group_waits: Default::default(),
             aof,
             config,
         }

@@ -10,6 +10,7 @@ use crate::keys::Priority;
 use crate::protocol::accept::AcceptArgs;
 use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection};
 use crate::store::queue::Entry;
+use crate::worker::group_wait::{self, Role};
 use crate::worker::ops::load_chunk::{self, Load};
 use crate::worker::ops::{Op, OpError, Outcome, WorkItem};
 use crate::worker::{Ctx, Handled};
@@ -210,15 +211,37 @@ async fn accept_and_load(
     }
     let group = match group {
         Some(g) => g,
-        None => match log.park(chunk.seq, gen, &payload).await? {
-            Parked::Parked => {
-                metrics::counter!("groupcast_chunks_total", "outcome" => "parked").increment(1);
-                return done();
+        None => {
+            // The generation's first chunk here parks (and asks for the
+            // group); the next ones wait here for it (group_wait.rs), and
+            // park only if it does not come.
+            let hold = group_wait::hold_for(&ctx.config);
+            let (lead, found) = match ctx.group_waits.join(chunk.batch, gen) {
+                Role::Lead(lead) => (Some(lead), None),
+                Role::Wait(rx) => (None, group_wait::wait(rx, hold).await),
+            };
+            match found {
+                Some(g) => g,
+                None => match log.park(chunk.seq, gen, &payload).await? {
+                    Parked::Parked => {
+                        metrics::counter!("groupcast_chunks_total", "outcome" => "parked")
+                            .increment(1);
+                        if let Some(lead) = lead {
+                            lead.watch(hold, log.clone(), gen);
+                        }
+                        return done();
+                    }
+                    Parked::AlreadyLoaded => return done(),
+                    Parked::Unassigned => return Ok(None),
+                    Parked::Group(g) => {
+                        if let Some(lead) = lead {
+                            lead.found(Some(&g));
+                        }
+                        g
+                    }
+                },
             }
-            Parked::AlreadyLoaded => return done(),
-            Parked::Unassigned => return Ok(None),
-            Parked::Group(g) => g,
-        },
+        }
     };
     let outcome = match load_chunk::run_ref(ctx, log, chunk, gen, &group).await? {
         Load::Handled(outcome) => outcome,
@@ -236,6 +259,7 @@ async fn accept_and_load(
         group_id: Some(group),
         attempt: 0,
         since: 0,
+        poll_delay_ms: 0,
     };
     Ok(Some(Handled {
         outcome,

@@ -14,6 +14,7 @@ pub mod config;
 pub mod consumer;
 pub mod ctx;
 pub mod durability;
+pub mod group_wait;
 pub mod limiter;
 pub mod loader;
 pub mod maintenance;

@@ -35,8 +35,9 @@ pub fn budget(config: &WorkerConfig, op: Op) -> Duration {
 }
 
 /// Decides the retry of `item` (updating its attempt count and budget
-/// start). `delay` is a delay the cause fixed (Retry-After, the poll
-/// interval), `spend` whether this try counts as an attempt, `now` the shard
+/// start; for a poll of a group still sending, its next delay, see
+/// [`WorkerConfig::next_poll`]). `delay` is a delay the cause fixed
+/// (Retry-After), `spend` whether this try counts as an attempt, `now` the shard
 /// server's clock in ms (needed when [`needs_clock`]; otherwise ignored).
 #[allow(clippy::too_many_arguments)]
 pub fn decide(
@@ -52,10 +53,15 @@ pub fn decide(
     if spend {
         item.attempt = item.attempt.saturating_add(1);
     }
+    let mut delay = delay;
     if cause == RetryCause::NotFinished {
         // The provider answered: a poll's budget starts over, so polling a
         // sent group never gives up while the provider answers at all.
         item.since = 0;
+        // Still sending: read it again twice as late as last time.
+        let next = config.next_poll(Duration::from_millis(item.poll_delay_ms));
+        item.poll_delay_ms = next.as_millis() as u64;
+        delay = Some(next);
     }
     if let (true, Some(now)) = (cause.spends_budget(), now) {
         if item.since == 0 {
@@ -94,6 +100,7 @@ mod tests {
             group_id: None,
             attempt: 0,
             since: 0,
+            poll_delay_ms: 0,
         }
     }
 
@@ -193,7 +200,7 @@ mod tests {
             "sending",
             None,
         );
-        assert_eq!(d, Decision::Retry(Duration::from_millis(500)));
+        assert_eq!(d, Decision::Retry(Duration::from_millis(100)));
         assert_eq!(it.since, 0);
         assert!(matches!(
             transient(&c, Op::Poll, &mut it, T0 + 3_600_000),
@@ -215,6 +222,49 @@ mod tests {
             assert_eq!(d, Decision::Retry(Duration::from_secs(9)));
             assert_eq!(it, before);
         }
+    }
+
+    #[test]
+    fn a_group_still_sending_is_read_twice_as_late_each_time_up_to_the_interval() {
+        let c = WorkerConfig {
+            poll_interval: Duration::from_millis(700),
+            ..config()
+        };
+        // The send schedules the first read; each "still sending" the next.
+        let first = c.next_poll(Duration::ZERO);
+        assert_eq!(first, WorkerConfig::FIRST_POLL);
+        let mut it = WorkItem {
+            poll_delay_ms: first.as_millis() as u64,
+            ..item()
+        };
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            match decide(
+                &c,
+                Op::Poll,
+                &mut it,
+                None,
+                false,
+                RetryCause::NotFinished,
+                "sending",
+                None,
+            ) {
+                Decision::Retry(d) => waits.push(d.as_millis()),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(u128::from(it.poll_delay_ms), *waits.last().unwrap_or(&0));
+        }
+        assert_eq!(waits, [200, 400, 700, 700, 700]);
+        // An interval shorter than the first read caps it too.
+        let fast = WorkerConfig {
+            poll_interval: Duration::from_millis(50),
+            ..config()
+        };
+        assert_eq!(fast.next_poll(Duration::ZERO), Duration::from_millis(50));
+        // Other causes leave it alone.
+        let before = it.poll_delay_ms;
+        transient(&c, Op::Poll, &mut it, T0);
+        assert_eq!(it.poll_delay_ms, before);
     }
 
     #[test]

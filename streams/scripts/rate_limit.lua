@@ -64,8 +64,11 @@ if limit and wait > limit * 1000 and wait > (cost - burst) * interval then
   return back
 end
 if owed then
-  -- The lane's owed slot is taken: the next one is 1/share seconds on.
-  local next_owed = now + cost * 1000000 / share
+  -- The lane's owed slot is taken: the next one is 1/share seconds after
+  -- this one was due, so that a request that comes late (back from the
+  -- delayed set) does not cost the lane its share; at most one slot late,
+  -- so that an idle lane does not save up a burst.
+  local next_owed = math.max(owed_at, now - 1000000 / share) + cost * 1000000 / share
   redis.call('SET', KEYS[2], string.format('%.0f', next_owed), 'PX', math.ceil((next_owed - now) / 1000) + 1000)
 end
 -- Booking ahead: up to `ahead` more slots for the caller's next requests,

@@ -15,8 +15,10 @@ if id ~= ARGV[1] then
   return 0
 end
 local ttl = redis.call('PTTL', KEYS[1])
--- `alive` is a heartbeat without an event (not derived from events): kept.
-local alive = redis.call('HGET', KEYS[1], 'alive')
+-- The fields not derived from events (projection::LIVE_ONLY) are kept:
+-- `alive`, a heartbeat without an event, and `dkept`, the dedupe's count.
+local LIVE_ONLY = {'alive', 'dkept'}
+local live = redis.call('HMGET', KEYS[1], unpack(LIVE_ONLY))
 redis.call('DEL', KEYS[1])
 -- In slices: Lua's unpack has a limit on how many values it returns.
 local n = #ARGV
@@ -26,8 +28,10 @@ while i <= n do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, j))
   i = j + 1
 end
-if alive then
-  redis.call('HSET', KEYS[1], 'alive', alive)
+for k, name in ipairs(LIVE_ONLY) do
+  if live[k] then
+    redis.call('HSET', KEYS[1], name, live[k])
+  end
 end
 if ttl > 0 and redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ttl)

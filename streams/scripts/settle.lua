@@ -1,8 +1,11 @@
 -- Prepended (after prelude.lua) to the scripts that can end a batch:
 -- accept, reject, close, cancel, loaded, completed (see src/store/scripts.rs).
 -- They share one layout:
--- KEYS: state, events, work, active, reports, dedupe, reported (tombstones)
--- ARGV: batch, policy `<retention s>|<deliver 0|1>`, then their own.
+-- KEYS: state, events, work, active, reports, dedupe, reported (tombstones),
+--       dedupe's mobile bitmap
+-- ARGV: batch, policy `<retention s>|<deliver 0|1>|<bitmap from>` (the
+--       recipients from which a batch's mobile numbers are deduped in the
+--       bitmap, see accept.lua), then their own.
 --
 -- A batch ends (its report is decided, once) when it takes no more chunks
 -- and every generation is done. It takes no more chunks when every seq
@@ -10,8 +13,9 @@
 -- marked `r:<seq>` = 1), or when an operator closed it (`closed`) or
 -- cancelled it (`cancelled`).
 local WORK, ACTIVE, REPORTS, DEDUPE, REPORTED = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local RETENTION, DELIVER = string.match(ARGV[2], '^(%d+)|([01])$')
-RETENTION = tonumber(RETENTION)
+local DEDUPE_MOBILE = KEYS[8]
+local RETENTION, DELIVER, BITMAP_FROM = string.match(ARGV[2], '^(%d+)|([01])|(%d+)$')
+RETENTION, BITMAP_FROM = tonumber(RETENTION), tonumber(BITMAP_FROM)
 
 -- Whether the batch takes no more chunks, from its fields.
 -- (Fields read with HMGET are `false` when absent.)
@@ -113,7 +117,7 @@ local function report_from(f)
   -- tombstone, scored by the report's time) after its events expire, so that
   -- a late copy of its chunks is refused rather than sent again. Workers
   -- trim tombstones older than `--remember`.
-  redis.call('DEL', DEDUPE)
+  redis.call('DEL', DEDUPE, DEDUPE_MOBILE)
   redis.call('ZADD', REPORTED, string.match(id, '^(%d+)'), BATCH)
   return true
 end

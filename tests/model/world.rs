@@ -429,6 +429,7 @@ impl World {
         BatchPolicy {
             retention: Duration::from_secs(u64::from(self.cfg.retention)),
             deliver: self.cfg.webhook,
+            ..BatchPolicy::default()
         }
     }
 

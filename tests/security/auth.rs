@@ -111,7 +111,7 @@ const ACL_COMMANDS: &str = "+ping +time \
     +hget +hmget +hgetall +hset +hmset +hincrby +hexists \
     +sadd +srem +smembers +scard \
     +zadd +zrange +zrangebyscore +zrem +zcard +zscore +zremrangebyscore +exists \
-    +get +set +del +expire +pexpire +pttl \
+    +get +set +del +expire +pexpire +pttl +bitfield \
     +evalsha +script|load +scan +multi +exec";
 
 fn acl_user_args(user: &str, password: &str, prefix: &str) -> Vec<String> {
@@ -296,7 +296,25 @@ async fn an_acl_user_with_the_least_commands_runs_everything() {
     )
     .await
     .expect("append");
+    // A batch past the dedupe's bitmap threshold (100,000 numbers), so that
+    // accept.lua's BITFIELD runs as the ACL user too.
+    let big = recipients_file(dir.path(), 4, 100_500);
+    run_ok(
+        &[
+            "submit",
+            "--batch",
+            "acl-2",
+            "--recipients",
+            &big,
+            "--template",
+            &t,
+            "--chunk-size",
+            "5000",
+        ],
+        &env,
+    );
     wait_reported(&admin, "acl-1", Duration::from_secs(60)).await;
+    wait_reported(&admin, "acl-2", Duration::from_secs(120)).await;
     wait_dead_letters(&admin, 2).await;
 
     // Every read-side command, as the ACL user.

@@ -134,6 +134,9 @@ pub enum ServerKind {
     ValkeyEverysec,
     /// Valkey 8.1 with an AOF, `appendfsync always`.
     ValkeyAlways,
+    /// Redis 8.0 (installed by `scripts/ensure-deps --tests`; its `WAITAOF`
+    /// waits for the fsync) with an AOF, `appendfsync everysec`.
+    Redis8Everysec,
 }
 
 /// The mock provider's credentials, shared with the workers.
@@ -354,7 +357,7 @@ const DEDUPE_PROBE_MAX: usize = 1_000_000;
 /// Redis memory the batch-wide dedupe keeps per recipient while a batch is
 /// in flight: a probe batch of the workload's batch size (at most
 /// [`DEDUPE_PROBE_MAX`]) is accepted chunk by chunk, as the loaders do, and
-/// its dedupe hash measured before a report would delete it.
+/// its dedupe hash and bitmap measured before a report would delete them.
 async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
     let n = plan.recipients.clamp(1, DEDUPE_PROBE_MAX);
     let log = store.batch("bench-dedupe-probe");
@@ -375,10 +378,10 @@ async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
         };
         log.accept_chunk(&args, 0).await?;
     }
-    let bytes = store
-        .memory_usage(&log.keys.dedupe, true)
-        .await?
-        .unwrap_or(0);
+    let mut bytes = 0;
+    for key in [&log.keys.dedupe, &log.keys.dedupe_mobile] {
+        bytes += store.memory_usage(key, true).await?.unwrap_or(0);
+    }
     Ok(bytes as f64 / n as f64)
 }
 

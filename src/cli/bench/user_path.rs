@@ -86,6 +86,7 @@ fn start_server(kind: ServerKind) -> Result<RedisServer, CliError> {
         ServerKind::Redis => RedisServer::start(),
         ServerKind::ValkeyEverysec => RedisServer::start_valkey("everysec", &[]),
         ServerKind::ValkeyAlways => RedisServer::start_valkey("always", &[]),
+        ServerKind::Redis8Everysec => RedisServer::start_redis8("everysec", &[]),
     }
     .map_err(|e| CliError::Usage(e.to_string()))
 }

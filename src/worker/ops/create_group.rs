@@ -35,6 +35,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     match log.record_group(gen, &group.group_id).await? {
         GroupRecord::Won => {
             tracing::info!(batch = %item.batch, gen, group = %group.group_id, "group created");
+            ctx.group_waits.found(&item.batch, gen, &group.group_id);
             return Ok(Outcome::Done);
         }
         GroupRecord::Lost { kept } => {
@@ -51,6 +52,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         group_id: Some(group.group_id),
         attempt: 0,
         since: 0,
+        poll_delay_ms: 0,
     };
     ctx.enqueue(&log.keys.work, Op::Delete, &delete, None)
         .await?;

@@ -87,6 +87,14 @@ pub struct WorkItem {
     /// workers; `dlq redrive` sets it back to 0 (a fresh budget).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub since: u64,
+    /// For `poll`: how long it waited before this read of its group, in
+    /// ms. The next read of a group still sending waits twice as long, up
+    /// to `--poll-interval` ([`WorkerConfig::next_poll`]). 0 (absent) for
+    /// the other ops.
+    ///
+    /// [`WorkerConfig::next_poll`]: crate::worker::WorkerConfig::next_poll
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub poll_delay_ms: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -124,7 +132,8 @@ pub enum Outcome {
     /// Try again later. `delay` None means the backoff for the next attempt;
     /// `spend` false means this try does not count (a 429, a poll).
     Retry {
-        /// A delay fixed by the cause (Retry-After, poll interval).
+        /// A delay fixed by the cause (Retry-After; for a poll, replaced by
+        /// the next poll's, see [`crate::worker::retry::decide`]).
         delay: Option<Duration>,
         /// Whether this counts as an attempt.
         spend: bool,
@@ -247,8 +256,13 @@ pub enum OpError {
 /// the generation redone, and recipients registered or sent twice.
 ///
 /// - [`DurableWait::Window`]: until the youngest fact is that old
-///   ([`durability_wait`]); the entry is retried then.
-/// - [`DurableWait::WaitAof`]: waits here, with every other waiter of the
+///   ([`durability_wait`]): the handler sleeps until then without its
+///   consumer slot; when too many entries of its consumer already wait so,
+///   holding it (the consumer then reads no more until a wait ends). Then
+///   it reads the facts again: one Redis lost during the sleep sends the
+///   entry back to be read again, as below.
+/// - [`DurableWait::WaitAof`]: waits here (its consumer slot given back,
+///   as above), with every other waiter of the
 ///   process, for one `WAITAOF` round ([`crate::store::aof`]), which also
 ///   checks that each fact is still there. A fact gone (Redis lost it) sends
 ///   the entry back to be read again: its handler then finds what
@@ -269,9 +283,38 @@ pub async fn on_disk(
         DurableWait::None => Ok(None),
         DurableWait::Window(window) => {
             let ids: Vec<&str> = facts.iter().map(|(_, id)| *id).collect();
-            Ok(durability_wait(log, window, &ids)
-                .await?
-                .map(|delay| wait_for_disk(delay, what())))
+            // Waits here, its consumer slot given back unless too many
+            // entries already wait so (then holding it); through the
+            // delayed retries only outside a consumer's entry. A few
+            // seconds at most, well within the entry's lease. The
+            // server's clock is read once: a sleep never ends early, so
+            // after `delay` the youngest fact is older than the window (and
+            // its 50 ms of slack) by real time, which is what the fsync
+            // schedule runs on.
+            let Some(delay) = durability_wait(log, window, &ids).await? else {
+                return Ok(None);
+            };
+            if !crate::worker::consumer::wait_without_slot(delay).await {
+                return Ok(Some(wait_for_disk(delay, what())));
+            }
+            // Age makes a fact durable only if Redis still has it: a crash
+            // during the sleep (a restart from an AOF that missed its last
+            // second) can have taken it back, and the call would rest on
+            // nothing (seen in the chaos suite: a send claimed, its `ready`
+            // and claim lost, the send still made after the sleep, and a
+            // chunk of that generation then loaded again into a group
+            // already sending). So the facts are read again: one `HMGET`.
+            // (A wait through the delayed retries reads them on its retry.)
+            let names: Vec<String> = facts
+                .iter()
+                .map(|(key, _)| crate::projection::field::key(key))
+                .collect();
+            let now = log.fields(&names).await?;
+            let kept = facts
+                .iter()
+                .zip(&now)
+                .all(|((_, id), now)| now.as_deref() == Some(*id));
+            Ok((!kept).then(|| gone(what())))
         }
         DurableWait::WaitAof { .. } => {
             let Some(aof) = &ctx.aof else {
@@ -289,23 +332,32 @@ pub async fn on_disk(
                 })
                 .collect();
             let started = std::time::Instant::now();
-            let found = aof.wait(facts).await?;
+            // Up to the next fsync (a second under everysec): without the
+            // consumer slot, like the window's sleep, so that the round
+            // gathers every entry the consumer can read meanwhile.
+            let found = crate::worker::consumer::without_slot(aof.wait(facts)).await?;
             metrics::histogram!("groupcast_fsync_wait_seconds")
                 .record(started.elapsed().as_secs_f64());
             Ok(match found {
                 Fsync::Durable => None,
                 Fsync::NotYet => Some(wait_for_disk(Duration::from_millis(100), what())),
-                Fsync::Gone => Some(Outcome::Retry {
-                    delay: Some(Duration::from_millis(100)),
-                    spend: false,
-                    cause: RetryCause::Durability,
-                    reason: format!(
-                        "{}: an event it relies on is no longer in Redis (lost writes?): read again",
-                        what()
-                    ),
-                }),
+                Fsync::Gone => Some(gone(what())),
             })
         }
+    }
+}
+
+/// The retry for an add or send one of whose facts Redis no longer has (it
+/// lost writes): the entry is read again and its handler finds what
+/// survived.
+fn gone(what: String) -> Outcome {
+    Outcome::Retry {
+        delay: Some(Duration::from_millis(100)),
+        spend: false,
+        cause: RetryCause::Durability,
+        reason: format!(
+            "{what}: an event it relies on is no longer in Redis (lost writes?): read again"
+        ),
     }
 }
 

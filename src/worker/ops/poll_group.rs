@@ -30,6 +30,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         GroupStatus::Failed => "FAILED",
         _ => {
             // Not finished: look again later; waiting is not a failed attempt.
+            // The delay is the longest; the retry decision waits twice as
+            // long as before this read, up to it (`WorkerConfig::next_poll`).
             return Ok(Outcome::Retry {
                 delay: Some(ctx.config.poll_interval),
                 spend: false,

@@ -43,6 +43,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let gen = item.gen;
     let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
     let schedule_key = event_key::schedule(gen);
+    let claim_key = event_key::claim(gen);
     let p = log
         .read(&[
             field::key(&send_key),
@@ -52,6 +53,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             field::key(&ready_key),
             field::OPTIONS.into(),
             field::key(&schedule_key),
+            field::key(&claim_key),
         ])
         .await?;
     if p.appended(&send_key).is_some() {
@@ -59,10 +61,14 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     }
     let Some(ready_id) = p.appended(&ready_key) else {
         // make_ready appends the event and this item together: an item
-        // without the event comes from writes Redis lost.
-        return Ok(Outcome::Dead(format!(
-            "send work item for generation {gen}, which our events do not show ready (lost Redis writes?): not sending"
-        )));
+        // without the event comes from writes Redis lost (a worker held it
+        // in memory and re-queued it after the restart). Stale, like such a
+        // load item: the generation gets a send item of its own when it is
+        // ready again, and nothing was sent (a send waits until what it
+        // relies on is on disk). A dead letter would ask an operator for a
+        // replay that can do nothing.
+        tracing::warn!(batch = %item.batch, gen, "send work item for a generation our events do not show ready (lost Redis writes?): dropped as stale");
+        return Ok(Outcome::Done);
     };
     // Held until `send_at`, and never inside the batch's quiet hours.
     if let Some(window) = p
@@ -106,6 +112,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     // before the add failed for good: the provider may hold up to that many
     // more than our events count.
     let unsure = p.unsure_in(gen);
+    // The first read of the group's status, soon after the send.
+    let first_poll = ctx.config.next_poll(std::time::Duration::ZERO);
     let poll = DelayedEntry {
         op: Op::Poll.name().into(),
         d: crate::events::encode_payload(&WorkItem {
@@ -115,14 +123,25 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             group_id: Some(group_id.clone()),
             attempt: 0,
             since: 0,
+            poll_delay_ms: first_poll.as_millis() as u64,
         }),
         c: None,
         lane,
     }
     .encode();
-    let poll_ms = ctx.config.poll_interval.as_millis() as u64;
+    let poll_ms = first_poll.as_millis() as u64;
 
-    if let Some(back) = provider_slots(ctx, lane, 1).await? {
+    // The send makes two provider requests: the status read, then the send.
+    // A first try books them one by one. A try after a claim (the earlier
+    // one read the status, then the limiter gave the entry back before the
+    // send) books both at once: booked one by one again, each try's read
+    // could take the slot the send needs (the lane's horizon, or its owed
+    // slot), try after try, and the send would never go (seen in
+    // tests/liveness: a claimed generation unsent for 90 s at 8/s). A
+    // booking refused reserves nothing, so one for both goes as soon as the
+    // schedule has room for two, or the lane is owed its share.
+    let booked_both = p.appended(&claim_key).is_some();
+    if let Some(back) = provider_slots(ctx, lane, if booked_both { 2 } else { 1 }).await? {
         return Ok(back);
     }
     let group = match ctx.provider.get_group(&group_id).await {
@@ -169,7 +188,6 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             return Ok(Outcome::Done);
         }
     };
-    let claim_key = event_key::claim(gen);
     if let Some(wait) = on_disk(
         ctx,
         &log,
@@ -180,8 +198,10 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     {
         return Ok(wait);
     }
-    if let Some(back) = provider_slots(ctx, lane, 1).await? {
-        return Ok(back);
+    if !booked_both {
+        if let Some(back) = provider_slots(ctx, lane, 1).await? {
+            return Ok(back);
+        }
     }
     let outcome = match ctx.provider.send_group(&group_id).await {
         Ok(_) => "sent",

@@ -231,7 +231,9 @@ impl World {
                     return self.ack(w);
                 }
                 if self.field(&format!("k:ready/{g}")).is_none() {
-                    return self.dead(w, format!("send of generation {g}, not ready"));
+                    // Stale (from lost writes): the generation gets its own
+                    // send item when it is ready again.
+                    return self.ack(w);
                 }
                 let Some(group) = self.field(&format!("g:{g}:group")).map(str::to_string) else {
                     return self.dead(w, format!("generation {g} ready without a group"));
