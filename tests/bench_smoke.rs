@@ -50,6 +50,11 @@ fn bench_runs_a_small_campaign_and_prints_a_verified_json_line() {
 /// `groupcast bench --user-path` on `server`, small: 3 batches of 200
 /// recipients in chunks of 100, three `groupcast submit` runs; its line.
 fn user_path(server: &str) -> serde_json::Value {
+    user_path_with(server, &[])
+}
+
+/// [`user_path`] with more bench flags.
+fn user_path_with(server: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_groupcast"))
         .args([
             "bench",
@@ -65,6 +70,7 @@ fn user_path(server: &str) -> serde_json::Value {
             "--timeout-secs",
             "120",
         ])
+        .args(extra)
         .env_remove("GROUPCAST_LOG")
         .output()
         .expect("run groupcast bench --user-path");
@@ -140,6 +146,19 @@ fn the_user_path_runs_submit_and_default_workers_on_redis8_waiting_for_waitaof()
     let chose = line["worker_durability"].as_str().unwrap_or_default();
     assert!(
         chose.contains("--durability auto") && chose.contains("WAITAOF 1 0"),
+        "{line}"
+    );
+}
+
+/// `--worker-durability none` is the baseline a default run is compared
+/// with: the workers take it instead of choosing from the server (which
+/// would wait with `WAITAOF` here).
+#[test]
+fn the_user_path_runs_the_workers_with_the_durability_it_is_given() {
+    let line = user_path_with("redis8-everysec", &["--worker-durability", "none"]);
+    let chose = line["worker_durability"].as_str().unwrap_or_default();
+    assert!(
+        chose.contains("--durability none") && !chose.contains("WAITAOF"),
         "{line}"
     );
 }

@@ -121,6 +121,10 @@ pub struct BenchArgs {
     /// With `--user-path`: the private server the run uses.
     #[arg(long, value_enum, default_value_t = ServerKind::Redis, requires = "user_path")]
     pub server: ServerKind,
+    /// With `--user-path`: the workers' `--durability` instead of their
+    /// default (`auto`); `none` measures what the default's waits cost.
+    #[arg(long, value_enum, requires = "user_path")]
+    pub worker_durability: Option<crate::cli::worker::Durability>,
 }
 
 /// The private server of a `--user-path` run.

@@ -31,6 +31,7 @@ use super::{
     conclude, cpu_now, during, own_exe, start_mock, used_memory, wait_for_reports, BenchArgs,
     Procs, Ran, ServerKind, API_KEY, API_SECRET,
 };
+use crate::cli::worker::Durability;
 use crate::cli::CliError;
 use crate::keys::Keyspace;
 use crate::redis_server::{free_port, RedisServer};
@@ -162,14 +163,15 @@ struct Workers {
     durability: String,
 }
 
-/// Starts `plan.workers` workers with their default settings, logging (at
-/// the default level, as JSON) to files in `dir`, and waits until each has
-/// logged `worker started`.
+/// Starts `plan.workers` workers with their default settings (but
+/// `durability` when given), logging (at the default level, as JSON) to
+/// files in `dir`, and waits until each has logged `worker started`.
 async fn start_default_workers(
     exe: &Path,
     redis_url: &str,
     provider_url: &str,
     plan: &Plan,
+    durability: Option<Durability>,
     dir: &Path,
     procs: &mut Procs,
 ) -> Result<Workers, CliError> {
@@ -190,6 +192,9 @@ async fn start_default_workers(
             .stderr(File::create(&log).map_err(io(&log))?);
         if plan.group_cap != WorkerConfig::GROUP_CAP {
             c.env("GROUPCAST_GROUP_CAP", plan.group_cap.to_string());
+        }
+        if let Some(mode) = durability.and_then(|d| d.to_possible_value()) {
+            c.env("GROUPCAST_DURABILITY", mode.get_name());
         }
         let child = c
             .spawn()
@@ -401,7 +406,16 @@ pub(super) async fn run(args: &BenchArgs, plan: &Plan) -> Result<(), CliError> {
     let mock_port = free_port().map_err(|e| CliError::Failed(e.to_string()))?;
     let base_url = format!("http://127.0.0.1:{mock_port}");
     let mock_pid = start_mock(&exe, mock_port, plan.group_cap, &[], &mut procs).await?;
-    let workers = start_default_workers(&exe, &url, &base_url, plan, &dir.0, &mut procs).await?;
+    let workers = start_default_workers(
+        &exe,
+        &url,
+        &base_url,
+        plan,
+        args.worker_durability,
+        &dir.0,
+        &mut procs,
+    )
+    .await?;
 
     // After the workers' start-up (their persistence probe included): the
     // run's commands only.
