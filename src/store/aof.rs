@@ -10,8 +10,8 @@
 //! `WAITAOF` alone, on whatever connection, proves nothing about them.
 //!
 //! What makes it cover them: every round runs, on one dedicated connection
-//! and in this order, (1) an `HGET` of each fact relied on (the entry id its
-//! idempotency key holds in the batch's state hash), (2) a write (`SET` of a
+//! and in this order, (1) an `HMGET` of the facts relied on (the entry id
+//! each idempotency key holds in the batch's state hash; one per hash), (2) a write (`SET` of a
 //! marker key), (3) `WAITAOF`. Redis runs one connection's commands in
 //! order, so when (1) finds a fact, the event is in that server's dataset,
 //! and its write is earlier in the server's one replication stream than the
@@ -37,6 +37,7 @@
 //! Single servers only: on a cluster the facts of different batches live on
 //! different masters, and `WAITAOF` answers for one node.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -231,11 +232,13 @@ async fn run_round(
         Some(c) => c,
         None => conn.insert(target.connect_dedicated(WAITAOF_TIMEOUT * 2).await?),
     };
+    // One HMGET per state hash for every fact the round's waiters rely on
+    // in it (the facts of one batch share its state hash: a round of a big
+    // batch reads them all in one command).
+    let reads = reads_by_state(round);
     let mut pipe = redis::pipe();
-    for req in round {
-        for f in &req.facts {
-            pipe.cmd("HGET").arg(&f.state).arg(&f.field);
-        }
+    for (state, fields) in &reads {
+        pipe.cmd("HMGET").arg(*state).arg(fields);
     }
     // The write whose offset the WAITAOF waits for: after every read above.
     mark_then_wait(&mut pipe, marker, n, replicas);
@@ -250,24 +253,52 @@ async fn run_round(
             reply: format!("{acks:?}"),
         })?;
     let synced = local >= 1 && remote >= i64::from(replicas);
-    let mut found = replies.into_iter();
-    let mut answers = Vec::with_capacity(round.len());
-    for req in round {
-        let mut holds = true;
-        for f in &req.facts {
-            let now: Option<String> = found
-                .next()
-                .and_then(|v| redis::from_redis_value(v).ok())
-                .flatten();
-            holds &= now.as_deref() == Some(f.id.as_str());
+    // What each (state, field) holds now: absent when not there.
+    let mut now: HashMap<(&str, &str), String> = HashMap::new();
+    for ((state, fields), reply) in reads.iter().zip(replies) {
+        let values: Vec<Option<String>> =
+            redis::from_redis_value(reply.clone()).map_err(|_| StoreError::UnexpectedReply {
+                script: "HMGET",
+                reply: format!("{reply:?}"),
+            })?;
+        for (field, value) in fields.iter().zip(values) {
+            if let Some(v) = value {
+                now.insert((*state, *field), v);
+            }
         }
-        answers.push(match (holds, synced) {
-            (false, _) => Fsync::Gone,
-            (true, true) => Fsync::Durable,
-            (true, false) => Fsync::NotYet,
-        });
     }
-    Ok(answers)
+    Ok(round
+        .iter()
+        .map(|req| {
+            let holds = req.facts.iter().all(|f| {
+                now.get(&(f.state.as_str(), f.field.as_str()))
+                    .map(String::as_str)
+                    == Some(f.id.as_str())
+            });
+            match (holds, synced) {
+                (false, _) => Fsync::Gone,
+                (true, true) => Fsync::Durable,
+                (true, false) => Fsync::NotYet,
+            }
+        })
+        .collect())
+}
+
+/// The fields a round reads, by state hash (each field once), in the order
+/// the waiters named them.
+fn reads_by_state(round: &[Request]) -> Vec<(&str, Vec<&str>)> {
+    let mut reads: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    for f in round.iter().flat_map(|r| &r.facts) {
+        if !seen.insert((&f.state, &f.field)) {
+            continue;
+        }
+        match reads.iter_mut().find(|(s, _)| *s == f.state) {
+            Some((_, fields)) => fields.push(&f.field),
+            None => reads.push((&f.state, vec![&f.field])),
+        }
+    }
+    reads
 }
 
 /// How long `WAITAOF 1 0` takes to confirm a write made right after
