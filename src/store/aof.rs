@@ -11,8 +11,8 @@
 //!
 //! What makes it cover them: every round runs, on one dedicated connection
 //! and in this order, (1) an `HMGET` of the facts relied on (the entry id
-//! each idempotency key holds in the batch's state hash; one per hash), (2) a write (`SET` of a
-//! marker key), (3) `WAITAOF`. Redis runs one connection's commands in
+//! each idempotency key holds in the batch's state hash; one `HMGET` per
+//! hash), (2) a write (`SET` of a marker key), (3) `WAITAOF`. Redis runs one connection's commands in
 //! order, so when (1) finds a fact, the event is in that server's dataset,
 //! and its write is earlier in the server's one replication stream than the
 //! marker write of (2). The AOF is that stream in that order, and `WAITAOF`
@@ -288,15 +288,18 @@ async fn run_round(
 /// the waiters named them.
 fn reads_by_state(round: &[Request]) -> Vec<(&str, Vec<&str>)> {
     let mut reads: Vec<(&str, Vec<&str>)> = Vec::new();
+    // Where each state hash is in `reads`, and the fields already asked for.
+    let mut at: HashMap<&str, usize> = HashMap::new();
     let mut seen: HashSet<(&str, &str)> = HashSet::new();
     for f in round.iter().flat_map(|r| &r.facts) {
         if !seen.insert((&f.state, &f.field)) {
             continue;
         }
-        match reads.iter_mut().find(|(s, _)| *s == f.state) {
-            Some((_, fields)) => fields.push(&f.field),
-            None => reads.push((&f.state, vec![&f.field])),
-        }
+        let i = *at.entry(&f.state).or_insert_with(|| {
+            reads.push((&f.state, Vec::new()));
+            reads.len() - 1
+        });
+        reads[i].1.push(&f.field);
     }
     reads
 }
