@@ -12,18 +12,19 @@
 //! What makes it cover them: every round runs, on one dedicated connection
 //! and in this order, (1) an `HMGET` of the facts relied on (the entry id
 //! each idempotency key holds in the batch's state hash; one `HMGET` per
-//! hash), (2) a write (`SET` of a marker key), (3) `WAITAOF`. Redis runs one connection's commands in
-//! order, so when (1) finds a fact, the event is in that server's dataset,
-//! and its write is earlier in the server's one replication stream than the
-//! marker write of (2). The AOF is that stream in that order, and `WAITAOF`
-//! returns when the fsynced (or replica-acknowledged) offset has reached the
-//! marker's offset: an fsync covers the file up to a point, so everything
-//! before the marker, every fact found in (1), is on disk too. The three
-//! commands are one pipeline on a connection that never reconnects on its
-//! own: if Redis restarts in between (and may have lost a fact), the
-//! connection is gone and the round fails as a whole; a fact is never read
-//! in one server lifetime and confirmed in the next. A fact not found (or
-//! under another entry id) in (1) is answered [`Fsync::Gone`]: Redis lost it.
+//! hash), (2) a write (`SET` of a marker key), (3) `WAITAOF`. Redis runs one
+//! connection's commands in order, so when (1) finds a fact, the event is in
+//! that server's dataset, and its write is earlier in the server's one
+//! replication stream than the marker write of (2). The AOF is that stream in
+//! that order, and `WAITAOF` returns when the fsynced (or
+//! replica-acknowledged) offset has reached the marker's offset: an fsync
+//! covers the file up to a point, so everything before the marker, every fact
+//! found in (1), is on disk too. The three commands are one pipeline on a
+//! connection that never reconnects on its own: if Redis restarts in between
+//! (and may have lost a fact), the connection is gone and the round fails as
+//! a whole; a fact is never read in one server lifetime and confirmed in the
+//! next. A fact not found (or under another entry id) in (1) is answered
+//! [`Fsync::Gone`]: Redis lost it.
 //!
 //! Group commit: a round (one pipeline, one `WAITAOF`) carries every waiter
 //! queued when it starts. While one is in flight the next starts when a
