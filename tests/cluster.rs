@@ -488,7 +488,16 @@ async fn run_every_script(store: &Store, round: u32) {
             lane: Default::default(),
         };
         store
-            .retry_later(&k.delayed, &work, OPERATORS_GROUP, "0-1", 0, &entry, None)
+            .retry_later(
+                &k.delayed,
+                &work,
+                OPERATORS_GROUP,
+                "0-1",
+                0,
+                &entry,
+                None,
+                None,
+            )
             .await
             .expect("retry_later");
         // A different member: the delayed set keeps one score per member.
@@ -505,6 +514,7 @@ async fn run_every_script(store: &Store, round: u32) {
                 60_000,
                 &later,
                 Some(Alive::now(&k.state)),
+                None,
             )
             .await
             .expect("retry_later with a heartbeat");

@@ -287,7 +287,9 @@ impl Store {
     /// slot), the same step stamps the batch's `alive` field with the
     /// server's clock (or, for a scheduled send, with the due time): a
     /// heartbeat without an event, for waits that show the batch is
-    /// progressing (see `worker::watchdog`).
+    /// progressing (see `worker::watchdog`). With `load`, the step happens
+    /// only while what that load relies on still holds ([`LoadHolds`]);
+    /// otherwise nothing is written and the delivery stays pending.
     #[allow(clippy::too_many_arguments)]
     pub async fn retry_later(
         &self,
@@ -298,7 +300,8 @@ impl Store {
         delay_ms: u64,
         entry: &DelayedEntry,
         alive: Option<Alive<'_>>,
-    ) -> StoreResult<()> {
+        load: Option<LoadHolds<'_>>,
+    ) -> StoreResult<Rescheduled> {
         let mut inv = SCRIPTS.retry_later.prepare_invoke();
         inv.key(delayed)
             .key(source)
@@ -306,12 +309,23 @@ impl Store {
             .arg(id)
             .arg(delay_ms)
             .arg(entry.encode());
-        if let Some(a) = alive {
-            inv.key(a.state)
-                .arg(if a.until_due { "due" } else { "now" });
+        // Both name the same batch's state hash when both are given.
+        if let Some(state) = alive.map(|a| a.state).or(load.map(|l| l.state)) {
+            inv.key(state).arg(match alive {
+                Some(a) if a.until_due => "due",
+                Some(_) => "now",
+                None => "-",
+            });
         }
-        inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
-        Ok(())
+        if let Some(l) = load {
+            inv.arg(l.seq).arg(l.gen).arg(l.group);
+        }
+        let due: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        Ok(if due < 0 {
+            Rescheduled::LoadGone
+        } else {
+            Rescheduled::Scheduled
+        })
     }
 
     /// Renews this consumer's lease on a pending entry it is still handling:
@@ -536,6 +550,34 @@ pub async fn read_group(
         }
     }
     Ok(out)
+}
+
+/// What [`Store::retry_later`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rescheduled {
+    /// The entry is in the delayed set, the delivery acknowledged.
+    Scheduled,
+    /// The load it would retry no longer holds ([`LoadHolds`]): nothing was
+    /// written and the delivery stays pending, to be handled again.
+    LoadGone,
+}
+
+/// What the retry of a load relies on: chunk `seq` assigned to generation
+/// `gen`, whose group is `group`, in the batch state hash `state` (same
+/// slot as the streams). Under `everysec` a restart from disk can lose
+/// either between the load's read and its retry; acknowledging the delivery
+/// then would leave a chunk its batch no longer counts, with nothing to
+/// bring it back.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadHolds<'a> {
+    /// The batch's state key.
+    pub state: &'a str,
+    /// The chunk.
+    pub seq: u32,
+    /// Its generation.
+    pub gen: u32,
+    /// That generation's group.
+    pub group: &'a str,
 }
 
 /// A batch shown alive by a wait (see [`Store::retry_later`]).

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
-use crate::store::queue::{read_group, Alive, DelayedEntry, Entry};
+use crate::store::queue::{read_group, Alive, DelayedEntry, Entry, LoadHolds, Rescheduled};
 use crate::worker::ops::{load_chunk, Op, Outcome, RetryCause, WorkItem};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
@@ -444,13 +444,31 @@ async fn settle(
                             state,
                             until_due: cause == RetryCause::Scheduled,
                         });
+                        // A load retried while adds wait for durability
+                        // is written only while its chunk's assignment and
+                        // group still hold (see `LoadHolds`): a restart from
+                        // disk between the load's read and here may have
+                        // taken them.
+                        let load_state = keys.batch(&item.batch).state;
+                        let load = match (op, item.seq, item.group_id.as_deref()) {
+                            (Op::Load, Some(seq), Some(group_id)) if ctx.config.durable.waits() => {
+                                Some(LoadHolds {
+                                    state: &load_state,
+                                    seq,
+                                    gen: item.gen,
+                                    group: group_id,
+                                })
+                            }
+                            _ => None,
+                        };
                         let delayed = DelayedEntry {
                             op: op.name().into(),
                             d: encode_payload(&item),
                             c: chunk,
                             lane,
                         };
-                        ctx.store
+                        match ctx
+                            .store
                             .retry_later(
                                 &keys.delayed(shard),
                                 stream,
@@ -459,8 +477,22 @@ async fn settle(
                                 delay.as_millis() as u64,
                                 &delayed,
                                 alive,
+                                load,
                             )
                             .await
+                        {
+                            Ok(Rescheduled::Scheduled) => Ok(()),
+                            Ok(Rescheduled::LoadGone) => {
+                                metrics::counter!("groupcast_chunks_total", "outcome" => "stale")
+                                    .increment(1);
+                                tracing::warn!(
+                                    %stream, id = %entry.id, batch = %item.batch, gen = item.gen, seq = ?item.seq,
+                                    "the load to retry lost its chunk's assignment or group (lost Redis writes?): the entry stays pending, to be handled again"
+                                );
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        }
                     }
                 }
             }

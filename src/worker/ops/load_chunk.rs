@@ -9,7 +9,7 @@ use crate::provider::add_body::add_body;
 use crate::provider::model::AddSummary;
 use crate::provider::{ProviderError, MAX_MESSAGES_PER_REQUEST};
 use crate::store::batch::BatchLog;
-use crate::worker::ops::{on_disk, provider_slots, OpError, Outcome};
+use crate::worker::ops::{on_disk, provider_slots, OnDisk, OpError, Outcome};
 use crate::worker::Ctx;
 
 /// Adds every recipient, one request per [`MAX_MESSAGES_PER_REQUEST`], and
@@ -115,14 +115,28 @@ async fn load<R: RecipientFields + Sync>(
         .into_iter()
         .filter_map(|(k, id)| Some((k, id?)))
         .collect();
-        // With WAITAOF this waits here (the chunk's first load never goes
-        // through the delayed set to wait); with the window it retries.
-        if let Some(wait) = on_disk(ctx, log, &facts, || {
+        // Waits here (the chunk's first load never goes through the delayed
+        // set just to wait), unless too many entries already wait so.
+        match on_disk(ctx, log, &facts, || {
             format!("chunk {seq} was just assigned to generation {gen} or its group")
         })
         .await?
         {
-            return Ok(Load::Handled(wait));
+            OnDisk::Yes => {}
+            OnDisk::NotYet(wait) => return Ok(Load::Handled(wait)),
+            // Redis lost the assignment or the group meanwhile (a restart
+            // from disk during the wait): what the load was given no longer
+            // holds. Retried as a load item, the chunk would have nothing
+            // to bring it back once that item found itself stale; the
+            // ingest handler accepts it again instead.
+            OnDisk::Gone(_) => {
+                tracing::warn!(
+                    batch = %log.batch, seq, gen, group = group_id,
+                    "the chunk's assignment or group was lost while the load waited for the disk (lost Redis writes?)"
+                );
+                metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
+                return Ok(Load::Stale);
+            }
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;

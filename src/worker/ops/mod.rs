@@ -248,10 +248,22 @@ pub enum OpError {
     Unassigned(String),
 }
 
+/// What [`on_disk`] found.
+#[derive(Debug)]
+pub enum OnDisk {
+    /// What the call rests on is on disk (or nothing is waited for): go.
+    Yes,
+    /// Not yet: the outcome that waits.
+    NotYet(Outcome),
+    /// A fact is gone (Redis lost it): the outcome that reads the entry
+    /// again, whose handler then finds what survived.
+    Gone(Outcome),
+}
+
 /// Whether an add or a send may go out now, resting on the events in
-/// `facts` (event key, entry id) of `log`'s batch: `None` when they are on
-/// disk (or nothing is waited for, [`DurableWait::None`]), else the outcome
-/// that waits. A provider call that cannot be taken back must not rest on
+/// `facts` (event key, entry id) of `log`'s batch: [`OnDisk::Yes`] when they
+/// are on disk (or nothing is waited for, [`DurableWait::None`]), else the
+/// outcome that waits, or that reads the entry again because a fact is gone. A provider call that cannot be taken back must not rest on
 /// facts Redis can still lose in a crash: the chunk would be reassigned or
 /// the generation redone, and recipients registered or sent twice.
 ///
@@ -276,11 +288,11 @@ pub async fn on_disk(
     log: &BatchLog,
     facts: &[(&str, &str)],
     what: impl FnOnce() -> String,
-) -> Result<Option<Outcome>, StoreError> {
+) -> Result<OnDisk, StoreError> {
     use crate::store::aof::{Fact, Fsync};
     use crate::worker::DurableWait;
     match ctx.config.durable {
-        DurableWait::None => Ok(None),
+        DurableWait::None => Ok(OnDisk::Yes),
         DurableWait::Window(window) => {
             let ids: Vec<&str> = facts.iter().map(|(_, id)| *id).collect();
             // Waits here, its consumer slot given back unless too many
@@ -292,10 +304,10 @@ pub async fn on_disk(
             // its 50 ms of slack) by real time, which is what the fsync
             // schedule runs on.
             let Some(delay) = durability_wait(log, window, &ids).await? else {
-                return Ok(None);
+                return Ok(OnDisk::Yes);
             };
             if !crate::worker::consumer::wait_without_slot(delay).await {
-                return Ok(Some(wait_for_disk(delay, what())));
+                return Ok(OnDisk::NotYet(wait_for_disk(delay, what())));
             }
             // Age makes a fact durable only if Redis still has it: a crash
             // during the sleep (a restart from an AOF that missed its last
@@ -314,7 +326,11 @@ pub async fn on_disk(
                 .iter()
                 .zip(&now)
                 .all(|((_, id), now)| now.as_deref() == Some(*id));
-            Ok((!kept).then(|| gone(what())))
+            Ok(if kept {
+                OnDisk::Yes
+            } else {
+                OnDisk::Gone(gone(what()))
+            })
         }
         DurableWait::WaitAof { .. } => {
             let Some(aof) = &ctx.aof else {
@@ -339,9 +355,9 @@ pub async fn on_disk(
             metrics::histogram!("groupcast_fsync_wait_seconds")
                 .record(started.elapsed().as_secs_f64());
             Ok(match found {
-                Fsync::Durable => None,
-                Fsync::NotYet => Some(wait_for_disk(Duration::from_millis(100), what())),
-                Fsync::Gone => Some(gone(what())),
+                Fsync::Durable => OnDisk::Yes,
+                Fsync::NotYet => OnDisk::NotYet(wait_for_disk(Duration::from_millis(100), what())),
+                Fsync::Gone => OnDisk::Gone(gone(what())),
             })
         }
     }

@@ -34,7 +34,9 @@ use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::batch::Claim;
 use crate::store::queue::DelayedEntry;
-use crate::worker::ops::{on_disk, provider_slots, Op, OpError, Outcome, RetryCause, WorkItem};
+use crate::worker::ops::{
+    on_disk, provider_slots, OnDisk, Op, OpError, Outcome, RetryCause, WorkItem,
+};
 use crate::worker::Ctx;
 
 /// Runs a send item.
@@ -188,7 +190,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             return Ok(Outcome::Done);
         }
     };
-    if let Some(wait) = on_disk(
+    match on_disk(
         ctx,
         &log,
         &[(&ready_key, ready_id), (&claim_key, &claim)],
@@ -196,7 +198,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     )
     .await?
     {
-        return Ok(wait);
+        OnDisk::Yes => {}
+        OnDisk::NotYet(wait) | OnDisk::Gone(wait) => return Ok(wait),
     }
     if !booked_both {
         if let Some(back) = provider_slots(ctx, lane, 1).await? {
