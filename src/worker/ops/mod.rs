@@ -263,9 +263,10 @@ pub enum OnDisk {
 /// Whether an add or a send may go out now, resting on the events in
 /// `facts` (event key, entry id) of `log`'s batch: [`OnDisk::Yes`] when they
 /// are on disk (or nothing is waited for, [`DurableWait::None`]), else the
-/// outcome that waits, or that reads the entry again because a fact is gone. A provider call that cannot be taken back must not rest on
-/// facts Redis can still lose in a crash: the chunk would be reassigned or
-/// the generation redone, and recipients registered or sent twice.
+/// outcome that waits, or that reads the entry again because a fact is
+/// gone. A provider call that cannot be taken back must not rest on facts
+/// Redis can still lose in a crash: the chunk would be reassigned or the
+/// generation redone, and recipients registered or sent twice.
 ///
 /// - [`DurableWait::Window`]: until the youngest fact is that old
 ///   ([`durability_wait`]): the handler sleeps until then without its
