@@ -1,8 +1,8 @@
 //! The durability waits on real servers: what `--durability auto` chooses
 //! from each server's persistence (Debian's Redis 7.0 without and with an
 //! AOF, Valkey 8.1 with `everysec` and `always`), the `WAITAOF` waiter
-//! (facts on disk, facts gone, one call for many waiters), and a batch
-//! through workers that wait with it.
+//! (facts on disk, facts gone, one call for many waiters), the guard on a
+//! load retried after a wait, and a batch through workers that wait with it.
 //!
 //! Valkey comes from `scripts/ensure-deps --tests` (or
 //! `GROUPCAST_VALKEY_SERVER`); without it these tests fail, saying so.
@@ -498,4 +498,145 @@ async fn reading_events_back_finds_what_is_gone_in_one_read_when_nothing_is() {
     assert_eq!(lost[0].witness.batch, "wit-b");
     assert_eq!(lost[0].now, None);
     assert!(check(&store, &all, true).await.expect("check").is_empty());
+}
+
+/// The retry of a load under a durability wait (`retry_later` with
+/// `LoadHolds`) happens only while the chunk is still assigned to the
+/// load's generation and that generation still has the load's group: a
+/// restart from disk during the wait can take either away, and acking the
+/// delivery then would lose the chunk for good. When they do not hold,
+/// nothing is written or acknowledged: the delivery stays pending.
+#[tokio::test(flavor = "current_thread")]
+async fn a_load_retried_after_its_facts_are_gone_stays_pending() {
+    use groupcast::store::queue::{DelayedEntry, LoadHolds, Rescheduled};
+    let server = RedisServer::start().expect("redis-server");
+    let store = connect(&server).await;
+    let mut conn = store.raw_conn();
+    let (stream, group, delayed) = ("gct:test:ingest", "loaders", "gct:test:delayed");
+    let state = store.batch("holds").keys.state.clone();
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .expect("xgroup");
+    let entry = DelayedEntry {
+        op: "load".into(),
+        d: b"chunk".to_vec(),
+        c: None,
+        lane: Default::default(),
+    };
+    // One pending delivery per case, read by consumer `w`.
+    async fn deliver(conn: &mut groupcast::store::RedisConn, stream: &str, group: &str) -> String {
+        let id: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("v")
+            .arg("1")
+            .query_async(conn)
+            .await
+            .expect("xadd");
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(group)
+            .arg("w")
+            .arg("COUNT")
+            .arg(1)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .query_async(conn)
+            .await
+            .expect("xreadgroup");
+        id
+    }
+    async fn pending(
+        conn: &mut groupcast::store::RedisConn,
+        stream: &str,
+        group: &str,
+    ) -> Vec<String> {
+        let v: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .arg("-")
+            .arg("+")
+            .arg(100)
+            .query_async(conn)
+            .await
+            .expect("xpending");
+        v.into_iter().map(|(id, ..)| id).collect()
+    }
+    let holds = LoadHolds {
+        state: &state,
+        seq: 4,
+        gen: 2,
+        group: "G-2",
+    };
+    let set = |fields: &[(&str, &str)]| {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(&state);
+        for (f, v) in fields {
+            cmd.arg(*f).arg(*v);
+        }
+        cmd
+    };
+    // (what the state hash holds, why the load no longer holds)
+    let gone: [(&[(&str, &str)], &str); 3] = [
+        (&[("g:2:group", "G-2")], "the chunk is not assigned"),
+        (
+            &[("s:4", "3|10|abc"), ("g:2:group", "G-2")],
+            "the chunk is assigned to another generation",
+        ),
+        (
+            &[("s:4", "2|10|abc"), ("g:2:group", "G-other")],
+            "the generation has another group",
+        ),
+    ];
+    for (fields, why) in gone {
+        let _: () = redis::cmd("DEL")
+            .arg(&state)
+            .query_async(&mut conn)
+            .await
+            .expect("del");
+        let _: () = set(fields).query_async(&mut conn).await.expect("hset");
+        let id = deliver(&mut conn, stream, group).await;
+        let r = store
+            .retry_later(delayed, stream, group, &id, 0, &entry, None, Some(holds))
+            .await
+            .expect("retry_later");
+        assert_eq!(r, Rescheduled::LoadGone, "{why}");
+        assert!(
+            pending(&mut conn, stream, group).await.contains(&id),
+            "{why}: the delivery must stay pending"
+        );
+        let scheduled: u64 = redis::cmd("ZCARD")
+            .arg(delayed)
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        assert_eq!(scheduled, 0, "{why}: nothing scheduled");
+    }
+    // The load holds: scheduled, and the delivery acknowledged.
+    let _: () = set(&[("s:4", "2|10|abc"), ("g:2:group", "G-2")])
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+    let id = deliver(&mut conn, stream, group).await;
+    let r = store
+        .retry_later(delayed, stream, group, &id, 0, &entry, None, Some(holds))
+        .await
+        .expect("retry_later");
+    assert_eq!(r, Rescheduled::Scheduled);
+    assert!(!pending(&mut conn, stream, group).await.contains(&id));
+    let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(delayed)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("zrange");
+    assert_eq!(members, vec![entry.encode()]);
 }
