@@ -385,6 +385,18 @@ async fn under_the_window_adds_and_sends_wait_in_place() {
     rig.stop().await;
 }
 
+/// One worker on its own server waiting out a 2 s window before each add
+/// and send: time enough for a test to take facts away during the sleep.
+async fn window_rig() -> common::Rig {
+    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let store = connect(&server).await;
+    let config = WorkerConfig {
+        durable: DurableWait::Window(Duration::from_secs(2)),
+        ..common::test_config()
+    };
+    common::Rig::start_on(server, store, 1, config, common::mock_config()).await
+}
+
 /// Under the window, age makes a fact durable only if Redis still has it
 /// when the wait ends: a send whose claim Redis lost while it slept
 /// (emulated here by taking the claim's state field away, as a restart from
@@ -396,13 +408,7 @@ async fn under_the_window_adds_and_sends_wait_in_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_whose_claim_is_lost_during_the_window_claims_again() {
     use groupcast::projection::{event_key, field};
-    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let store = connect(&server).await;
-    let config = WorkerConfig {
-        durable: DurableWait::Window(Duration::from_secs(2)),
-        ..common::test_config()
-    };
-    let rig = common::Rig::start_on(server, store, 1, config, common::mock_config()).await;
+    let rig = window_rig().await;
     let batch = "window-lost".to_string();
     let chunks =
         groupcast::producer::cut(&batch, &common::template(), common::recipients(0, 10), 10);
@@ -639,4 +645,100 @@ async fn a_load_retried_after_its_facts_are_gone_stays_pending() {
         .await
         .expect("zrange");
     assert_eq!(members, vec![entry.encode()]);
+}
+
+/// A restart from disk while a chunk's load sleeps out the window, taking
+/// back the chunk's accept (its assignment, the dedupe of its numbers, its
+/// event): the load finds its facts gone and the chunk is accepted again;
+/// the batch still reports, with every recipient registered once. (Before,
+/// the load was retried as a work item and its ingest entry acknowledged;
+/// that item found itself stale and was dropped, and the chunk was lost for
+/// good: chaos everysec, seed 1796230546767886180.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
+    use groupcast::projection::{event_key, field};
+    let rig = window_rig().await;
+    let batch = "accept-lost".to_string();
+    let chunks =
+        groupcast::producer::cut(&batch, &common::template(), common::recipients(0, 20), 10);
+    assert_eq!(chunks.len(), 2);
+    let log = rig.store.batch(&batch);
+    let mut conn = rig.store.raw_conn();
+    let has = |name: String| {
+        let log = log.clone();
+        async move {
+            log.fields(std::slice::from_ref(&name))
+                .await
+                .is_ok_and(|v| v[0].is_some())
+        }
+    };
+    // Chunk 0 first, through its group's creation and its load: chunk 1
+    // then finds the group and loads straight from its ingest entry.
+    groupcast::producer::append_chunks(&rig.store, &chunks[..1])
+        .await
+        .expect("append chunk 0");
+    let loaded_0 = field::key(&event_key::loaded(0, 0));
+    common::wait_until(Duration::from_secs(30), "chunk 0 loaded", || {
+        has(loaded_0.clone())
+    })
+    .await;
+    // What the disk holds before chunk 1's accept: the batch's keys.
+    let keys = [
+        log.keys.state.clone(),
+        log.keys.events.clone(),
+        log.keys.dedupe.clone(),
+        log.keys.dedupe_mobile.clone(),
+    ];
+    let mut before = Vec::new();
+    for key in &keys {
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("dump");
+        before.push((key.clone(), dump));
+    }
+    groupcast::producer::append_chunks(&rig.store, &chunks[1..])
+        .await
+        .expect("append chunk 1");
+    // The accept comes right before the load's wait (2 s): while it
+    // sleeps, the server goes back to what it held before the accept.
+    common::wait_until(Duration::from_secs(30), "chunk 1 assigned", || {
+        has(field::assignment(1))
+    })
+    .await;
+    let mut restore = redis::pipe();
+    restore.atomic();
+    for (key, dump) in &before {
+        restore.del(key).ignore();
+        if let Some(dump) = dump {
+            restore
+                .cmd("RESTORE")
+                .arg(key)
+                .arg(0)
+                .arg(dump.as_slice())
+                .ignore();
+        }
+    }
+    let _: () = restore.query_async(&mut conn).await.expect("restore");
+    assert!(
+        !has(field::assignment(1)).await,
+        "chunk 1's accept rolled back"
+    );
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
+        .await;
+    let ledger = rig.mock.ledger();
+    let sent: Vec<_> = ledger
+        .groups
+        .iter()
+        .filter(|g| !g.send_calls.is_empty())
+        .collect();
+    assert_eq!(sent.len(), 1, "one group sent");
+    assert_eq!(sent[0].send_calls.len(), 1, "sent once");
+    assert_eq!(
+        sent[0].messages.len(),
+        20,
+        "every recipient registered once"
+    );
+    rig.stop().await;
 }
