@@ -725,6 +725,19 @@ async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
         !has(field::assignment(1)).await,
         "chunk 1's accept rolled back"
     );
+    // The premise: the rollback came while chunk 1's load still slept,
+    // before its add (the provider holds chunk 0's numbers only).
+    let held: usize = rig
+        .mock
+        .ledger()
+        .groups
+        .iter()
+        .map(|g| g.messages.len())
+        .sum();
+    assert_eq!(
+        held, 10,
+        "chunk 1 was added before its accept was rolled back"
+    );
     rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
         .await;
     let ledger = rig.mock.ledger();
