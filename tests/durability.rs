@@ -753,5 +753,21 @@ async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
         20,
         "every recipient registered once"
     );
+    // And the report is truthful: the provider's count of the batch's
+    // numbers and its own invariants; invariants 1-7 from our events. The
+    // log's integrity (invariant 0) names the acknowledged writes the
+    // rollback took away: nothing else.
+    rig.check_ledger(&BTreeMap::from([(batch.clone(), 20)]));
+    let v = groupcast::verify::verify_batch(
+        &rig.store,
+        Some(&rig.provider),
+        &batch,
+        rig.config.group_cap,
+    )
+    .await
+    .expect("verify");
+    assert!(v.reported);
+    let failed: Vec<_> = v.failures().into_iter().map(|c| c.invariant).collect();
+    assert!(failed.iter().all(|i| *i == 0), "{:#?}", v.failures());
     rig.stop().await;
 }
