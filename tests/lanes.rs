@@ -347,3 +347,86 @@ async fn evalsha_calls(store: &groupcast::store::Store) -> u64 {
         .and_then(|n| n.parse().ok())
         .expect("evalsha calls")
 }
+
+/// A delete retried after its first answer was lost finds its group already
+/// `DELETED`: the provider refuses to delete it again (400), and the handler
+/// looks at the group before giving up. Here another process keeps the
+/// shared schedule 0.5-0.75 s ahead, past the normal lane's horizon (¼ of
+/// the longest wait, 1 s), so this lane only gets its owed slot, one a
+/// second. The look must not be given back: the retry would spend the owed
+/// slot on the delete again and the look would be refused again, try after
+/// try. The discard is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_of_a_group_already_deleted_is_recorded_under_a_busy_limiter() {
+    use groupcast::projection::event_key;
+    use groupcast::worker::ops::{Op, WorkItem};
+    use std::collections::BTreeMap;
+    let (rate, burst) = (4, 1);
+    let config = WorkerConfig {
+        concurrency: 2,
+        rate_limit: rate,
+        rate_burst: burst,
+        // The normal lane is owed 25% of 4/s: a slot a second.
+        bulk_share: 25,
+        // The longest limiter wait a handler holds: 1 s.
+        visibility_timeout: Duration::from_secs(4),
+        ..test_config()
+    };
+    let rig = Rig::start(1, config, mock_config()).await;
+    let batch = "busy-delete";
+    let group = rig
+        .provider
+        .create_group(&BTreeMap::from([(
+            "batchId".to_string(),
+            batch.to_string(),
+        )]))
+        .await
+        .expect("create")
+        .group_id;
+    // The first delete's answer was lost: the group is gone already.
+    rig.provider.delete_group(&group).await.expect("delete");
+    // Another process's bookings: whenever the schedule is less than 0.5 s
+    // ahead, one more slot (0.25 s at 4/s).
+    let busy = {
+        let store = rig.store.clone();
+        tokio::spawn(async move {
+            let key = store.keys.limiter();
+            loop {
+                let wait = store
+                    .reserve_rate(&key, rate, burst, 1, None)
+                    .await
+                    .expect("rate_limit");
+                if wait >= 500 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        })
+    };
+    let log = rig.store.batch(batch);
+    let item = WorkItem {
+        batch: batch.to_string(),
+        gen: 0,
+        seq: None,
+        group_id: Some(group.clone()),
+        attempt: 0,
+        since: 0,
+        poll_delay_ms: 0,
+    };
+    rig.store
+        .enqueue(
+            &log.keys.work,
+            Op::Delete.name(),
+            &groupcast::events::encode_payload(&item),
+            None,
+        )
+        .await
+        .expect("enqueue");
+    let key = event_key::discard(&group);
+    wait_until(Duration::from_secs(20), "the discard is recorded", || {
+        let (log, key) = (log.clone(), key.clone());
+        async move { log.appended(&key).await.ok().flatten().is_some() }
+    })
+    .await;
+    busy.abort();
+    rig.stop().await;
+}

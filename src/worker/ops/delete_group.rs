@@ -29,10 +29,13 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         Err(e) if e.kind() == ProviderErrorKind::Permanent => {
             // A retried delete whose first answer was lost finds the group
             // DELETED, which the provider refuses to delete again (400
-            // NotOperationalStatus): look before giving up.
-            if let Some(back) = provider_slots(ctx, lane, 1).await? {
-                return Ok(back);
-            }
+            // NotOperationalStatus): look before giving up. The look waits
+            // for its slot however far ahead the schedule is, holding the
+            // entry (its lease is renewed meanwhile). Given back, the retry
+            // would spend the lane's next slot on the delete again, and
+            // under a busy limiter the look would be refused again, try
+            // after try: the group would never be recorded as discarded.
+            ctx.limiter.acquire(1).await?;
             match ctx.provider.get_group(group_id).await {
                 Ok(g) if g.status == GroupStatus::Deleted => {}
                 Ok(_) => {
