@@ -207,7 +207,7 @@ async fn waitaof_is_measured_once_per_server_process() {
 
 /// `cmdstat_waitaof`'s calls on the server.
 async fn waitaof_calls(store: &Store) -> u64 {
-    calls_of(store, "waitaof").await
+    common::command_calls(store, "waitaof").await
 }
 
 // One thread: every waiter has queued before the round task first runs, so
@@ -229,17 +229,6 @@ async fn waiters_of_a_process_share_one_waitaof() {
         "{all:?}"
     );
     assert_eq!(waitaof_calls(&store).await - before, 1);
-}
-
-/// `cmdstat_<name>`'s calls on the server.
-async fn calls_of(store: &Store, name: &str) -> u64 {
-    let info = store.info("commandstats").await.expect("info");
-    let prefix = format!("cmdstat_{name}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 // One thread, as above: the round takes every waiter.
@@ -264,8 +253,8 @@ async fn a_round_reads_the_facts_of_one_batch_with_one_hmget() {
     };
     let waiter = store.aof_waiter(0);
     let (hmget, hget) = (
-        calls_of(&store, "hmget").await,
-        calls_of(&store, "hget").await,
+        common::command_calls(&store, "hmget").await,
+        common::command_calls(&store, "hget").await,
     );
     let mut asked: Vec<Vec<Fact>> = facts.iter().map(|f| vec![f.clone()]).collect();
     asked.push(vec![facts[1].clone(), lost]);
@@ -277,8 +266,8 @@ async fn a_round_reads_the_facts_of_one_batch_with_one_hmget() {
         "{answers:?}"
     );
     assert_eq!(answers[50..], [Fsync::Gone, Fsync::Gone]);
-    assert_eq!(calls_of(&store, "hmget").await - hmget, 1);
-    assert_eq!(calls_of(&store, "hget").await, hget);
+    assert_eq!(common::command_calls(&store, "hmget").await - hmget, 1);
+    assert_eq!(common::command_calls(&store, "hget").await, hget);
 }
 
 /// On Redis 8.0, whose `WAITAOF` waits for the fsync: every add and send
@@ -350,7 +339,7 @@ async fn waitaof_waits_give_their_consumer_slot_back() {
 /// `cmdstat_zadd`'s calls on the server: the delayed retries (and a few
 /// others: the first poll of each generation, each report's tombstone).
 async fn zadd_calls(store: &Store) -> u64 {
-    calls_of(store, "zadd").await
+    common::command_calls(store, "zadd").await
 }
 
 /// Under the window (a server without a trustworthy `WAITAOF`), an add or a

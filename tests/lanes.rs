@@ -292,13 +292,7 @@ async fn concurrent_reservations_are_booked_in_rounds_and_keep_the_rate() {
             50 * k
         );
     }
-    let info: String = store.info("commandstats").await.expect("info");
-    let calls: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .expect("evalsha calls");
+    let calls = command_calls(&store, "evalsha").await;
     assert!(
         calls < 30,
         "{calls} booking calls for 30 requests: nothing was booked together"
@@ -331,21 +325,11 @@ async fn sequential_reservations_take_slots_booked_ahead() {
             10 * k
         );
     }
-    let calls = evalsha_calls(&store).await;
+    let calls = command_calls(&store, "evalsha").await;
     assert!(
         calls <= 15,
         "{calls} booking calls for 30 sequential requests: nothing was booked ahead"
     );
-}
-
-/// `EVALSHA` calls the server counted so far.
-async fn evalsha_calls(store: &groupcast::store::Store) -> u64 {
-    let info: String = store.info("commandstats").await.expect("info");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .expect("evalsha calls")
 }
 
 /// A delete retried after its first answer was lost finds its group already

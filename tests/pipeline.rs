@@ -592,3 +592,37 @@ async fn chunks_that_arrive_before_the_group_wait_for_it_instead_of_parking() {
     assert_eq!(parked, 1, "chunks parked");
     rig.stop().await;
 }
+
+/// A group the provider finishes within the polls' backoff is read again in
+/// place, not through the delayed set. The mock finishes a group 250 ms
+/// after its send; the reads come 100 ms after the send, then 200 ms and
+/// 400 ms later while those waits are under `--poll-interval` (here 2 s).
+/// The server's `ZADD` calls count the entries put in the delayed set (and
+/// each report's tombstone): for one batch of one generation, the send's
+/// first poll and the tombstone. Through the delayed set, the read at
+/// 100 ms would add a third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_finished_within_the_polls_backoff_is_read_again_in_place() {
+    let config = groupcast::worker::WorkerConfig {
+        poll_interval: Duration::from_secs(2),
+        ..test_config()
+    };
+    let mock = groupcast::mock::MockConfig {
+        complete_after: Duration::from_millis(250),
+        ..mock_config()
+    };
+    let rig = Rig::start(1, config, mock).await;
+    let batch = "polled".to_string();
+    let chunks = groupcast::producer::cut(&batch, &template(), recipients(92, 300), 100);
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
+        .await;
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.check_ledger(&BTreeMap::from([(batch.clone(), 300)]));
+    assert_eq!(
+        command_calls(&rig.store, "zadd").await,
+        2,
+        "entries put in the delayed set (the first poll, the tombstone)"
+    );
+    rig.stop().await;
+}

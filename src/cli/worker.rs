@@ -116,7 +116,9 @@ pub struct WorkerFlags {
     #[arg(long, env = "GROUPCAST_MAX_DELIVERIES", default_value_t = WorkerConfig::MAX_DELIVERIES)]
     pub max_deliveries: u64,
     /// The longest wait between two reads of a sent group's status (the
-    /// first comes 100 ms after the send, each next one twice as late).
+    /// first comes 100 ms after the send, each next one twice as late;
+    /// shorter waits than this are waited in place, longer ones through
+    /// the delayed set).
     #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value_t = WorkerConfig::POLL_INTERVAL.into(), value_parser = duration)]
     pub poll_interval: humantime::Duration,
     /// Where to POST each batch's report (with an Idempotency-Key header).

@@ -48,14 +48,14 @@ async fn run(
     ctx: &Ctx,
     lane: Priority,
     op: Op,
-    item: WorkItem,
+    mut item: WorkItem,
     chunk_bytes: Option<Vec<u8>>,
 ) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let outcome = match op {
         Op::Create => ops::create_group::run(ctx, lane, &item).await?,
         Op::Send => ops::send_group::run(ctx, lane, &item).await?,
-        Op::Poll => ops::poll_group::run(ctx, lane, &item).await?,
+        Op::Poll => ops::poll_group::run(ctx, lane, &mut item).await?,
         Op::Delete => ops::delete_group::run(ctx, lane, &item).await?,
         Op::Report => ops::deliver_report::run(ctx, lane, &item).await?,
         Op::Load => {

@@ -319,3 +319,16 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// How many times the server ran command `name` (lower case, as `INFO
+/// commandstats` names it; inside scripts too) since it started or since the
+/// last `CONFIG RESETSTAT`: 0 if never.
+pub async fn command_calls(store: &Store, name: &str) -> u64 {
+    let info = store.info("commandstats").await.expect("info");
+    let prefix = format!("cmdstat_{name}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,5 +1,17 @@
 //! `poll`: read a sent group until the provider finishes it, then record it
 //! (which decides the batch's report when it is the last one).
+//!
+//! The reads back off (100 ms after the send, then twice as late each time,
+//! up to `--poll-interval`). While the next wait is shorter than that, the
+//! handler waits in place, its consumer slot given back, and reads again:
+//! a small group is usually finished within a read or two, and each trip
+//! through the delayed set instead costs about a dozen Redis commands (the
+//! retry, its promotion, a read of the item and its acknowledgement). Once
+//! the wait reaches `--poll-interval`, the item goes back through the
+//! delayed set between reads, which also refreshes the batch's heartbeat for
+//! the watchdog.
+
+use std::time::Duration;
 
 use crate::keys::Priority;
 use crate::projection::{event_key, field};
@@ -8,8 +20,9 @@ use crate::store::batch::Completion;
 use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
 
-/// Runs a poll item.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+/// Runs a poll item. The reads made in place advance the item's
+/// `poll_delay_ms`, so that a retry goes on backing off from the last wait.
+pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     if log.appended(&event_key::done(gen)).await?.is_some() {
@@ -18,27 +31,37 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let Some(group_id) = item.group_id.as_deref() else {
         return Ok(Outcome::Dead("poll item without a group id".into()));
     };
-    if let Some(back) = provider_slots(ctx, lane, 1).await? {
-        return Ok(back);
-    }
-    let group = match ctx.provider.get_group(group_id).await {
-        Ok(g) => g,
-        Err(e) => return Ok(Outcome::from_provider(&e)),
-    };
-    let status = match group.status {
-        GroupStatus::Complete => "COMPLETE",
-        GroupStatus::Failed => "FAILED",
-        _ => {
-            // Not finished: look again later; waiting is not a failed attempt.
-            // The delay is the longest; the retry decision waits twice as
-            // long as before this read, up to it (`WorkerConfig::next_poll`).
-            return Ok(Outcome::Retry {
-                delay: Some(ctx.config.poll_interval),
-                spend: false,
-                cause: RetryCause::NotFinished,
-                reason: format!("group {group_id} is still {:?}", group.status),
-            });
+    let (group, status) = loop {
+        if let Some(back) = provider_slots(ctx, lane, 1).await? {
+            return Ok(back);
         }
+        let group = match ctx.provider.get_group(group_id).await {
+            Ok(g) => g,
+            Err(e) => return Ok(Outcome::from_provider(&e)),
+        };
+        match group.status {
+            GroupStatus::Complete => break (group, "COMPLETE"),
+            GroupStatus::Failed => break (group, "FAILED"),
+            _ => {}
+        }
+        // Not finished: read again twice as late as before this read.
+        let next = ctx
+            .config
+            .next_poll(Duration::from_millis(item.poll_delay_ms));
+        if next < ctx.config.poll_interval && crate::worker::consumer::wait_without_slot(next).await
+        {
+            item.poll_delay_ms = next.as_millis() as u64;
+            continue;
+        }
+        // Through the delayed set; waiting is not a failed attempt. The
+        // delay is the longest; the retry decision waits twice as long as
+        // before this read, up to it (`WorkerConfig::next_poll`).
+        return Ok(Outcome::Retry {
+            delay: Some(ctx.config.poll_interval),
+            spend: false,
+            cause: RetryCause::NotFinished,
+            reason: format!("group {group_id} is still {:?}", group.status),
+        });
     };
     let r = log
         .completed(
