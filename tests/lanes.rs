@@ -414,3 +414,96 @@ async fn a_delete_of_a_group_already_deleted_is_recorded_under_a_busy_limiter() 
     busy.abort();
     rig.stop().await;
 }
+
+/// Below the burst, slots booked ahead may be used at once within the
+/// window, so they are charged as if they all went at its end: the shared
+/// schedule then stands at least `window + n / rate` past the call, and
+/// another process gets at once only what is left of the burst after that.
+/// (Charged at the call instead, requests going late in the window would
+/// add up with other processes' at-once requests beyond the burst.)
+#[tokio::test]
+async fn slots_booked_below_the_burst_are_charged_at_the_end_of_their_window() {
+    let (_server, store) = store(1).await;
+    let key = store.keys.limiter();
+    // 100/s (10 ms a slot), a burst of 20, an idle schedule.
+    let (rate, burst) = (100, 20);
+    let before = store.time_ms_at(&key).await.expect("time");
+    let (wait, n, within) = store
+        .reserve_rate_ahead(
+            &key,
+            rate,
+            burst,
+            1,
+            groupcast::store::coord::BookAhead {
+                slots: 5,
+                window_ms: 50,
+            },
+            None,
+        )
+        .await
+        .expect("rate_limit");
+    assert_eq!((wait, n, within), (0, 5, 50), "the cost at once, 5 ahead");
+    let after = store.time_ms_at(&key).await.expect("time");
+    let tat: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("get");
+    let tat_ms = tat.parse::<u64>().expect("the schedule, in µs") / 1000;
+    // max(cost's slot, the window's end) + 5 slots: 50 + 50 ms.
+    assert!(
+        tat_ms >= before + 100 && tat_ms <= after + 100,
+        "schedule at {} ms past the call",
+        tat_ms as i64 - before as i64
+    );
+    // Another process: at once only while the schedule is within the burst
+    // (200 ms) of now, one slot each: 10 at once, then a wait.
+    let mut at_once = 0;
+    while store
+        .reserve_rate(&key, rate, burst, 1, None)
+        .await
+        .expect("rate_limit")
+        == 0
+    {
+        at_once += 1;
+        assert!(at_once <= burst, "the burst is exceeded");
+    }
+    let elapsed = store.time_ms_at(&key).await.expect("time") - before;
+    // 20 - 10 (5 charged and the 50 ms window), plus what the time spent
+    // booking gave back.
+    assert!(
+        u64::from(at_once) <= 10 + elapsed / 10,
+        "{at_once} at once after {elapsed} ms"
+    );
+}
+
+/// Requests that come one after another below the burst (a lane whose
+/// requests never arrive together and never wait) do not cost a call each:
+/// a call books slots ahead that the next requests use at once within the
+/// window. At 100 requests/s with a burst of 50, 30 sequential requests
+/// arriving 2 ms apart: at most half as many calls as requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reservations_below_the_burst_take_slots_booked_ahead() {
+    use groupcast::worker::limiter::Limiter;
+    let (_server, store) = store(1).await;
+    let limiter = Limiter::new(store.clone(), 100, 50, 10);
+    for _ in 0..30 {
+        let waited = limiter
+            .reserve_within(Priority::Normal, 1, Duration::from_secs(60))
+            .await
+            .expect("reserve")
+            .expect("booked within the horizon");
+        assert!(
+            waited < Duration::from_millis(20),
+            "a request below the burst waited {waited:?}"
+        );
+        // The next request comes a moment later (pacing, not
+        // synchronisation: any gap within the window shows the same).
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let calls = command_calls(&store, "evalsha").await;
+    assert!(
+        calls <= 15,
+        "{calls} booking calls for 30 sequential requests below the burst"
+    );
+}

@@ -72,21 +72,24 @@ impl Store {
     }
 
     /// Like [`reserve_rate`](Self::reserve_rate), and books up to `ahead`
-    /// more slots right after the cost's last one, `1 / rate` apart, for
-    /// the caller's next requests: only when the schedule is past the burst
-    /// (so each of them starts later than the cost's last slot), each
-    /// within the lane's limit, and never on the lane's owed slot. Returns
-    /// the wait (as [`reserve_rate`](Self::reserve_rate)) and how many
-    /// slots were booked ahead (0 when nothing was reserved).
+    /// more slots (`ahead.slots`) for the caller's next requests, never on
+    /// the lane's owed slot. While the schedule is past the burst, they come right after
+    /// the cost's last one, `1 / rate` apart, each within the lane's limit.
+    /// Below the burst (given a `ahead.window_ms`), they may be used at
+    /// once, any time within that many ms of the call: they are charged as if
+    /// they went at its end, and only as many as go there without a wait.
+    /// Returns the wait (as [`reserve_rate`](Self::reserve_rate)), how many
+    /// slots were booked ahead (0 when nothing was reserved), and the
+    /// window they were booked for (0: the slots after the cost's last).
     pub async fn reserve_rate_ahead(
         &self,
         key: &str,
         rate: u32,
         burst: u32,
         cost: u32,
-        ahead: u32,
+        ahead: BookAhead,
         limit: Option<&LaneLimit>,
-    ) -> StoreResult<(i64, u32)> {
+    ) -> StoreResult<(i64, u32, u64)> {
         let mut inv = SCRIPTS.rate_limit.prepare_invoke();
         inv.key(key).arg(rate).arg(burst).arg(cost);
         // Absent arguments are empty strings: `ahead` comes after them.
@@ -103,9 +106,20 @@ impl Store {
                 inv.arg("").arg("").arg("");
             }
         }
-        inv.arg(ahead);
+        inv.arg(ahead.slots).arg(ahead.window_ms);
         Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
+}
+
+/// Slots a reservation books ahead for the caller's next requests (see
+/// [`Store::reserve_rate_ahead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BookAhead {
+    /// At most this many.
+    pub slots: u32,
+    /// Below the burst, how long after the call they may be used, in ms
+    /// (0: none booked below the burst).
+    pub window_ms: u64,
 }
 
 /// How far ahead a lane's request may book the rate limiter (see

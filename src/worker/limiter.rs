@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::keys::Priority;
-use crate::store::coord::LaneLimit;
+use crate::store::coord::{BookAhead, LaneLimit};
 use crate::store::{Store, StoreResult};
 
 /// The shared limiter.
@@ -42,14 +42,19 @@ use crate::store::{Store, StoreResult};
 /// slot books all its requests past the horizon, moving the next owed slot
 /// on by as many (the lane's share over time is the same).
 ///
-/// Booking ahead: while the schedule is past its burst (every slot booked
-/// has a wait), a call books up to [`ahead_cap`] more slots right after the
-/// round's last one, each within the lane's horizon (never on an owed
-/// slot). The process's next requests of the lane take them in arrival
-/// order without a call, each while its slot has not started: a slot whose
-/// time passed unused lapses (the schedule gave it away; nobody uses it
-/// late, so the provider still never sees more than the rate). How many to
-/// book ahead follows the process's demand: twice as many as last time
+/// Booking ahead: a call books up to [`ahead_cap`] more slots for the
+/// process's next requests of the lane (never on an owed slot), which take
+/// them in arrival order without a call. While the schedule is past its
+/// burst (every slot booked has a wait), they come right after the round's
+/// last one, each within the lane's horizon, and each serves a request
+/// only while it has not started: a slot whose time passed unused lapses
+/// (the schedule gave it away; nobody uses it late, so the provider still
+/// never sees more than the rate). Below the burst, slots spaced by the
+/// rate would mostly start before the next request comes; so they are
+/// booked to be used at once, any time within [`BOOK_AHEAD`] of the call,
+/// and charged as if they went at its end (`rate_limit.lua`): requests
+/// going earlier than charged never take more from a token bucket. How many
+/// to book ahead follows the process's demand: twice as many as last time
 /// while all were used, as many as were used once some lapsed.
 #[derive(Clone)]
 pub struct Limiter {
@@ -120,7 +125,8 @@ fn split_wait(wait_ms: i64, requests: &[u32], rate: u32) -> Vec<i64> {
 }
 
 /// How far ahead of a request a process books slots for its next ones, as
-/// a time of the rate: at most `rate × BOOK_AHEAD` slots (15 at 300/s).
+/// a time of the rate: at most `rate × BOOK_AHEAD` slots (15 at 300/s);
+/// below the burst, also how long those slots may be used.
 pub const BOOK_AHEAD: Duration = Duration::from_millis(50);
 
 /// The most slots a process books ahead at `rate` ([`BOOK_AHEAD`] of it).
@@ -129,11 +135,11 @@ pub fn ahead_cap(rate: u32) -> u32 {
 }
 
 /// A lane's slots booked ahead ([`Limiter`]): handed out in order to the
-/// process's next requests of the lane, each only while it has not started
-/// (a slot whose time has passed lapses unused).
+/// process's next requests of the lane, each only until its last moment
+/// (then it lapses unused).
 struct Ahead {
-    /// When each slot booked ahead and not handed out starts, in order.
-    slots: VecDeque<Instant>,
+    /// The slots booked ahead and not handed out, in order.
+    slots: VecDeque<Slot>,
     /// The longest wait they were booked under: they only serve bookings
     /// under the same one (the same lane limit).
     max_wait: Option<Duration>,
@@ -142,6 +148,14 @@ struct Ahead {
     /// Since the last call: slots handed out, and slots that lapsed.
     used: u32,
     lapsed: u32,
+}
+
+/// A slot booked ahead: its request goes at `start` (at once if that has
+/// passed), and only if taken by `until`.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    start: Instant,
+    until: Instant,
 }
 
 impl Ahead {
@@ -155,16 +169,15 @@ impl Ahead {
         }
     }
 
-    /// Drops the slots that started before `now` (or that were booked under
-    /// another longest wait than `max_wait`); returns how many.
+    /// Drops the slots whose last moment was before `now` (or that were
+    /// booked under another longest wait than `max_wait`); returns how
+    /// many.
     fn lapse(&mut self, now: Instant, max_wait: Option<Duration>) -> u32 {
         let before = self.slots.len();
         if self.max_wait != max_wait {
             self.slots.clear();
         } else {
-            while self.slots.front().is_some_and(|at| *at < now) {
-                self.slots.pop_front();
-            }
+            self.slots.retain(|s| s.until >= now);
         }
         let gone = (before - self.slots.len()) as u32;
         self.lapsed += gone;
@@ -179,7 +192,7 @@ impl Ahead {
         }
         let last = self.slots.drain(..requests as usize).next_back()?;
         self.used += requests;
-        let wait = last.saturating_duration_since(now);
+        let wait = last.start.saturating_duration_since(now);
         Some(wait.as_micros().div_ceil(1000) as i64)
     }
 
@@ -198,15 +211,21 @@ impl Ahead {
         self.next
     }
 
-    /// Adds `n` slots booked ahead after a call answered at `answered` that
-    /// the cost's last slot starts in `wait_ms`: `1 / rate` apart after it.
+    /// Adds `n` slots booked ahead by a call made at `asked` and answered
+    /// at `answered`. With no `window`, the cost's last slot starts in
+    /// `wait_ms` and these come `1 / rate` apart after it. With a window,
+    /// they may go at once until `window` after the call (counted from
+    /// `asked`, no later than the server charged them).
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
         n: u32,
+        asked: Instant,
         answered: Instant,
         wait_ms: i64,
         rate: u32,
         max_wait: Option<Duration>,
+        window: Duration,
     ) {
         if n == 0 {
             return;
@@ -215,12 +234,23 @@ impl Ahead {
             self.slots.clear();
             self.max_wait = max_wait;
         }
+        if !window.is_zero() {
+            let until = asked + window;
+            self.slots.extend((0..n).map(|_| Slot {
+                start: answered,
+                until,
+            }));
+            return;
+        }
         let last = answered + Duration::from_millis(wait_ms.max(0) as u64);
         let rate = u64::from(rate.max(1));
         for k in 1..=u64::from(n) {
             // Rounded up: a slot booked ahead never starts early.
-            self.slots
-                .push_back(last + Duration::from_nanos((k * 1_000_000_000).div_ceil(rate)));
+            let start = last + Duration::from_nanos((k * 1_000_000_000).div_ceil(rate));
+            self.slots.push_back(Slot {
+                start,
+                until: start,
+            });
         }
     }
 }
@@ -278,6 +308,7 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
             share_key: booker.store.keys.limiter_share(lane),
         });
         let book_ahead = ahead.size(cap);
+        let asked = Instant::now();
         let booked = booker
             .store
             .reserve_rate_ahead(
@@ -285,20 +316,24 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
                 booker.rate,
                 booker.burst,
                 cost,
-                book_ahead,
+                BookAhead {
+                    slots: book_ahead,
+                    window_ms: BOOK_AHEAD.as_millis() as u64,
+                },
                 limit.as_ref(),
             )
             .await;
         let answered = Instant::now();
         match booked {
             // Nothing reserved: every booking of the round comes back then.
-            Ok((w, _)) if w < 0 => {
+            Ok((w, _, _)) if w < 0 => {
                 for b in round {
                     let _ = b.reply.send(Ok(w));
                 }
             }
-            Ok((w, n)) => {
-                ahead.add(n, answered, w, booker.rate, max_wait);
+            Ok((w, n, within)) => {
+                let window = Duration::from_millis(within);
+                ahead.add(n, asked, answered, w, booker.rate, max_wait, window);
                 for (b, own) in round.into_iter().zip(split_wait(w, &requests, booker.rate)) {
                     let _ = b.reply.send(Ok(own));
                 }
@@ -414,13 +449,13 @@ mod tests {
         let t0 = Instant::now();
         let lane = Some(Duration::from_secs(60));
         // The cost's last slot in 100 ms; 3 more at 10/s: 200, 300, 400 ms.
-        ahead.add(3, t0, 100, 10, lane);
+        ahead.add(3, t0, t0, 100, 10, lane, Duration::ZERO);
         assert_eq!(ahead.lapse(t0, lane), 0);
         assert_eq!(ahead.take(1, t0), Some(200));
         // Two at once wait for the later of their two slots.
         assert_eq!(ahead.take(2, t0 + Duration::from_millis(50)), Some(350));
         assert_eq!(ahead.take(1, t0), None, "none left");
-        ahead.add(3, t0, 100, 10, lane);
+        ahead.add(3, t0, t0, 100, 10, lane, Duration::ZERO);
         // At 250 ms the slot of 200 ms has started unused: it lapses.
         assert_eq!(ahead.lapse(t0 + Duration::from_millis(250), lane), 1);
         assert_eq!(ahead.take(1, t0 + Duration::from_millis(250)), Some(50));
@@ -430,8 +465,43 @@ mod tests {
         assert_eq!(ahead.lapse(t0, Some(Duration::from_secs(1))), 1);
         assert_eq!(ahead.take(1, t0), None);
         // A fractional interval rounds up: 1/300 s after 0 ms is 4 ms.
-        ahead.add(1, t0, 0, 300, lane);
+        ahead.add(1, t0, t0, 0, 300, lane, Duration::ZERO);
         assert_eq!(ahead.take(1, t0), Some(4));
+    }
+
+    #[test]
+    fn slots_booked_below_the_burst_go_at_once_until_the_window_ends() {
+        let mut ahead = Ahead::new();
+        let t0 = Instant::now();
+        let lane = Some(Duration::from_secs(60));
+        let window = Duration::from_millis(50);
+        // Asked at t0, answered 2 ms later: usable from then until t0 + 50 ms.
+        let answered = t0 + Duration::from_millis(2);
+        ahead.add(3, t0, answered, 0, 300, lane, window);
+        assert_eq!(ahead.lapse(answered, lane), 0);
+        assert_eq!(ahead.take(1, answered), Some(0), "at once");
+        let late = t0 + Duration::from_millis(40);
+        assert_eq!(ahead.lapse(late, lane), 0);
+        assert_eq!(ahead.take(1, late), Some(0), "still within the window");
+        // Past the window (counted from the call, not the answer): lapsed.
+        let after = t0 + Duration::from_millis(51);
+        assert_eq!(ahead.lapse(after, lane), 1);
+        assert_eq!(ahead.take(1, after), None);
+    }
+
+    #[test]
+    fn a_lapsed_slot_behind_a_live_one_is_never_handed_out() {
+        let mut ahead = Ahead::new();
+        let t0 = Instant::now();
+        let lane = None;
+        // A slot of the rate starting at 100 ms, then window slots (from
+        // a later call) usable until 50 ms.
+        ahead.add(1, t0, t0, 90, 100, lane, Duration::ZERO);
+        ahead.add(2, t0, t0, 0, 100, lane, Duration::from_millis(50));
+        let now = t0 + Duration::from_millis(60);
+        assert_eq!(ahead.lapse(now, lane), 2, "the window's two lapsed");
+        assert_eq!(ahead.take(1, now), Some(40), "the rate's slot, at 100 ms");
+        assert_eq!(ahead.take(1, now), None);
     }
 
     #[test]
@@ -445,14 +515,14 @@ mod tests {
         // 15 booked ahead, 6 used, 9 lapsed: next time 6.
         let t0 = Instant::now();
         let lane = None;
-        ahead.add(15, t0, 0, 1000, lane);
+        ahead.add(15, t0, t0, 0, 1000, lane, Duration::ZERO);
         for _ in 0..6 {
             assert!(ahead.take(1, t0).is_some());
         }
         assert_eq!(ahead.lapse(t0 + Duration::from_secs(1), lane), 9);
         assert_eq!(ahead.size(15), 6);
         // None used, some lapsed: none booked ahead, then growing again.
-        ahead.add(6, t0, 0, 1000, lane);
+        ahead.add(6, t0, t0, 0, 1000, lane, Duration::ZERO);
         ahead.lapse(t0 + Duration::from_secs(1), lane);
         assert_eq!(ahead.size(15), 0);
         assert_eq!(ahead.size(15), 1);

@@ -9,8 +9,10 @@
 -- Returns the wait in ms; a negative number -w when the wait would be longer
 -- than allowed: nothing was reserved, come back in w ms. (A cost too large
 -- to ever fit in that wait is reserved anyway, or it would never go.)
--- With slots to book ahead, returns {wait, n}: n more slots were booked
--- right after the cost's last one, `1 / rate` apart (see below).
+-- With slots to book ahead, returns {wait, n, within}: n more slots were
+-- booked, either right after the cost's last one, `1 / rate` apart (within
+-- 0), or, below the burst, to be used at once by `within` ms from now
+-- (ARGV[8], the window; see below).
 --
 -- Priority lanes: every lane reserves on the one schedule, but a lane with
 -- a horizon (normal, bulk) only reserves a slot that starts within its
@@ -21,7 +23,7 @@
 -- lane keeps its share while higher lanes have work.
 local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_wait, horizon, share = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local ahead = tonumber(ARGV[7])
+local ahead, window = tonumber(ARGV[7]), tonumber(ARGV[8])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = 1000000 / rate
@@ -59,7 +61,7 @@ if limit and wait > limit * 1000 and wait > (cost - burst) * interval then
   end
   back = -math.max(1, math.ceil(back / 1000))
   if ahead then
-    return {back, 0}
+    return {back, 0, 0}
   end
   return back
 end
@@ -76,16 +78,34 @@ end
 -- starts strictly later than the cost's last slot, after a wait the caller
 -- can still use) and each within the lane's limit; never on an owed slot
 -- (the share is taken request by request).
-local booked = 0
+local booked, within = 0, 0
 if ahead and ahead > 0 and not owed and new_tat - burst * interval - now >= 0 then
   booked = ahead
   if limit then
     booked = math.min(ahead, math.max(0, math.floor((limit * 1000 - wait) / interval)))
   end
   new_tat = new_tat + booked * interval
+elseif ahead and ahead > 0 and not owed and window and window > 0 then
+  -- Below the burst the caller's next requests could go at once, so slots
+  -- spaced by the rate would mostly start before they are wanted and
+  -- lapse. Instead, up to `ahead` slots that the caller may use at any
+  -- time within the window, at once: they are charged as if they all went
+  -- at its end (`at`), the latest they can go, and only as many as conform
+  -- there without a wait. A token bucket never holds fewer tokens when its
+  -- requests go earlier than charged, and the schedule seen by everyone
+  -- else meanwhile already counts them, and the rest of the window as
+  -- spent too: the provider still never sees more than the rate and burst
+  -- allow.
+  local at = now + window * 1000
+  local from = math.max(new_tat, at)
+  booked = math.min(ahead, math.max(0, math.floor((at + burst * interval - from) / interval + 1e-9)))
+  if booked > 0 then
+    new_tat = from + booked * interval
+    within = window
+  end
 end
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
 if ahead then
-  return {math.ceil(wait / 1000), booked}
+  return {math.ceil(wait / 1000), booked, within}
 end
 return math.ceil(wait / 1000)
