@@ -71,16 +71,17 @@ impl Store {
         Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
 
-    /// Like [`reserve_rate`](Self::reserve_rate), and books up to `ahead`
-    /// more slots (`ahead.slots`) for the caller's next requests, never on
-    /// the lane's owed slot. While the schedule is past the burst, they come right after
-    /// the cost's last one, `1 / rate` apart, each within the lane's limit.
-    /// Below the burst (given a `ahead.window_ms`), they may be used at
-    /// once, any time within that many ms of the call: they are charged as if
-    /// they went at its end, and only as many as go there without a wait.
-    /// Returns the wait (as [`reserve_rate`](Self::reserve_rate)), how many
-    /// slots were booked ahead (0 when nothing was reserved), and the
-    /// window they were booked for (0: the slots after the cost's last).
+    /// Like [`reserve_rate`](Self::reserve_rate), and books up to
+    /// `ahead.slots` more slots for the caller's next requests, never on the
+    /// lane's owed slot. While the schedule is past the burst, they come
+    /// right after the cost's last one, `1 / rate` apart, each within the
+    /// lane's limit. Below the burst (given `ahead.window_ms`), they may be
+    /// used at once, any time within that many ms of the call: they are
+    /// charged as if they went at its end, and only as many as go there
+    /// without a wait. Returns the wait (as
+    /// [`reserve_rate`](Self::reserve_rate)), how many slots were booked
+    /// ahead (0 when nothing was reserved), and the window they were booked
+    /// for (0: the slots after the cost's last).
     pub async fn reserve_rate_ahead(
         &self,
         key: &str,
