@@ -175,6 +175,11 @@ pub const METRICS: &[Metric] = &[
         "Requests the rate limiter turned away (the wait was past the lane's horizon): entry given back, by priority lane",
     ),
     counter(
+        "groupcast_rate_limiter_lapsed_total",
+        &["lane"],
+        "Slots a worker booked ahead for its next requests that no request took in time: they lapse unused, by priority lane",
+    ),
+    counter(
         "groupcast_work_items_total",
         &["op", "outcome"],
         "Work items run, by op and outcome (done, retry, dead)",
