@@ -593,36 +593,72 @@ async fn chunks_that_arrive_before_the_group_wait_for_it_instead_of_parking() {
     rig.stop().await;
 }
 
-/// A group the provider finishes within the polls' backoff is read again in
-/// place, not through the delayed set. The mock finishes a group 250 ms
-/// after its send; the reads come 100 ms after the send, then 200 ms and
-/// 400 ms later while those waits are under `--poll-interval` (here 2 s).
-/// The server's `ZADD` calls count the entries put in the delayed set (and
-/// each report's tombstone): for one batch of one generation, the send's
-/// first poll and the tombstone. Through the delayed set, the read at
-/// 100 ms would add a third.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_finished_within_the_polls_backoff_is_read_again_in_place() {
+/// One batch of one generation whose group the mock finishes
+/// `complete_after` its send, polled with `poll_interval`: the server's
+/// `ZADD` calls, which count the entries put in the delayed set (the send's
+/// first poll, each poll retried through it) and the report's tombstone.
+async fn delayed_entries_for_a_group_finished_after(
+    batch: &str,
+    complete_after: Duration,
+    poll_interval: Duration,
+) -> u64 {
     let config = groupcast::worker::WorkerConfig {
-        poll_interval: Duration::from_secs(2),
+        poll_interval,
         ..test_config()
     };
     let mock = groupcast::mock::MockConfig {
-        complete_after: Duration::from_millis(250),
+        complete_after,
         ..mock_config()
     };
     let rig = Rig::start(1, config, mock).await;
-    let batch = "polled".to_string();
+    let batch = batch.to_string();
     let chunks = groupcast::producer::cut(&batch, &template(), recipients(92, 300), 100);
     append_chunks(&rig.store, &chunks).await.expect("append");
     rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(60))
         .await;
     rig.verify(std::slice::from_ref(&batch)).await;
     rig.check_ledger(&BTreeMap::from([(batch.clone(), 300)]));
+    let zadds = command_calls(&rig.store, "zadd").await;
+    rig.stop().await;
+    zadds
+}
+
+/// A group the provider finishes within the polls' backoff is read again in
+/// place, not through the delayed set. The mock finishes it 250 ms after
+/// its send; the reads come 100 ms after the send, then 200 ms and 400 ms
+/// later while those waits are under `--poll-interval` (here 2 s): the
+/// send's first poll and the tombstone are the only entries. Through the
+/// delayed set, the read at 100 ms would add a third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_finished_within_the_polls_backoff_is_read_again_in_place() {
+    let zadds = delayed_entries_for_a_group_finished_after(
+        "polled",
+        Duration::from_millis(250),
+        Duration::from_secs(2),
+    )
+    .await;
     assert_eq!(
-        command_calls(&rig.store, "zadd").await,
-        2,
+        zadds, 2,
         "entries put in the delayed set (the first poll, the tombstone)"
     );
-    rig.stop().await;
+}
+
+/// Waits in place stop at 1 s whatever `--poll-interval` is (here 60 s), so
+/// that a slow group still goes back through the delayed set, which stamps
+/// the batch's heartbeat for the watchdog. The mock finishes the group
+/// 2.5 s after its send: reads at 0.1, 0.3, 0.7 and 1.5 s in place, then
+/// the next wait (1.6 s) goes through the delayed set: one more entry.
+/// Without the cap, the read at 3.1 s came in place too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_in_place_stop_at_a_second_whatever_the_poll_interval() {
+    let zadds = delayed_entries_for_a_group_finished_after(
+        "polled-slowly",
+        Duration::from_millis(2_500),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        zadds, 3,
+        "entries put in the delayed set (the first poll, the poll after 1.5 s, the tombstone)"
+    );
 }

@@ -117,8 +117,8 @@ pub struct WorkerFlags {
     pub max_deliveries: u64,
     /// The longest wait between two reads of a sent group's status (the
     /// first comes 100 ms after the send, each next one twice as late;
-    /// shorter waits than this are waited in place, longer ones through
-    /// the delayed set).
+    /// shorter waits than this, up to 1 s, are waited in place, longer ones
+    /// through the delayed set).
     #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value_t = WorkerConfig::POLL_INTERVAL.into(), value_parser = duration)]
     pub poll_interval: humantime::Duration,
     /// Where to POST each batch's report (with an Idempotency-Key header).

@@ -211,37 +211,18 @@ impl Ahead {
         self.next
     }
 
-    /// Adds `n` slots booked ahead by a call made at `asked` and answered
-    /// at `answered`. With no `window`, the cost's last slot starts in
-    /// `wait_ms` and these come `1 / rate` apart after it. With a window,
-    /// they may go at once until `window` after the call (counted from
-    /// `asked`, no later than the server charged them).
-    #[allow(clippy::too_many_arguments)]
-    fn add(
+    /// Adds `n` slots booked ahead past the burst by a call answered at
+    /// `answered` that the cost's last slot starts in `wait_ms`: `1 / rate`
+    /// apart after it, each taken only before it starts.
+    fn add_after(
         &mut self,
         n: u32,
-        asked: Instant,
         answered: Instant,
         wait_ms: i64,
         rate: u32,
         max_wait: Option<Duration>,
-        window: Duration,
     ) {
-        if n == 0 {
-            return;
-        }
-        if self.max_wait != max_wait {
-            self.slots.clear();
-            self.max_wait = max_wait;
-        }
-        if !window.is_zero() {
-            let until = asked + window;
-            self.slots.extend((0..n).map(|_| Slot {
-                start: answered,
-                until,
-            }));
-            return;
-        }
+        self.booked_under(max_wait);
         let last = answered + Duration::from_millis(wait_ms.max(0) as u64);
         let rate = u64::from(rate.max(1));
         for k in 1..=u64::from(n) {
@@ -251,6 +232,34 @@ impl Ahead {
                 start,
                 until: start,
             });
+        }
+    }
+
+    /// Adds `n` slots booked ahead below the burst by a call made at
+    /// `asked` and answered at `answered`: they go at once, until `window`
+    /// after the call (counted from `asked`, so no later than the server
+    /// charged them).
+    fn add_within(
+        &mut self,
+        n: u32,
+        asked: Instant,
+        answered: Instant,
+        window: Duration,
+        max_wait: Option<Duration>,
+    ) {
+        self.booked_under(max_wait);
+        let until = asked + window;
+        self.slots.extend((0..n).map(|_| Slot {
+            start: answered,
+            until,
+        }));
+    }
+
+    /// Slots booked under another longest wait serve nobody now.
+    fn booked_under(&mut self, max_wait: Option<Duration>) {
+        if self.max_wait != max_wait {
+            self.slots.clear();
+            self.max_wait = max_wait;
         }
     }
 }
@@ -332,8 +341,12 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
                 }
             }
             Ok((w, n, within)) => {
-                let window = Duration::from_millis(within);
-                ahead.add(n, asked, answered, w, booker.rate, max_wait, window);
+                if within > 0 {
+                    let window = Duration::from_millis(within);
+                    ahead.add_within(n, asked, answered, window, max_wait);
+                } else {
+                    ahead.add_after(n, answered, w, booker.rate, max_wait);
+                }
                 for (b, own) in round.into_iter().zip(split_wait(w, &requests, booker.rate)) {
                     let _ = b.reply.send(Ok(own));
                 }
@@ -449,13 +462,13 @@ mod tests {
         let t0 = Instant::now();
         let lane = Some(Duration::from_secs(60));
         // The cost's last slot in 100 ms; 3 more at 10/s: 200, 300, 400 ms.
-        ahead.add(3, t0, t0, 100, 10, lane, Duration::ZERO);
+        ahead.add_after(3, t0, 100, 10, lane);
         assert_eq!(ahead.lapse(t0, lane), 0);
         assert_eq!(ahead.take(1, t0), Some(200));
         // Two at once wait for the later of their two slots.
         assert_eq!(ahead.take(2, t0 + Duration::from_millis(50)), Some(350));
         assert_eq!(ahead.take(1, t0), None, "none left");
-        ahead.add(3, t0, t0, 100, 10, lane, Duration::ZERO);
+        ahead.add_after(3, t0, 100, 10, lane);
         // At 250 ms the slot of 200 ms has started unused: it lapses.
         assert_eq!(ahead.lapse(t0 + Duration::from_millis(250), lane), 1);
         assert_eq!(ahead.take(1, t0 + Duration::from_millis(250)), Some(50));
@@ -465,7 +478,7 @@ mod tests {
         assert_eq!(ahead.lapse(t0, Some(Duration::from_secs(1))), 1);
         assert_eq!(ahead.take(1, t0), None);
         // A fractional interval rounds up: 1/300 s after 0 ms is 4 ms.
-        ahead.add(1, t0, t0, 0, 300, lane, Duration::ZERO);
+        ahead.add_after(1, t0, 0, 300, lane);
         assert_eq!(ahead.take(1, t0), Some(4));
     }
 
@@ -477,7 +490,7 @@ mod tests {
         let window = Duration::from_millis(50);
         // Asked at t0, answered 2 ms later: usable from then until t0 + 50 ms.
         let answered = t0 + Duration::from_millis(2);
-        ahead.add(3, t0, answered, 0, 300, lane, window);
+        ahead.add_within(3, t0, answered, window, lane);
         assert_eq!(ahead.lapse(answered, lane), 0);
         assert_eq!(ahead.take(1, answered), Some(0), "at once");
         let late = t0 + Duration::from_millis(40);
@@ -496,8 +509,8 @@ mod tests {
         let lane = None;
         // A slot of the rate starting at 100 ms, then window slots (from
         // a later call) usable until 50 ms.
-        ahead.add(1, t0, t0, 90, 100, lane, Duration::ZERO);
-        ahead.add(2, t0, t0, 0, 100, lane, Duration::from_millis(50));
+        ahead.add_after(1, t0, 90, 100, lane);
+        ahead.add_within(2, t0, t0, Duration::from_millis(50), lane);
         let now = t0 + Duration::from_millis(60);
         assert_eq!(ahead.lapse(now, lane), 2, "the window's two lapsed");
         assert_eq!(ahead.take(1, now), Some(40), "the rate's slot, at 100 ms");
@@ -515,14 +528,14 @@ mod tests {
         // 15 booked ahead, 6 used, 9 lapsed: next time 6.
         let t0 = Instant::now();
         let lane = None;
-        ahead.add(15, t0, t0, 0, 1000, lane, Duration::ZERO);
+        ahead.add_after(15, t0, 0, 1000, lane);
         for _ in 0..6 {
             assert!(ahead.take(1, t0).is_some());
         }
         assert_eq!(ahead.lapse(t0 + Duration::from_secs(1), lane), 9);
         assert_eq!(ahead.size(15), 6);
         // None used, some lapsed: none booked ahead, then growing again.
-        ahead.add(6, t0, t0, 0, 1000, lane, Duration::ZERO);
+        ahead.add_after(6, t0, 0, 1000, lane);
         ahead.lapse(t0 + Duration::from_secs(1), lane);
         assert_eq!(ahead.size(15), 0);
         assert_eq!(ahead.size(15), 1);

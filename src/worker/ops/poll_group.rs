@@ -2,8 +2,9 @@
 //! (which decides the batch's report when it is the last one).
 //!
 //! The reads back off (100 ms after the send, then twice as late each time,
-//! up to `--poll-interval`). While the next wait is shorter than that, the
-//! handler waits in place, its consumer slot given back, and reads again:
+//! up to `--poll-interval`). While the next wait is shorter than that, and
+//! at most [`IN_PLACE_MAX`], the handler waits in place, its consumer slot
+//! given back, and reads again:
 //! a small group is usually finished within a read or two, and each trip
 //! through the delayed set instead costs about a dozen Redis commands (the
 //! retry, its promotion, a read of the item and its acknowledgement). Once
@@ -19,6 +20,12 @@ use crate::provider::GroupStatus;
 use crate::store::batch::Completion;
 use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem};
 use crate::worker::Ctx;
+
+/// The longest wait a poll makes in place between two reads. The waits in
+/// place add up to less than twice this, far below the watchdog's
+/// `--stall-after` (no heartbeat is stamped meanwhile) and a worker's drain
+/// timeout, whatever `--poll-interval` is.
+pub const IN_PLACE_MAX: Duration = Duration::from_secs(1);
 
 /// Runs a poll item. The reads made in place advance the item's
 /// `poll_delay_ms`, so that a retry goes on backing off from the last wait.
@@ -48,7 +55,9 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
         let next = ctx
             .config
             .next_poll(Duration::from_millis(item.poll_delay_ms));
-        if next < ctx.config.poll_interval && crate::worker::consumer::wait_without_slot(next).await
+        if next < ctx.config.poll_interval
+            && next <= IN_PLACE_MAX
+            && crate::worker::consumer::wait_without_slot(next).await
         {
             item.poll_delay_ms = next.as_millis() as u64;
             continue;
