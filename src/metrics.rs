@@ -236,6 +236,11 @@ pub const METRICS: &[Metric] = &[
         "Acknowledged events found missing when read back: Redis lost writes (alert on any)",
     ),
     counter(
+        "groupcast_acks_withheld_total",
+        &[],
+        "Settled entries left pending because the last event their handling appended was gone: Redis lost acknowledged writes; they are handled again",
+    ),
+    counter(
         "groupcast_batch_stalls_total",
         &[],
         "Stalls recorded by the watchdog (one per stall of a batch)",

@@ -69,6 +69,10 @@ const NOT_PROVOKED: &[(&str, &str)] = &[
         "groupcast_redis_writes_lost_total",
         "Redis losing acknowledged writes (a restart without its log)",
     ),
+    (
+        "groupcast_acks_withheld_total",
+        "Redis losing acknowledged writes between an event and its entry's acknowledgement",
+    ),
 ];
 
 /// Fails the test, saying how to install the tool, when `tool` is missing.

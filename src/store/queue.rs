@@ -4,6 +4,7 @@
 use redis::Value;
 
 use super::scripts::SCRIPTS;
+use super::witness::LastAppended;
 use super::{BlockingConn, Store, StoreResult};
 use crate::keys::Priority;
 
@@ -197,6 +198,44 @@ impl Store {
             .arg(ids)
             .query_async(&mut self.conn.clone())
             .await?)
+    }
+
+    /// Acknowledges settled entries of `stream` in one step, each only while
+    /// the last event its handling appended ([`LastAppended`], None: no
+    /// condition) is still recorded under the entry id Redis answered
+    /// (`ack_recorded.lua`: a restart from disk may have taken it back since,
+    /// and the entry must then be handled again). Returns the ids left
+    /// pending.
+    pub async fn ack_recorded(
+        &self,
+        stream: &str,
+        group: &str,
+        acks: &[(String, Option<LastAppended>)],
+    ) -> StoreResult<Vec<String>> {
+        let mut inv = SCRIPTS.ack_recorded.prepare_invoke();
+        inv.key(stream).arg(group);
+        let mut states: Vec<&str> = Vec::new();
+        for (id, after) in acks {
+            inv.arg(id);
+            match after {
+                None => {
+                    inv.arg(0).arg("").arg("");
+                }
+                Some(a) => {
+                    let k = match states.iter().position(|s| *s == a.state) {
+                        Some(k) => k,
+                        None => {
+                            states.push(&a.state);
+                            inv.key(&a.state);
+                            states.len() - 1
+                        }
+                    };
+                    // KEYS[1] is the stream: the first state hash is KEYS[2].
+                    inv.arg(k + 2).arg(&a.key).arg(&a.id);
+                }
+            }
+        }
+        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
 
     /// Appends a work item to a work stream: fields `op`, `d` (the encoded

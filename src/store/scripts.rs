@@ -64,6 +64,8 @@ pub struct Scripts {
     pub renew_lease: Script,
     /// `restore.lua`.
     pub restore: Script,
+    /// `ack_recorded.lua`.
+    pub ack_recorded: Script,
 }
 
 /// The scripts.
@@ -91,4 +93,5 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(include_str!("../../streams/scripts/release.lua")),
     renew_lease: Script::new(include_str!("../../streams/scripts/renew_lease.lua")),
     restore: Script::new(include_str!("../../streams/scripts/restore.lua")),
+    ack_recorded: Script::new(include_str!("../../streams/scripts/ack_recorded.lua")),
 });

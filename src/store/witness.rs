@@ -57,6 +57,40 @@ pub struct Witness {
     pub at_ms: u64,
 }
 
+/// The last event appended while one entry was handled: its
+/// acknowledgement waits on it ([`super::Store::ack_recorded`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastAppended {
+    /// Its batch's state hash.
+    pub state: String,
+    /// The event's idempotency key.
+    pub key: String,
+    /// The entry id Redis answered.
+    pub id: String,
+}
+
+tokio::task_local! {
+    /// The last event appended by the handling running in this task, when
+    /// it runs inside [`noting_appended`].
+    static APPENDED: std::cell::Cell<Option<LastAppended>>;
+}
+
+/// Runs `handling`, and answers with its output the last event it appended
+/// through a batch script (None: it appended nothing). Events are appended
+/// one after another, each once the previous one was answered, so Redis
+/// has the last one only if it has them all.
+pub async fn noting_appended<F: std::future::Future>(
+    handling: F,
+) -> (F::Output, Option<LastAppended>) {
+    APPENDED
+        .scope(std::cell::Cell::new(None), async move {
+            let out = handling.await;
+            let last = APPENDED.try_with(std::cell::Cell::take).ok().flatten();
+            (out, last)
+        })
+        .await
+}
+
 /// The events this process appended and has not read back yet.
 #[derive(Debug, Default)]
 pub struct Witnesses {
@@ -77,6 +111,14 @@ impl Witnesses {
 
     /// Remembers that `key` of `batch` was appended as entry `id`.
     pub fn record(&self, batch: &str, state: &str, key: &str, id: &str) {
+        // Outside `noting_appended` (the CLI, the watchdog) nothing notes it.
+        let _ = APPENDED.try_with(|last| {
+            last.set(Some(LastAppended {
+                state: state.to_string(),
+                key: key.to_string(),
+                id: id.to_string(),
+            }))
+        });
         let mut q = self.queue();
         if q.len() >= MAX_REMEMBERED {
             q.pop_front();

@@ -12,6 +12,7 @@ use crate::events::encode_payload;
 use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, Alive, DelayedEntry, Entry, LoadHolds, Rescheduled};
+use crate::store::witness::{self, LastAppended};
 use crate::worker::ops::{load_chunk, Op, Outcome, RetryCause, WorkItem};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
@@ -245,9 +246,16 @@ const ACK_WINDOW: Duration = Duration::from_millis(20);
 /// Acknowledges settled entries in batches: one `XACK` carries every entry
 /// settled within [`ACK_WINDOW`]. A crash in between only means a redelivery,
 /// which every handler absorbs (idempotent keys).
+///
+/// Where Redis can lose acknowledged writes (the worker's durability waits:
+/// `everysec`), an entry whose handling appended events is acknowledged only
+/// while the last of them is still recorded (`ack_recorded.lua`): a restart
+/// from disk between that event's answer and the `XACK` would otherwise
+/// leave the entry done and its effect gone (a parked chunk or a recorded
+/// group vanished), and its batch would never end.
 #[derive(Clone)]
 pub struct Acker {
-    tx: tokio::sync::mpsc::UnboundedSender<String>,
+    tx: tokio::sync::mpsc::UnboundedSender<(String, Option<LastAppended>)>,
 }
 
 impl Acker {
@@ -257,17 +265,16 @@ impl Acker {
         stream: String,
         group: &'static str,
     ) -> (Acker, tokio::task::JoinHandle<()>) {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Option<LastAppended>)>();
         let flusher = tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 tokio::time::sleep(ACK_WINDOW).await;
-                let mut ids = vec![first];
-                while let Ok(id) = rx.try_recv() {
-                    ids.push(id);
+                let mut acks = vec![first];
+                while let Ok(ack) = rx.try_recv() {
+                    acks.push(ack);
                 }
-                for part in ids.chunks(500) {
-                    let r = store.ack_all(&stream, group, part).await;
-                    if let Err(e) = r {
+                for part in acks.chunks(500) {
+                    if let Err(e) = flush(&store, &stream, group, part).await {
                         // They stay pending and come back after the
                         // visibility timeout: handled again, harmlessly.
                         tracing::warn!(%stream, n = part.len(), error = %e, "acknowledgement failed");
@@ -278,10 +285,36 @@ impl Acker {
         (Acker { tx }, flusher)
     }
 
-    /// Queues an acknowledgement.
-    pub fn ack(&self, id: &str) -> bool {
-        self.tx.send(id.to_string()).is_ok()
+    /// Queues an acknowledgement of entry `id`, made only while `after`,
+    /// the last event its handling appended, is still recorded (None:
+    /// unconditional).
+    pub fn ack(&self, id: &str, after: Option<LastAppended>) -> bool {
+        self.tx.send((id.to_string(), after)).is_ok()
     }
+}
+
+/// Acknowledges `acks`: with one `XACK` when none has a condition, else
+/// through `ack_recorded.lua`, counting the entries it leaves pending.
+async fn flush(
+    store: &crate::store::Store,
+    stream: &str,
+    group: &str,
+    acks: &[(String, Option<LastAppended>)],
+) -> crate::store::StoreResult<()> {
+    if acks.iter().all(|(_, after)| after.is_none()) {
+        let ids: Vec<String> = acks.iter().map(|(id, _)| id.clone()).collect();
+        store.ack_all(stream, group, &ids).await?;
+        return Ok(());
+    }
+    let kept = store.ack_recorded(stream, group, acks).await?;
+    if !kept.is_empty() {
+        metrics::counter!("groupcast_acks_withheld_total").increment(kept.len() as u64);
+        tracing::error!(
+            %stream, n = kept.len(), example = %kept[0],
+            "entries left pending: the last event their handling appended is gone (Redis lost acknowledged writes?); they are handled again"
+        );
+    }
+    Ok(())
 }
 
 async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
@@ -318,6 +351,7 @@ pub async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, delive
             &entry,
             Handled::new(Outcome::Dead(reason)),
             deliveries,
+            None,
         )
         .await;
         return;
@@ -329,10 +363,14 @@ pub async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, delive
             Source::Work => operator::handle(ctx, lane, &entry).await,
         }
     };
-    let handled = renewing_lease(ctx, stream, group, &entry.id, handling).await;
+    let (handled, appended) =
+        witness::noting_appended(renewing_lease(ctx, stream, group, &entry.id, handling)).await;
     ctx.in_flight(source.label(), -1);
+    // What the acknowledgement waits on, where Redis can lose what it
+    // acknowledged (see `Acker`).
+    let appended = appended.filter(|_| ctx.config.durable.waits());
     match handled {
-        Ok(h) => settle(ctx, acker, at, &entry, h, deliveries).await,
+        Ok(h) => settle(ctx, acker, at, &entry, h, deliveries, appended).await,
         Err(e) => {
             // Redis trouble: leave the entry pending; it is reclaimed after
             // the visibility timeout (by us or by another consumer).
@@ -377,16 +415,17 @@ async fn settle(
     entry: &Entry,
     handled: Handled,
     deliveries: u64,
+    appended: Option<LastAppended>,
 ) {
     let (source, shard, lane, stream) = (at.source, at.shard, at.lane, at.stream);
     let group = source.group();
     let keys = &ctx.store.keys;
     let result = match handled.outcome {
         Outcome::Done => {
-            if acker.ack(&entry.id) {
+            if acker.ack(&entry.id, appended.clone()) {
                 Ok(())
             } else {
-                ctx.store.ack(stream, group, &entry.id).await
+                flush(&ctx.store, stream, group, &[(entry.id.clone(), appended)]).await
             }
         }
         Outcome::Retry {

@@ -37,6 +37,9 @@ pub enum Mutant {
     /// The send op without its claim (`claim_send.lua`): a cancel cannot
     /// stop a send that has passed its checks.
     SendWithoutClaim,
+    /// A plain `XACK` of a settled entry, without checking that the last
+    /// event its handling appended is still recorded (`ack_recorded.lua`).
+    AckWithoutCheck,
 }
 
 /// One ingest entry: a chunk as the producer wrote it.
@@ -180,6 +183,9 @@ pub struct Job {
     pub group: Option<String>,
     pub registered: u32,
     pub outcome: &'static str,
+    /// The key of the last event its handling appended: its
+    /// acknowledgement waits on it.
+    pub appended: Option<String>,
 }
 
 /// How a provider call turned out.
@@ -330,6 +336,7 @@ impl World {
                 &j.group,
                 j.registered,
                 j.outcome,
+                &j.appended,
             )
                 .hash(&mut h);
         }
@@ -464,9 +471,41 @@ impl World {
         self.redis.work.resize(n, Delivery::New);
     }
 
+    /// The acknowledgement of an entry whose handling is done (the
+    /// consumer's `Acker`). Under `everysec` it is made only while the last
+    /// event the handling appended is still recorded (`ack_recorded.lua`);
+    /// one that is gone leaves the entry pending, to be reclaimed and
+    /// handled again. While a loss can still come, an event appended in
+    /// this very step is acknowledged in a step of its own: the script's
+    /// answer comes first, the `XACK` after it, and Redis may restart from
+    /// disk in between.
+    pub(super) fn ack(&mut self, w: usize) {
+        let appended_now = self.redis.db.last_event.take();
+        if self.cfg.everysec {
+            let Some(job) = self.workers[w].as_mut() else {
+                return;
+            };
+            if appended_now.is_some() {
+                job.appended = appended_now;
+                if self.redis_losses > 0 {
+                    job.pc = ACK;
+                    return;
+                }
+            }
+            let gone = (job.appended.as_ref())
+                .is_some_and(|k| self.redis.db.field(BATCH, &format!("k:{k}")).is_none());
+            if gone && self.cfg.mutant != Some(Mutant::AckWithoutCheck) {
+                self.workers[w] = None;
+                return;
+            }
+        }
+        self.xack(w);
+    }
+
     /// XACK: of a pending entry (whoever it is pending for); an entry
     /// whose delivery Redis lost is not pending, and stays as it is.
-    fn ack(&mut self, w: usize) {
+    /// (`retry_later.lua` and `dead_letter.lua` acknowledge in their own step.)
+    fn xack(&mut self, w: usize) {
         if let Some(job) = self.workers[w].take() {
             if let Some(Delivery::Pending(_)) = self.delivery(job.held) {
                 self.set_delivery(job.held, Delivery::Acked);
@@ -489,12 +528,12 @@ impl World {
         }
         self.redis.db.add_work(op, item, chunk);
         self.sync_work();
-        self.ack(w);
+        self.xack(w);
     }
 
     fn dead(&mut self, w: usize, what: String) {
         self.redis.dead.push(what);
-        self.ack(w);
+        self.xack(w);
     }
 
     fn item(&self, job: &Job) -> WorkItem {

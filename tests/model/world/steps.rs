@@ -9,8 +9,19 @@ use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs};
 use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS};
 
 impl World {
-    /// One step of worker `w`.
+    /// One step of worker `w`; the last event it appended, if any, is the
+    /// one its entry's acknowledgement will wait on.
     pub(super) fn step(&mut self, w: usize, answer: Answer) {
+        self.redis.db.last_event = None;
+        self.run_step(w, answer);
+        if let Some(key) = self.redis.db.last_event.take() {
+            if let Some(job) = self.workers[w].as_mut() {
+                job.appended = Some(key);
+            }
+        }
+    }
+
+    fn run_step(&mut self, w: usize, answer: Answer) {
         let Some(mut job) = self.workers[w].clone() else {
             return;
         };
@@ -463,6 +474,7 @@ impl World {
             group: None,
             registered: 0,
             outcome: "",
+            appended: None,
         };
         if let Some(e) = match held {
             Held::Work(id) => self.redis.db.work.iter().find(|e| e.id == id),
