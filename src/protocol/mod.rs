@@ -102,11 +102,11 @@ pub struct Db {
     /// Whether events are not kept (only their keys and ids): the model
     /// checker's choice, since no decision reads the stream itself.
     pub skip_events: bool,
-    /// The key of the last event a script appended (what the prelude
-    /// answers as `w=<key>|<id>`): the worker acknowledges the entry it was
-    /// handling only while that event is still recorded. Reset by whoever
-    /// reads it.
-    pub last_event: Option<String>,
+    /// The key and entry id of the last event a script appended (what the
+    /// prelude answers as `w=<key>|<id>`): the worker acknowledges the entry
+    /// it was handling only while that event is still recorded under that
+    /// id. Reset by whoever reads it.
+    pub last_event: Option<(String, String)>,
 }
 
 impl Db {
@@ -200,7 +200,7 @@ impl<'a> Run<'a> {
             });
         }
         self.put(format!("k:{key}"), entry_id(id));
-        self.db.last_event = Some(key.to_string());
+        self.db.last_event = Some((key.to_string(), entry_id(id)));
         if touch {
             self.put("hb", id);
         }

@@ -95,9 +95,6 @@ pub struct Config {
     /// batch reports.
     pub cancels: u8,
     pub mutant: Option<Mutant>,
-    /// Whether liveness is also claimed after Redis lost writes (it does
-    /// not hold: docs/protocol.md, counterexamples).
-    pub live_after_losses: bool,
 }
 
 impl Config {
@@ -183,9 +180,9 @@ pub struct Job {
     pub group: Option<String>,
     pub registered: u32,
     pub outcome: &'static str,
-    /// The key of the last event its handling appended: its
+    /// The key and entry id of the last event its handling appended: its
     /// acknowledgement waits on it.
-    pub appended: Option<String>,
+    pub appended: Option<(String, String)>,
 }
 
 /// How a provider call turned out.
@@ -336,7 +333,11 @@ impl World {
                 &j.group,
                 j.registered,
                 j.outcome,
-                &j.appended,
+                // Ids are not part of a state's identity: only the key, and
+                // whether Redis still holds the event under that id.
+                j.appended
+                    .as_ref()
+                    .map(|(k, _)| (k, self.recorded(&j.appended))),
             )
                 .hash(&mut h);
         }
@@ -367,15 +368,6 @@ impl World {
             pending(&self.synced, &mut h);
         }
         h.finish()
-    }
-
-    /// Whether Redis lost writes on the way here. Liveness is not claimed
-    /// after that: an entry acknowledged after Redis lost what its handling
-    /// wrote strands the batch (docs/protocol.md, counterexamples); lost
-    /// writes are prevented from causing a second add or send, and detected
-    /// (docs/durability.md), not recovered from.
-    pub(crate) fn lost(&self) -> bool {
-        !self.cfg.live_after_losses && self.redis_losses < self.cfg.redis_losses
     }
 
     /// Whether what Redis has on disk still matters: under `everysec`, while
@@ -492,14 +484,23 @@ impl World {
                     return;
                 }
             }
-            let gone = (job.appended.as_ref())
-                .is_some_and(|k| self.redis.db.field(BATCH, &format!("k:{k}")).is_none());
+            let appended = job.appended.clone();
+            let gone = appended.is_some() && !self.recorded(&appended);
             if gone && self.cfg.mutant != Some(Mutant::AckWithoutCheck) {
                 self.workers[w] = None;
                 return;
             }
         }
         self.xack(w);
+    }
+
+    /// Whether Redis holds event `appended` (key, entry id) under that id:
+    /// gone, or appended again since (after a loss, by another handling),
+    /// it does not.
+    fn recorded(&self, appended: &Option<(String, String)>) -> bool {
+        appended.as_ref().is_some_and(|(k, id)| {
+            self.redis.db.field(BATCH, &format!("k:{k}")) == Some(id.as_str())
+        })
     }
 
     /// XACK: of a pending entry (whoever it is pending for); an entry

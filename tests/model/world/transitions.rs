@@ -352,10 +352,6 @@ impl Model for World {
     }
 
     fn eventually(&self) -> Option<String> {
-        // After a lost write, only the `always` properties are claimed.
-        if self.lost() {
-            return None;
-        }
         // 7. The batch ends: one report.
         if self.reports.len() != 1 {
             return Some(format!(
@@ -472,7 +468,7 @@ impl Model for World {
     }
 
     fn goal(&self) -> bool {
-        self.lost() || self.reports.len() == 1 && (!self.cfg.webhook || self.webhook > 0)
+        self.reports.len() == 1 && (!self.cfg.webhook || self.webhook > 0)
     }
 
     fn stuck(&self) -> String {
