@@ -447,6 +447,19 @@ impl Rig {
 
     // ----- workers -------------------------------------------------------
 
+    /// How many lines of every worker log so far (killed workers' too)
+    /// contain `needle`.
+    pub fn worker_log_lines(&self, needle: &str) -> usize {
+        let Ok(dir) = std::fs::read_dir(self.dir.path()) else {
+            return 0;
+        };
+        dir.flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("worker-"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .map(|text| text.lines().filter(|l| l.contains(needle)).count())
+            .sum()
+    }
+
     pub fn spawn_worker(&mut self, slot: usize) {
         self.spawned += 1;
         let log = self
