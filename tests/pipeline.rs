@@ -528,7 +528,10 @@ async fn a_trim_is_skipped_only_while_nothing_was_acknowledged() {
     };
 
     // The first entry acknowledged, the second pending, the third unread.
-    store.ack(&stream, LOADERS_GROUP, &ids[0]).await.unwrap();
+    store
+        .ack_all(&stream, LOADERS_GROUP, &ids[..1])
+        .await
+        .unwrap();
     let mark = store
         .trim_acknowledged_since(&stream, LOADERS_GROUP, None)
         .await
@@ -546,7 +549,10 @@ async fn a_trim_is_skipped_only_while_nothing_was_acknowledged() {
     assert_eq!(trims(&store).await, before);
 
     // The pending one acknowledged: trimmed, up to the unread one.
-    store.ack(&stream, LOADERS_GROUP, &ids[1]).await.unwrap();
+    store
+        .ack_all(&stream, LOADERS_GROUP, &ids[1..2])
+        .await
+        .unwrap();
     let after = store
         .trim_acknowledged_since(&stream, LOADERS_GROUP, again.as_ref())
         .await

@@ -178,17 +178,6 @@ impl Store {
         }
     }
 
-    /// Acknowledges an entry.
-    pub async fn ack(&self, stream: &str, group: &str, id: &str) -> StoreResult<()> {
-        redis::cmd("XACK")
-            .arg(stream)
-            .arg(group)
-            .arg(id)
-            .query_async::<()>(&mut self.conn.clone())
-            .await?;
-        Ok(())
-    }
-
     /// Acknowledges several entries of `stream` in one `XACK`. Returns how
     /// many were still pending.
     pub async fn ack_all(&self, stream: &str, group: &str, ids: &[String]) -> StoreResult<u64> {
