@@ -626,11 +626,13 @@ async fn everysec(name: &str, server: Server, worker_durability: &'static str) {
         .iter()
         .map(|(k, n)| format!("{k}:{n}"))
         .collect();
-    // Acknowledgements withheld because the handling's last event was gone
-    // (`ack_recorded.lua`): entries handled again after a loss.
-    let withheld = rig.worker_log_lines("entries left pending: the last event");
+    // Acknowledgement flushes and dead letters that left entries pending
+    // because their handling's last event was gone (`ack_recorded.lua`,
+    // `dead_letter.lua`; one log line each): entries handled again after a
+    // loss.
+    let withheld = rig.worker_log_lines("handling appended is gone");
     let extra = format!(
-        " broken_batches={broken} detected={detected} silent={} lost_writes_flagged={lost_flagged} acks_withheld={withheld} all_reported={all_reported} canary_lost=[{}] aof_bytes_cut={:?}",
+        " broken_batches={broken} detected={detected} silent={} lost_writes_flagged={lost_flagged} ack_flushes_withheld={withheld} all_reported={all_reported} canary_lost=[{}] aof_bytes_cut={:?}",
         silent.len(),
         losses.join(","),
         rig.stats.power_loss_bytes

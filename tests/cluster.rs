@@ -306,9 +306,18 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ),
         ("append", vec![k.state.clone(), k.events.clone()]),
         ("claim_send", vec![k.state.clone(), k.events.clone()]),
-        // consumer.rs: a dead letter of either source stream of the shard.
+        // consumer.rs: a dead letter of either source stream of the shard,
+        // and (under `everysec`) one waiting on the handling's last event.
         ("dead_letter", vec![keys.dead_letters(s), keys.ingest(s)]),
         ("dead_letter", vec![keys.dead_letters(s), keys.work(s)]),
+        (
+            "dead_letter after an event",
+            vec![keys.dead_letters(s), keys.ingest(s), k.state.clone()],
+        ),
+        // consumer.rs: acknowledgements waiting on their handlings' last
+        // events (batches of the shard).
+        ("ack_recorded", vec![keys.ingest(s), k.state.clone()]),
+        ("ack_recorded", vec![keys.work(s), k.state.clone()]),
         ("retry_later", vec![keys.delayed(s), keys.ingest(s)]),
         ("retry_later", vec![keys.delayed(s), keys.work(s)]),
         (
@@ -478,9 +487,34 @@ async fn run_every_script(store: &Store, round: u32) {
                 LOADERS_GROUP,
                 &id,
                 &[("reason".into(), b"test".to_vec())],
+                None,
             )
             .await
             .expect("dead_letter");
+        // Waiting on an event the batch does not have: nothing written,
+        // the entries stay pending (both scripts run on the batch's master).
+        let missing = groupcast::store::witness::LastAppended {
+            state: k.state.clone(),
+            key: "never".into(),
+            id: "0-1".into(),
+        };
+        let left = store
+            .dead_letter(
+                &store.keys.dead_letters(shard),
+                &ingest,
+                LOADERS_GROUP,
+                &id,
+                &[("reason".into(), b"test".to_vec())],
+                Some(&missing),
+            )
+            .await
+            .expect("dead_letter after an event");
+        assert_eq!(left, None);
+        let kept = store
+            .ack_recorded(&work, OPERATORS_GROUP, &[("0-1".into(), Some(missing))])
+            .await
+            .expect("ack_recorded");
+        assert_eq!(kept, vec!["0-1".to_string()]);
         let entry = DelayedEntry {
             op: "send".into(),
             d: b"item".to_vec(),
@@ -616,6 +650,7 @@ async fn every_script_runs_on_the_cluster_and_reloads_after_a_flush() {
         SCRIPTS.completed.get_hash(),
         SCRIPTS.append.get_hash(),
         SCRIPTS.dead_letter.get_hash(),
+        SCRIPTS.ack_recorded.get_hash(),
         SCRIPTS.retry_later.get_hash(),
         SCRIPTS.promote.get_hash(),
     ];
@@ -786,6 +821,7 @@ async fn dead_letters_are_redriven_on_every_shard() {
                 LOADERS_GROUP,
                 "0-1",
                 &fields,
+                None,
             )
             .await
             .expect("dead letter");

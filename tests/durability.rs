@@ -859,15 +859,50 @@ async fn an_acknowledgement_waits_on_the_last_event_its_handling_appended() {
         .await
         .expect("ack_recorded");
     assert_eq!(kept, vec![ids[3].clone(), ids[4].clone()]);
+    let pending = pending_ids(&mut conn, &stream, group).await;
+    assert_eq!(pending, vec![ids[3].clone(), ids[4].clone()]);
+    // A dead letter waits on the same condition: not written while the
+    // event is gone (the entry stays pending), written once it holds.
+    let dlq = store.keys.dead_letters(0);
+    let letter = [("reason".to_string(), b"refused".to_vec())];
+    let gone = LastAppended {
+        key: "stalled/9".into(),
+        ..other.clone()
+    };
+    let none = store
+        .dead_letter(&dlq, &stream, group, &ids[3], &letter, Some(&gone))
+        .await
+        .expect("dead_letter");
+    assert_eq!(none, None);
+    let written = store
+        .dead_letter(&dlq, &stream, group, &ids[4], &letter, Some(&other))
+        .await
+        .expect("dead_letter");
+    assert!(written.is_some());
+    let letters: u64 = redis::cmd("XLEN")
+        .arg(&dlq)
+        .query_async(&mut conn)
+        .await
+        .expect("xlen");
+    assert_eq!(letters, 1);
+    let pending = pending_ids(&mut conn, &stream, group).await;
+    assert_eq!(pending, vec![ids[3].clone()]);
+}
+
+/// The ids of the entries of `stream` pending in `group`.
+async fn pending_ids(
+    conn: &mut groupcast::store::RedisConn,
+    stream: &str,
+    group: &str,
+) -> Vec<String> {
     let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(&stream)
+        .arg(stream)
         .arg(group)
         .arg("-")
         .arg("+")
-        .arg(10)
-        .query_async(&mut conn)
+        .arg(100)
+        .query_async(conn)
         .await
         .expect("xpending");
-    let pending: Vec<String> = pending.into_iter().map(|(id, ..)| id).collect();
-    assert_eq!(pending, vec![ids[3].clone(), ids[4].clone()]);
+    pending.into_iter().map(|(id, ..)| id).collect()
 }

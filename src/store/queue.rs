@@ -293,7 +293,10 @@ impl Store {
         Ok(())
     }
 
-    /// Writes a dead letter and acknowledges the source entry, in one step.
+    /// Writes a dead letter and acknowledges the source entry, in one step,
+    /// and answers its id. With `after`, the last event the entry's
+    /// handling appended, only while that event is still recorded (see
+    /// [`Store::ack_recorded`]): None, nothing written, the entry pending.
     pub async fn dead_letter(
         &self,
         dlq: &str,
@@ -301,9 +304,13 @@ impl Store {
         group: &str,
         id: &str,
         fields: &[(String, Vec<u8>)],
-    ) -> StoreResult<String> {
+        after: Option<&LastAppended>,
+    ) -> StoreResult<Option<String>> {
         let mut inv = SCRIPTS.dead_letter.prepare_invoke();
         inv.key(dlq).key(source).arg(group).arg(id);
+        if let Some(a) = after {
+            inv.key(&a.state).arg(&a.key).arg(&a.id);
+        }
         for (f, v) in fields {
             inv.arg(f).arg(v.as_slice());
         }

@@ -459,13 +459,24 @@ async fn settle(
                     now,
                 ) {
                     retry::Decision::GiveUp(reason) => {
-                        if let Err(e) =
-                            give_up_load(ctx, lane, op, &item, chunk.as_deref(), &reason).await
+                        let gave_up = match give_up_load(
+                            ctx,
+                            lane,
+                            op,
+                            &item,
+                            chunk.as_deref(),
+                            &reason,
+                        )
+                        .await
                         {
-                            tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
-                            return;
-                        }
-                        dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
+                            Ok(g) => g,
+                            Err(e) => {
+                                tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
+                                return;
+                            }
+                        };
+                        let after = gave_up.or(appended);
+                        dead_letter(ctx, at, entry, &reason, deliveries, after).await
                     }
                     retry::Decision::Retry(delay) => {
                         metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
@@ -535,17 +546,20 @@ async fn settle(
                     }
                 }
             }
-            None => dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await,
+            None => dead_letter(ctx, at, entry, &reason, deliveries, appended).await,
         },
         Outcome::Dead(reason) => {
+            let mut after = appended;
             if let Some((op, item, chunk)) = &handled.retry_as {
-                if let Err(e) = give_up_load(ctx, lane, *op, item, chunk.as_deref(), &reason).await
-                {
-                    tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
-                    return;
+                match give_up_load(ctx, lane, *op, item, chunk.as_deref(), &reason).await {
+                    Ok(gave_up) => after = gave_up.or(after),
+                    Err(e) => {
+                        tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
+                        return;
+                    }
                 }
             }
-            dead_letter(ctx, source, shard, stream, entry, &reason, deliveries).await
+            dead_letter(ctx, at, entry, &reason, deliveries, after).await
         }
     };
     if let Err(e) = result {
@@ -556,6 +570,8 @@ async fn settle(
 /// A load that ends in the dead letters also ends its chunk: recorded as
 /// given up (see [`load_chunk::give_up`]) before the entry is dead-lettered,
 /// so that the generation and the batch still end.
+/// Answers the give-up's event (None when nothing was appended, or where
+/// Redis cannot lose acknowledged writes): the dead letter waits on it.
 async fn give_up_load(
     ctx: &Ctx,
     lane: Priority,
@@ -563,26 +579,32 @@ async fn give_up_load(
     item: &WorkItem,
     chunk: Option<&[u8]>,
     reason: &str,
-) -> Result<(), crate::worker::ops::OpError> {
-    match (op, chunk) {
-        (Op::Load, Some(bytes)) => load_chunk::give_up(ctx, lane, item, bytes, reason).await,
-        _ => Ok(()),
-    }
+) -> Result<Option<LastAppended>, crate::worker::ops::OpError> {
+    let (r, appended) = witness::noting_appended(async {
+        match (op, chunk) {
+            (Op::Load, Some(bytes)) => load_chunk::give_up(ctx, lane, item, bytes, reason).await,
+            _ => Ok(()),
+        }
+    })
+    .await;
+    r?;
+    Ok(appended.filter(|_| ctx.config.durable.waits()))
 }
 
+/// Dead-letters `entry`; with `after` (the last event its handling, or the
+/// give-up of its chunk, appended), only while that event is still
+/// recorded, else the entry stays pending (see [`Acker`]).
 async fn dead_letter(
     ctx: &Ctx,
-    source: Source,
-    shard: u32,
-    stream: &str,
+    at: &At<'_>,
     entry: &Entry,
     reason: &str,
     deliveries: u64,
+    after: Option<LastAppended>,
 ) -> crate::store::StoreResult<()> {
+    let (source, shard, stream) = (at.source, at.shard, at.stream);
     // Reasons quote input; whatever quoted it, a reason stays short.
     let reason = &crate::events::clip(reason, 32 * crate::events::QUOTE_MAX);
-    tracing::warn!(%stream, id = %entry.id, %reason, "dead-lettered");
-    metrics::counter!("groupcast_dead_letters_total", "stream" => source.label()).increment(1);
     let mut fields = vec![
         ("reason".to_string(), reason.as_bytes().to_vec()),
         ("source".to_string(), stream.as_bytes().to_vec()),
@@ -596,14 +618,26 @@ async fn dead_letter(
     for (f, v) in &entry.fields {
         fields.push((format!("f:{f}"), v.clone()));
     }
-    ctx.store
+    let written = ctx
+        .store
         .dead_letter(
             &ctx.store.keys.dead_letters(shard),
             stream,
             source.group(),
             &entry.id,
             &fields,
+            after.as_ref(),
         )
-        .await
-        .map(|_| ())
+        .await?;
+    if written.is_some() {
+        tracing::warn!(%stream, id = %entry.id, %reason, "dead-lettered");
+        metrics::counter!("groupcast_dead_letters_total", "stream" => source.label()).increment(1);
+    } else {
+        metrics::counter!("groupcast_acks_withheld_total").increment(1);
+        tracing::error!(
+            %stream, id = %entry.id, %reason,
+            "entry left pending instead of dead-lettered: the last event its handling appended is gone (Redis lost acknowledged writes?); it is handled again"
+        );
+    }
+    Ok(())
 }

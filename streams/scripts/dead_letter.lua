@@ -1,9 +1,25 @@
 -- Move an entry to the dead letters and acknowledge it, in one step.
--- KEYS: dead-letter stream, source stream
--- ARGV: consumer group, entry id, then field/value pairs of the dead letter
+-- KEYS: dead-letter stream, source stream, and optionally a batch's state
+--       hash
+-- ARGV: consumer group, entry id, then with the state hash the key and
+--       entry id of the last event the entry's handling appended, then
+--       field/value pairs of the dead letter
+-- With the state hash (under `everysec`), the entry is dead-lettered only
+-- while that event is still recorded under that id, like
+-- `ack_recorded.lua`: a rejection recorded, or a chunk given up, then lost
+-- in a restart from disk before this step, would leave the batch waiting
+-- for a seq nobody handles again. Otherwise nothing is written and the
+-- entry stays pending (returns false).
 -- Returns the dead letter's id.
+local first = 3
+if KEYS[3] then
+  if redis.call('HGET', KEYS[3], 'k:' .. ARGV[3]) ~= ARGV[4] then
+    return false
+  end
+  first = 5
+end
 local fields = {}
-for i = 3, #ARGV do
+for i = first, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local id = redis.call('XADD', KEYS[1], '*', unpack(fields))

@@ -183,6 +183,8 @@ pub struct Job {
     /// The key and entry id of the last event its handling appended: its
     /// acknowledgement waits on it.
     pub appended: Option<(String, String)>,
+    /// The reason of the dead letter its next step writes (`DEAD`).
+    pub dead: Option<String>,
 }
 
 /// How a provider call turned out.
@@ -248,6 +250,8 @@ const CHUNK_OPS: &str = "chunk";
 /// The step that acknowledges the entry (after a script's write: a crash in
 /// between redelivers an entry whose effect is recorded).
 const ACK: u8 = 9;
+/// The step that dead-letters the entry (after a script's write, like `ACK`).
+const DEAD: u8 = 10;
 
 impl World {
     pub fn new(cfg: Config) -> World {
@@ -340,6 +344,7 @@ impl World {
                     .map(|(k, _)| (k, self.recorded(&j.appended))),
             )
                 .hash(&mut h);
+            j.dead.hash(&mut h);
         }
         let mine = Delivery::Pending(Some(w as u8));
         let pending = |r: &Redis, h: &mut crate::checker::Fx| {
@@ -463,35 +468,45 @@ impl World {
         self.redis.work.resize(n, Delivery::New);
     }
 
-    /// The acknowledgement of an entry whose handling is done (the
-    /// consumer's `Acker`). Under `everysec` it is made only while the last
-    /// event the handling appended is still recorded (`ack_recorded.lua`);
-    /// one that is gone leaves the entry pending, to be reclaimed and
-    /// handled again. While a loss can still come, an event appended in
-    /// this very step is acknowledged in a step of its own: the script's
-    /// answer comes first, the `XACK` after it, and Redis may restart from
-    /// disk in between.
-    pub(super) fn ack(&mut self, w: usize) {
+    /// Whether worker `w`'s entry is settled now (acknowledged, or
+    /// dead-lettered). Under `everysec` that happens only while the last
+    /// event its handling appended is still recorded (`ack_recorded.lua`,
+    /// `dead_letter.lua`); one that is gone leaves the entry pending, to be
+    /// reclaimed and handled again (false, the worker freed). While a loss
+    /// can still come, an event appended in this very step is settled in a
+    /// step of its own (false, `hold` sets the job up for it): the script's
+    /// answer comes first, the settling after it, and Redis may restart
+    /// from disk in between.
+    fn settles_now(&mut self, w: usize, hold: impl FnOnce(&mut Job)) -> bool {
         let appended_now = self.redis.db.last_event.take();
-        if self.cfg.everysec {
-            let Some(job) = self.workers[w].as_mut() else {
-                return;
-            };
-            if appended_now.is_some() {
-                job.appended = appended_now;
-                if self.redis_losses > 0 {
-                    job.pc = ACK;
-                    return;
-                }
-            }
-            let appended = job.appended.clone();
-            let gone = appended.is_some() && !self.recorded(&appended);
-            if gone && self.cfg.mutant != Some(Mutant::AckWithoutCheck) {
-                self.workers[w] = None;
-                return;
+        if !self.cfg.everysec {
+            return true;
+        }
+        let Some(job) = self.workers[w].as_mut() else {
+            return false;
+        };
+        if appended_now.is_some() {
+            job.appended = appended_now;
+            if self.redis_losses > 0 {
+                hold(job);
+                return false;
             }
         }
-        self.xack(w);
+        let appended = job.appended.clone();
+        let gone = appended.is_some() && !self.recorded(&appended);
+        if gone && self.cfg.mutant != Some(Mutant::AckWithoutCheck) {
+            self.workers[w] = None;
+            return false;
+        }
+        true
+    }
+
+    /// The acknowledgement of an entry whose handling is done (the
+    /// consumer's `Acker`), when it [settles now](World::settles_now).
+    pub(super) fn ack(&mut self, w: usize) {
+        if self.settles_now(w, |job| job.pc = ACK) {
+            self.xack(w);
+        }
     }
 
     /// Whether Redis holds event `appended` (key, entry id) under that id:
@@ -505,7 +520,7 @@ impl World {
 
     /// XACK: of a pending entry (whoever it is pending for); an entry
     /// whose delivery Redis lost is not pending, and stays as it is.
-    /// (`retry_later.lua` and `dead_letter.lua` acknowledge in their own step.)
+    /// (`retry_later.lua` acknowledges in its own step.)
     fn xack(&mut self, w: usize) {
         if let Some(job) = self.workers[w].take() {
             if let Some(Delivery::Pending(_)) = self.delivery(job.held) {
@@ -532,9 +547,17 @@ impl World {
         self.xack(w);
     }
 
-    fn dead(&mut self, w: usize, what: String) {
-        self.redis.dead.push(what);
-        self.xack(w);
+    /// The dead letter of an entry (`dead_letter.lua`, which acknowledges
+    /// it in the same step), when it [settles now](World::settles_now).
+    pub(super) fn dead(&mut self, w: usize, what: String) {
+        let held = what.clone();
+        if self.settles_now(w, |job| {
+            job.pc = DEAD;
+            job.dead = Some(held);
+        }) {
+            self.redis.dead.push(what);
+            self.xack(w);
+        }
     }
 
     fn item(&self, job: &Job) -> WorkItem {

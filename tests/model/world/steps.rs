@@ -6,7 +6,7 @@ use groupcast::events::{
 };
 use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs};
 
-use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS};
+use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS, DEAD};
 
 impl World {
     /// One step of worker `w`; the last event it appended, if any, is the
@@ -425,6 +425,7 @@ impl World {
                 protocol::append(&mut self.redis.db, BATCH, "delivered", &e);
                 return self.ack(w);
             }
+            (_, DEAD) => return self.dead(w, job.dead.clone().unwrap_or_default()),
             _ => return self.ack(w),
         }
         self.workers[w] = Some(job);
@@ -475,6 +476,7 @@ impl World {
             registered: 0,
             outcome: "",
             appended: None,
+            dead: None,
         };
         if let Some(e) = match held {
             Held::Work(id) => self.redis.db.work.iter().find(|e| e.id == id),
