@@ -570,6 +570,7 @@ async fn settle(
 /// A load that ends in the dead letters also ends its chunk: recorded as
 /// given up (see [`load_chunk::give_up`]) before the entry is dead-lettered,
 /// so that the generation and the batch still end.
+///
 /// Answers the give-up's event (None when nothing was appended, or where
 /// Redis cannot lose acknowledged writes): the dead letter waits on it.
 async fn give_up_load(
