@@ -524,46 +524,6 @@ async fn a_load_retried_after_its_facts_are_gone_stays_pending() {
         c: None,
         lane: Default::default(),
     };
-    // One pending delivery per case, read by consumer `w`.
-    async fn deliver(conn: &mut groupcast::store::RedisConn, stream: &str, group: &str) -> String {
-        let id: String = redis::cmd("XADD")
-            .arg(stream)
-            .arg("*")
-            .arg("v")
-            .arg("1")
-            .query_async(conn)
-            .await
-            .expect("xadd");
-        let _: redis::Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(group)
-            .arg("w")
-            .arg("COUNT")
-            .arg(1)
-            .arg("STREAMS")
-            .arg(stream)
-            .arg(">")
-            .query_async(conn)
-            .await
-            .expect("xreadgroup");
-        id
-    }
-    async fn pending(
-        conn: &mut groupcast::store::RedisConn,
-        stream: &str,
-        group: &str,
-    ) -> Vec<String> {
-        let v: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-            .arg(stream)
-            .arg(group)
-            .arg("-")
-            .arg("+")
-            .arg(100)
-            .query_async(conn)
-            .await
-            .expect("xpending");
-        v.into_iter().map(|(id, ..)| id).collect()
-    }
     let holds = LoadHolds {
         state: &state,
         seq: 4,
@@ -604,7 +564,7 @@ async fn a_load_retried_after_its_facts_are_gone_stays_pending() {
             .expect("retry_later");
         assert_eq!(r, Rescheduled::LoadGone, "{why}");
         assert!(
-            pending(&mut conn, stream, group).await.contains(&id),
+            pending_ids(&mut conn, stream, group).await.contains(&id),
             "{why}: the delivery must stay pending"
         );
         let scheduled: u64 = redis::cmd("ZCARD")
@@ -625,7 +585,7 @@ async fn a_load_retried_after_its_facts_are_gone_stays_pending() {
         .await
         .expect("retry_later");
     assert_eq!(r, Rescheduled::Scheduled);
-    assert!(!pending(&mut conn, stream, group).await.contains(&id));
+    assert!(!pending_ids(&mut conn, stream, group).await.contains(&id));
     let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
         .arg(delayed)
         .arg(0)
@@ -817,26 +777,8 @@ async fn an_acknowledgement_waits_on_the_last_event_its_handling_appended() {
     // Five deliveries, each pending for consumer `w`.
     let mut ids = Vec::new();
     for _ in 0..5 {
-        let id: String = redis::cmd("XADD")
-            .arg(&stream)
-            .arg("*")
-            .arg("v")
-            .arg("1")
-            .query_async(&mut conn)
-            .await
-            .expect("xadd");
-        ids.push(id);
+        ids.push(deliver(&mut conn, &stream, group).await);
     }
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg("w")
-        .arg("STREAMS")
-        .arg(&stream)
-        .arg(">")
-        .query_async(&mut conn)
-        .await
-        .expect("xreadgroup");
     // Batch a's event appended again after a loss (another entry id), and
     // batch b's event gone.
     let again = LastAppended {
@@ -887,6 +829,32 @@ async fn an_acknowledgement_waits_on_the_last_event_its_handling_appended() {
     assert_eq!(letters, 1);
     let pending = pending_ids(&mut conn, &stream, group).await;
     assert_eq!(pending, vec![ids[3].clone()]);
+}
+
+/// Appends an entry to `stream` and delivers it to consumer `w` of
+/// `group`: one pending delivery. Returns its id.
+async fn deliver(conn: &mut groupcast::store::RedisConn, stream: &str, group: &str) -> String {
+    let id: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("v")
+        .arg("1")
+        .query_async(conn)
+        .await
+        .expect("xadd");
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("w")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(conn)
+        .await
+        .expect("xreadgroup");
+    id
 }
 
 /// The ids of the entries of `stream` pending in `group`.

@@ -459,24 +459,17 @@ async fn settle(
                     now,
                 ) {
                     retry::Decision::GiveUp(reason) => {
-                        let gave_up = match give_up_load(
+                        let load = (op, &item, chunk.as_deref());
+                        dead_letter_giving_up(
                             ctx,
-                            lane,
-                            op,
-                            &item,
-                            chunk.as_deref(),
+                            at,
+                            entry,
                             &reason,
+                            deliveries,
+                            Some(load),
+                            appended,
                         )
                         .await
-                        {
-                            Ok(g) => g,
-                            Err(e) => {
-                                tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
-                                return;
-                            }
-                        };
-                        let after = gave_up.or(appended);
-                        dead_letter(ctx, at, entry, &reason, deliveries, after).await
                     }
                     retry::Decision::Retry(delay) => {
                         metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
@@ -549,17 +542,9 @@ async fn settle(
             None => dead_letter(ctx, at, entry, &reason, deliveries, appended).await,
         },
         Outcome::Dead(reason) => {
-            let mut after = appended;
-            if let Some((op, item, chunk)) = &handled.retry_as {
-                match give_up_load(ctx, lane, *op, item, chunk.as_deref(), &reason).await {
-                    Ok(gave_up) => after = gave_up.or(after),
-                    Err(e) => {
-                        tracing::warn!(%stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
-                        return;
-                    }
-                }
-            }
-            dead_letter(ctx, at, entry, &reason, deliveries, after).await
+            let load =
+                (handled.retry_as.as_ref()).map(|(op, item, chunk)| (*op, item, chunk.as_deref()));
+            dead_letter_giving_up(ctx, at, entry, &reason, deliveries, load, appended).await
         }
     };
     if let Err(e) = result {
@@ -567,29 +552,37 @@ async fn settle(
     }
 }
 
-/// A load that ends in the dead letters also ends its chunk: recorded as
-/// given up (see [`load_chunk::give_up`]) before the entry is dead-lettered,
-/// so that the generation and the batch still end.
-///
-/// Answers the give-up's event (None when nothing was appended, or where
-/// Redis cannot lose acknowledged writes): the dead letter waits on it.
-async fn give_up_load(
+/// Dead-letters `entry`, whose item `load` names (op, item, chunk). A load
+/// that ends in the dead letters also ends its chunk: recorded as given up
+/// (see [`load_chunk::give_up`]) before the entry is dead-lettered, so that
+/// the generation and the batch still end. The dead letter waits on the
+/// give-up's event, else on `appended` (the handling's last), like an
+/// acknowledgement; a give-up that cannot be recorded leaves the entry
+/// pending.
+async fn dead_letter_giving_up(
     ctx: &Ctx,
-    lane: Priority,
-    op: Op,
-    item: &WorkItem,
-    chunk: Option<&[u8]>,
+    at: &At<'_>,
+    entry: &Entry,
     reason: &str,
-) -> Result<Option<LastAppended>, crate::worker::ops::OpError> {
-    let (r, appended) = witness::noting_appended(async {
-        match (op, chunk) {
-            (Op::Load, Some(bytes)) => load_chunk::give_up(ctx, lane, item, bytes, reason).await,
+    deliveries: u64,
+    load: Option<(Op, &WorkItem, Option<&[u8]>)>,
+    appended: Option<LastAppended>,
+) -> crate::store::StoreResult<()> {
+    let (recorded, gave_up) = witness::noting_appended(async {
+        match load {
+            Some((Op::Load, item, Some(bytes))) => {
+                load_chunk::give_up(ctx, at.lane, item, bytes, reason).await
+            }
             _ => Ok(()),
         }
     })
     .await;
-    r?;
-    Ok(appended.filter(|_| ctx.config.durable.waits()))
+    if let Err(e) = recorded {
+        tracing::warn!(stream = %at.stream, id = %entry.id, error = %e, "could not record the given-up chunk; the entry stays pending");
+        return Ok(());
+    }
+    let gave_up = gave_up.filter(|_| ctx.config.durable.waits());
+    dead_letter(ctx, at, entry, reason, deliveries, gave_up.or(appended)).await
 }
 
 /// Dead-letters `entry`; with `after` (the last event its handling, or the
