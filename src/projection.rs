@@ -14,11 +14,13 @@
 //! | `t0` | ms of the first chunk's acceptance |
 //! | `s:<seq>` | `<gen>\|<count>\|<digest>`: the chunk's assignment |
 //! | `seqs`, `recipients` | chunks and recipients accepted |
-//! | `max`, `last` | highest seq accepted; the seq flagged last |
+//! | `max`, `last` | highest seq accepted; the batch's last seq: flagged last (accepted or refused), or the highest seq received when a `last` flag contradicted it |
+//! | `last_conflict` | why `last` is not the flagged seq: its flag contradicted a higher seq already received |
 //! | `gen` | the newest generation |
 //! | `g:<g>:n`, `g:<g>:c` | recipients and chunks assigned to generation g |
 //! | `g:<g>:l` | chunks loaded into it |
-//! | `g:<g>:closed` | `full`, `final`, `closed` or `cancelled` |
+//! | `g:<g>:closed` | `full`, `final`, `closed`, `cancelled` or `failed` |
+//! | `g:<g>:failed` | the provider operation given up for good on generation g (`create`): its chunks are given up |
 //! | `g:<g>:group` | its provider group |
 //! | `g:<g>:reg`, `g:<g>:fail` | recipients registered / refused in it |
 //! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress |
@@ -125,6 +127,9 @@ pub mod field {
     pub const REJECTED: &str = "rejected";
     /// Seqs given up on by `close`.
     pub const MISSING: &str = "missing";
+    /// Why the batch's last seq is not the seq flagged last (its flag
+    /// contradicted a higher seq already received).
+    pub const LAST_CONFLICT: &str = "last_conflict";
     /// Why the batch was closed.
     pub const CLOSED: &str = "closed";
     /// How many holes.
@@ -147,6 +152,12 @@ pub mod field {
     /// `g:<gen>:claimed`: generation `gen`'s send was claimed.
     pub fn claimed(gen: u32) -> String {
         self::gen(gen, "claimed")
+    }
+
+    /// `g:<gen>:failed`: the operation given up for good on generation
+    /// `gen` (`create`).
+    pub fn failed_in(gen: u32) -> String {
+        self::gen(gen, "failed")
     }
 }
 
@@ -286,6 +297,12 @@ pub fn updates(event: &Event) -> Vec<Update> {
         Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
         Event::InputRejected(e) => {
             let mut u = vec![Incr(field::REJECTED.into(), 1)];
+            if let Some(last) = e.last {
+                u.push(Set("last".into(), last.to_string()));
+            }
+            if let Some(why) = &e.last_conflict {
+                u.push(Set(field::LAST_CONFLICT.into(), why.clone()));
+            }
             if let (true, Some(seq)) = (e.hole, e.seq) {
                 u.push(Set(field::hole(seq), "1".into()));
                 u.push(Incr(field::HOLES.into(), 1));
@@ -300,6 +317,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
             Set(field::STOPPED.into(), e.stopped.len().to_string()),
             Set(field::UNSENT.into(), e.unsent.to_string()),
         ],
+        Event::GenerationFailed(e) => vec![Set(field::failed_in(e.gen), e.op.clone())],
         Event::ChunkParked(_)
         | Event::GroupRequested(_)
         | Event::ChunksReleased(_)
@@ -432,6 +450,12 @@ impl Projection {
     /// Generation `gen`'s provider group, once recorded.
     pub fn group_of(&self, gen: u32) -> Option<&str> {
         self.get(&field::group(gen))
+    }
+
+    /// The operation given up for good on generation `gen` (`create`: its
+    /// group can never be created), if any.
+    pub fn failed_in(&self, gen: u32) -> Option<&str> {
+        self.get(&field::failed_in(gen))
     }
 
     /// Recipients registered in generation `gen` (0 when none or unknown).

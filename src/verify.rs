@@ -877,6 +877,7 @@ mod tests {
                 seq: Some(2),
                 reason: "beyond the last seq 1".into(),
                 hole: false,
+                ..Default::default()
             }),
         );
         let mut e = good();

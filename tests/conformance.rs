@@ -21,7 +21,7 @@ use groupcast::keys::Keyspace;
 use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry};
 use groupcast::store::batch::{
     dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, Closing,
-    Completion, GroupRecord, Loading, Parked, Rejection,
+    Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -130,6 +130,8 @@ enum Call {
         seq: u32,
         digest: String,
         reason: String,
+        /// The refused chunk's `last` flag.
+        last: bool,
     },
     Close {
         reason: String,
@@ -149,6 +151,10 @@ enum Call {
     RecordGroup {
         gen: u32,
         group: String,
+    },
+    /// `fail_generation`: a generation's creation given up for good.
+    FailGeneration {
+        gen: u32,
     },
     Loaded(ChunkLoaded),
     Sent {
@@ -211,9 +217,10 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         .field(batch, &format!("g:{sgen}:group"))
         .map(str::to_string)
         .unwrap_or_else(|| format!("G{sgen}-0"));
-    let choice = match rng.random_range(0..112) {
-        // A clean run has no rejections, no close and no cancel.
-        100..=105 | 111 if chunks.clean => rng.random_range(0..30),
+    let choice = match rng.random_range(0..114) {
+        // A clean run has no rejections, no close, no cancel and no
+        // generation given up.
+        100..=105 | 111..=113 if chunks.clean => rng.random_range(0..30),
         n => n,
     };
     match choice {
@@ -248,6 +255,7 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
                 seq,
                 digest: format!("bad{}", rng.random_range(0..2)),
                 reason: "recipient 0 has an invalid number".into(),
+                last: rng.random_bool(0.3),
             }
         }
         103..=104 => Call::Close {
@@ -266,6 +274,7 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         111 => Call::Cancel {
             reason: "wrong campaign".into(),
         },
+        112..=113 => Call::FailGeneration { gen },
         30..=42 => Call::Park {
             seq,
             gen: sgen,
@@ -393,12 +402,16 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
             seq,
             digest,
             reason,
-        } => protocol::reject(db, batch, p, *seq, digest, reason),
+            last,
+        } => protocol::reject(db, batch, p, *seq, digest, reason, *last),
         Call::Close { reason } => protocol::close(db, batch, p, reason),
         Call::Cancel { reason } => protocol::cancel(db, batch, p, reason),
         Call::Claim { gen } => protocol::claim_send(db, batch, *gen),
         Call::Park { seq, gen, payload } => protocol::park(db, batch, *seq, *gen, payload),
         Call::RecordGroup { gen, group } => protocol::record_group(db, batch, *gen, group),
+        Call::FailGeneration { gen } => {
+            protocol::fail_generation(db, batch, p, *gen, "create refused: 403")
+        }
         Call::Loaded(e) => protocol::loaded(db, batch, p, e),
         Call::Sent {
             gen,
@@ -500,7 +513,8 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             seq,
             digest,
             reason,
-        } => match log.reject(*seq, digest, reason).await.expect(fail) {
+            last,
+        } => match log.reject(*seq, digest, reason, *last).await.expect(fail) {
             Rejection::Recorded => vec![s("rejected")],
             Rejection::Refused(r) => vec![s("refused"), r],
         },
@@ -541,6 +555,7 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 Parked::Group(g) => vec![s("group"), g],
                 Parked::AlreadyLoaded => vec![s("loaded")],
                 Parked::Unassigned => vec![s("unassigned")],
+                Parked::Failed => vec![s("failed")],
             }
         }
         Call::RecordGroup { gen, group } => {
@@ -548,6 +563,19 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 GroupRecord::Won => vec![s("won"), group.clone()],
                 GroupRecord::Lost { kept } => vec![s("lost"), kept],
                 GroupRecord::Cancelled => vec![s("cancelled")],
+                GroupRecord::Failed => vec![s("failed")],
+            }
+        }
+        Call::FailGeneration { gen } => {
+            match log
+                .fail_generation(*gen, "create refused: 403")
+                .await
+                .expect(fail)
+            {
+                GenerationFailure::Failed { released } => vec![s("failed"), s(released)],
+                GenerationFailure::AlreadyFailed => vec![s("duplicate")],
+                GenerationFailure::HasGroup(g) => vec![s("group"), g],
+                GenerationFailure::Ended => vec![s("ended")],
             }
         }
         Call::Loaded(e) => match log.record_loaded(e).await.expect(fail) {
@@ -828,6 +856,9 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     let mut mobile = 0usize;
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     let mut copies = 0usize;
+    // Refused chunks whose `last` flag taught their batch its end, and
+    // those whose flag contradicted a higher seq.
+    let (mut learned, mut contradicted) = (0usize, 0usize);
     for run in 0..RUNS {
         let seed = seed0 + run;
         let store = Store::connect(&server.url(), Keyspace::new(format!("c{run}"), 1))
@@ -850,7 +881,18 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             let log = store.batch(batch);
             let call = pick(&mut rng, &db, batch, &chunks);
             let reports = db.reports.len();
+            let knew_last = db.field(batch, "last").is_some();
+            let knew_conflict = db.field(batch, "last_conflict").is_some();
             let want = model(&mut db, batch, &p, chunks.cap, &call);
+            if !knew_last
+                && db.field(batch, "last").is_some()
+                && matches!(want[0].as_str(), "rejected" | "conflict")
+            {
+                learned += 1;
+            }
+            if !knew_conflict && db.field(batch, "last_conflict").is_some() {
+                contradicted += 1;
+            }
             let got = real(&store, &log, chunks.cap, &call).await;
             for (_, _, e) in &db.reports[reports..] {
                 if let Event::BatchReported(r) = e {
@@ -915,7 +957,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         }
     }
     shout(&format!(
-        "conformance: steps={steps} seeds={seed0}..{} calls={kinds:?} outcomes={outcomes:?} copies={copies} max dedupe buckets={buckets} max bitmap numbers={mobile}",
+        "conformance: steps={steps} seeds={seed0}..{} calls={kinds:?} outcomes={outcomes:?} copies={copies} ends learned from refused chunks={learned} (contradicting a higher seq={contradicted}) max dedupe buckets={buckets} max bitmap numbers={mobile}",
         seed0 + RUNS - 1
     ));
     // Every kind of decision was exercised, not only the easy ones.
@@ -936,6 +978,12 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Claim:cancelled",
         "Loaded:cancelled",
         "RecordGroup:cancelled",
+        "RecordGroup:failed",
+        "Park:failed",
+        "FailGeneration:failed",
+        "FailGeneration:duplicate",
+        "FailGeneration:group",
+        "FailGeneration:ended",
         "Expire:expired",
         "Park:parked",
         "Park:group",
@@ -954,6 +1002,10 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
     ] {
         assert!(kinds.get(k).is_some_and(|&n| n > 0), "no {k} in {kinds:?}");
     }
+    assert!(
+        learned > 0 && contradicted > 0,
+        "no refused chunk taught its batch its end ({learned}), or none contradicted a higher seq ({contradicted})"
+    );
     for o in ["completed", "partial", "failed", "cancelled"] {
         assert!(
             outcomes.get(o).is_some_and(|&n| n > 0),
@@ -995,6 +1047,7 @@ async fn close_reads_thousands_of_seqs() {
             seq: 2500,
             digest: "bad".into(),
             reason: "invalid".into(),
+            last: false,
         },
         Call::Accept {
             seq: 9999,
@@ -1160,6 +1213,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
                 seq: 1,
                 digest: "bad".into(),
                 reason: "invalid".into(),
+                last: false,
             },
             Call::Expire,
             Call::Cancel {

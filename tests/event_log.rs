@@ -26,6 +26,7 @@ async fn concurrent_appends_of_the_same_keys_append_each_once() {
                     seq: Some(k),
                     reason: "test".into(),
                     hole: false,
+                    ..Default::default()
                 });
                 if let Appended::New(_) = log
                     .append(&format!("reject/{k}"), &e)
@@ -61,6 +62,7 @@ async fn a_repeated_append_returns_the_first_entry() {
         seq: None,
         reason: "x".into(),
         hole: false,
+        ..Default::default()
     });
     let Appended::New(first) = log.append("reject/x", &e).await.expect("append") else {
         panic!("first append must be new")
@@ -329,6 +331,7 @@ async fn an_idempotent_append_costs_four_commands_and_a_repeat_two() {
             seq: Some(k),
             reason: "x".into(),
             hole: false,
+            ..Default::default()
         })
     };
     // Load the script first (the first call answers NOSCRIPT and loads it).

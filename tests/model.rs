@@ -27,6 +27,15 @@ fn chunk(seq: u32, last: bool, to: &[u8]) -> ChunkSpec {
         seq,
         last,
         to: to.to_vec(),
+        invalid: false,
+    }
+}
+
+/// A chunk that fails validation (refused by `reject.lua`).
+fn invalid(seq: u32, last: bool, to: &[u8]) -> ChunkSpec {
+    ChunkSpec {
+        invalid: true,
+        ..chunk(seq, last, to)
     }
 }
 
@@ -355,7 +364,55 @@ fn configurations() -> Vec<Exhaustive> {
             },
             mutants: &[],
         },
+        // The chunk flagged last fails validation; a crash and a failed
+        // provider answer: the refusal still tells the batch its end.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, false, &[1, 2]), invalid(1, true, &[3])],
+                cap: 2,
+                crashes: 1,
+                failures: 1,
+                ..base("invalid-last-chunk")
+            },
+            mutants: &[RefusedLastIgnored],
+        },
+        // Seqs 0 and 2 arrive in any order with seq 1 flagged last (a
+        // producer that flags the wrong chunk): whichever order, the batch
+        // ends without an operator (at seq 1, or at seq 2 when the flag
+        // contradicts it); a copy of seq 2 fails validation.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![
+                    chunk(0, false, &[1]),
+                    chunk(2, false, &[3]),
+                    chunk(1, true, &[2]),
+                    invalid(2, false, &[3]),
+                ],
+                cap: 2,
+                crashes: 1,
+                ..base("last-contradicting-a-higher-seq")
+            },
+            mutants: &[RefusedLastIgnored],
+        },
     ]
+}
+
+/// A batch of one chunk, which fails validation: it reports `failed` at
+/// once (the refusal's `last` flag ends it); with the flag ignored it never
+/// reports.
+#[test]
+fn a_batch_of_one_invalid_chunk_reports_failed() {
+    let cfg = Config {
+        workers: 1,
+        ingest: vec![invalid(0, true, &[1])],
+        webhook: true,
+        ..base("one-invalid-chunk")
+    };
+    let r = check(World::new(cfg.clone()), LIMIT);
+    let text = show("one-invalid-chunk", &r);
+    shout(&text);
+    assert!(r.violation.is_none(), "{text}");
+    caught(Mutant::RefusedLastIgnored, cfg);
 }
 
 /// A mutant on a small configuration: the checker must find a

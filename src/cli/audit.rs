@@ -91,6 +91,10 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.outcome.replace('_', " ")
         ),
         Event::SendRefused(e) => format!("generation {} send REFUSED: {}", e.gen, e.reason),
+        Event::GenerationFailed(e) => format!(
+            "generation {} FAILED: its {} was given up ({}); its chunks end as failed",
+            e.gen, e.op, e.reason
+        ),
         Event::GroupCompleted(e) => format!(
             "generation {} group {} {}: {} delivered, {} failed",
             e.gen, e.group_id, e.status, e.sent_success, e.sent_failed
@@ -135,10 +139,18 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.sending
         ),
         Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
-        Event::InputRejected(e) => match e.seq {
-            Some(seq) => format!("chunk {seq} rejected: {}", e.reason),
-            None => format!("input rejected: {}", e.reason),
-        },
+        Event::InputRejected(e) => {
+            let mut s = match e.seq {
+                Some(seq) => format!("chunk {seq} rejected: {}", e.reason),
+                None => format!("input rejected: {}", e.reason),
+            };
+            match (&e.last_conflict, e.last) {
+                (Some(why), _) => s.push_str(&format!("; {why}")),
+                (None, Some(last)) => s.push_str(&format!("; the batch ends at seq {last}")),
+                _ => {}
+            }
+            s
+        }
         Event::BatchStalled(e) => format!(
             "STALLED: no event for {} (since {})",
             human_duration(e.quiet_for_ms),

@@ -168,6 +168,22 @@ events! {
     /// An operator cancelled the batch: generations whose send was not
     /// claimed are stopped (never sent), and it takes no more chunks.
     BatchCancelled(BatchCancelled) = "batch_cancelled",
+    /// A provider operation on a generation was given up for good (refused,
+    /// or failing past `--retry-for`): the generation ends without it.
+    GenerationFailed(GenerationFailed) = "generation_failed",
+}
+
+/// See [`Event::GenerationFailed`]. Key `failed/<gen>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationFailed {
+    /// The generation.
+    pub gen: u32,
+    /// The operation given up: `create` (its group could never be created:
+    /// its chunks are given up, their recipients failed).
+    pub op: String,
+    /// Why: the provider's refusal, or the last failure before the retry
+    /// budget ran out.
+    pub reason: String,
 }
 
 /// See [`Event::ChunkAssigned`]. Key `assign/<seq>`.
@@ -206,8 +222,9 @@ pub struct GenerationClosed {
     /// The generation.
     pub gen: u32,
     /// `full` (the next chunk would pass the cap), `final` (every seq is
-    /// assigned, or refused for good), `closed` (the batch was closed) or
-    /// `cancelled` (the batch was cancelled).
+    /// assigned, or refused for good), `closed` (the batch was closed),
+    /// `cancelled` (the batch was cancelled) or `failed` (its group could
+    /// never be created: [`GenerationFailed`]).
     pub reason: String,
     /// Chunks assigned to it.
     pub chunks: u32,
@@ -383,6 +400,10 @@ pub struct BatchReported {
     /// recipients were in generations that were sent.
     #[serde(default, skip_serializing_if = "is_zero64")]
     pub unsent: u64,
+    /// A chunk flagged `last` below a seq that had already arrived: the
+    /// batch ended at the highest seq received instead, and this says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_conflict: Option<String>,
 }
 
 fn is_zero32(v: &u32) -> bool {
@@ -450,7 +471,7 @@ pub struct ReportDelivered {
 }
 
 /// See [`Event::InputRejected`]. Key `reject/<seq>/<digest>` (or `reject/<entry id>`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct InputRejected {
     /// The rejected chunk's seq, when it could be read.
     pub seq: Option<u32>,
@@ -460,6 +481,15 @@ pub struct InputRejected {
     /// beyond the last seq): the batch ends without it (see `settle.lua`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub hole: bool,
+    /// The batch's last seq, when this refusal taught the batch its end: the
+    /// chunk was flagged `last` and the batch did not know its end yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<u32>,
+    /// Why [`InputRejected::last`] is not this chunk's seq: its `last` flag
+    /// contradicted a higher seq that had already arrived, and the batch
+    /// ends at that one (named in the report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_conflict: Option<String>,
 }
 
 /// See [`Event::BatchStalled`]. Key `stalled/<last heartbeat ms>`.

@@ -275,7 +275,7 @@ pub fn accept(
             "seq {seq} was already accepted with other content (digest {d}, this one {})",
             a.digest
         );
-        reject(&mut r, policy, a.seq, a.digest, &why, false);
+        reject(&mut r, policy, a.seq, a.digest, &why, false, false);
         return vec!["conflict".into(), why];
     }
     if let Some(o) = report {
@@ -304,7 +304,15 @@ pub fn accept(
     let was_hole = r.get(&format!("r:{seq}")).as_deref() == Some("1");
     let duplicates0 = r.num("duplicates");
     let rejected = |r: &mut Run, kind: &str, why: String, may_hole: bool| {
-        reject(r, policy, a.seq, a.digest, &why, may_hole);
+        reject(
+            r,
+            policy,
+            a.seq,
+            a.digest,
+            &why,
+            may_hole,
+            may_hole && a.last,
+        );
         vec![kind.to_string(), why]
     };
     if let Some(l) = last.filter(|&l| seq > l) {

@@ -4,9 +4,11 @@
 use super::{reply, work_item, Db, Run};
 use crate::events::{ChunkParked, Event, GroupRequested};
 
-/// `park.lua`. Returns `parked`, `group, id` (load now), `loaded`, or
+/// `park.lua`. Returns `parked`, `group, id` (load now), `loaded`,
 /// `unassigned` (the chunk is not assigned to `gen`, its assignment lost
-/// with Redis's unsynced writes: nothing parked, the caller accepts again).
+/// with Redis's unsynced writes: nothing parked, the caller accepts again),
+/// or `failed` (the generation's creation was given up: nothing parked, the
+/// caller records the chunk as given up).
 pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let assigned = r.get(&format!("s:{seq}"));
@@ -18,6 +20,9 @@ pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec
     }
     if r.get(&format!("k:loaded/{gen}/{seq}")).is_some() {
         return reply(["loaded"]);
+    }
+    if r.get(&format!("g:{gen}:failed")).is_some() {
+        return reply(["failed"]);
     }
     let parked_before = r.get(&format!("k:park/{seq}")).is_some();
     let requested_before = r.get(&format!("k:create/{gen}")).is_some();

@@ -7,7 +7,9 @@ use crate::events::{ChunksReleased, Event, GroupCreated};
 /// `record_group.lua`. Returns `won, id` or `lost, kept id`; run again
 /// with the group it recorded, `won, id` again, changing nothing. Or
 /// `cancelled`: the batch was cancelled; nothing is recorded, the parked
-/// chunks are dropped (DEL), and the caller deletes its group.
+/// chunks are dropped (DEL), and the caller deletes its group. Or
+/// `failed`: the generation's creation was given up; nothing is recorded,
+/// and the caller deletes its group.
 pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<String> {
     let mut r = Run::new(db, batch);
     if let Some(kept) = r.get(&format!("g:{gen}:group")) {
@@ -21,6 +23,9 @@ pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<Stri
             b.parked.remove(&gen);
         }
         return reply(["cancelled"]);
+    }
+    if r.get(&format!("g:{gen}:failed")).is_some() {
+        return reply(["failed"]);
     }
     r.emit(
         &format!("group/{gen}"),

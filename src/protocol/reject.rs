@@ -4,8 +4,9 @@
 use super::settle::{reject as record, tombstoned};
 use super::{BatchPolicy, Db, Run};
 
-/// `reject.lua` for chunk `seq` (content `digest`) refused for `reason`.
-/// Returns `rejected` or `refused, why` (the batch has ended).
+/// `reject.lua` for chunk `seq` (content `digest`) refused for `reason`;
+/// `flagged_last`: the chunk's `last` flag, which still tells the batch its
+/// end. Returns `rejected` or `refused, why` (the batch has ended).
 pub fn reject(
     db: &mut Db,
     batch: &str,
@@ -13,6 +14,7 @@ pub fn reject(
     seq: u32,
     digest: &str,
     reason: &str,
+    flagged_last: bool,
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let refused = |why: String| vec!["refused".to_string(), format!("batch {batch} {why}")];
@@ -34,6 +36,6 @@ pub fn reject(
             "was already reported (its events have expired): it takes no more chunks".into(),
         );
     }
-    record(&mut r, policy, seq, digest, reason, true);
+    record(&mut r, policy, seq, digest, reason, true, flagged_last);
     vec!["rejected".into()]
 }

@@ -119,6 +119,7 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
             0
         },
         unsent: if cancelled { r.num("unsent") as u64 } else { 0 },
+        last_conflict: r.get("last_conflict"),
     };
     r.emit("report", Event::BatchReported(report.clone()), true);
     r.put("report", outcome);
@@ -179,10 +180,15 @@ pub(crate) fn settle(r: &mut Run, policy: &BatchPolicy, reason: &str) {
     try_report(r, policy);
 }
 
-/// `reject(seq, digest, reason, may_hole)`: records a refused chunk
-/// (`input_rejected`, key `reject/<seq>/<digest>`) once; a hole when
+/// `reject(seq, digest, reason, may_hole, flagged_last)`: records a refused
+/// chunk (`input_rejected`, key `reject/<seq>/<digest>`) once; a hole when
 /// `may_hole` and its seq has no data, is not beyond the last seq, and the
 /// batch still takes chunks. The hole that completes 0..last settles it.
+///
+/// `flagged_last`: the chunk was flagged `last`. A batch that does not know
+/// its end yet learns it from the flag, refused or not: at this seq, or at
+/// the highest seq already received when that is higher (the flag
+/// contradicts it: kept as `last_conflict`, named in the report).
 pub(crate) fn reject(
     r: &mut Run,
     policy: &BatchPolicy,
@@ -190,6 +196,7 @@ pub(crate) fn reject(
     digest: &str,
     reason: &str,
     may_hole: bool,
+    flagged_last: bool,
 ) {
     let key = format!("reject/{seq}/{digest}");
     if r.get(&format!("k:{key}")).is_some() {
@@ -197,38 +204,57 @@ pub(crate) fn reject(
     }
     let is_hole = r.get(&format!("r:{seq}")).as_deref() == Some("1");
     let assigned = r.get(&format!("s:{seq}")).is_some();
-    let last = tonumber(r.get("last").as_deref());
+    let mut last = tonumber(r.get("last").as_deref());
     let holes0 = r.num("holes");
     let rmax = tonumber(r.get("rmax").as_deref());
+    let max = tonumber(r.get("max").as_deref());
     let rejected = r.num("rejected");
+    let closed = r.get("closed").is_some();
+    let learned = flagged_last && last.is_none() && !closed;
+    let mut event = InputRejected {
+        seq: Some(seq),
+        reason: reason.into(),
+        hole: false,
+        last: None,
+        last_conflict: None,
+    };
+    if learned {
+        let above = max.unwrap_or(-1).max(rmax.unwrap_or(-1));
+        let end = above.max(i64::from(seq));
+        last = Some(end);
+        event.last = Some(end as u32);
+        r.put("last", end);
+        if above > i64::from(seq) {
+            let why = format!(
+                "seq {seq} is flagged last, but seq {above} had already arrived: the batch ends at seq {above}"
+            );
+            r.put("last_conflict", &why);
+            event.last_conflict = Some(why);
+        }
+    }
+    let seqs = r.num("seqs");
     let hole = may_hole
         && !assigned
         && !is_hole
         && last.is_none_or(|l| i64::from(seq) <= l)
-        && !settled_now(r, holes0);
-    r.emit(
-        &key,
-        Event::InputRejected(InputRejected {
-            seq: Some(seq),
-            reason: reason.into(),
-            hole,
-        }),
-        true,
-    );
+        && !settled(closed, last, seqs, holes0);
+    event.hole = hole;
+    r.emit(&key, Event::InputRejected(event), true);
     r.put("rejected", rejected + 1);
+    let mut holes = holes0;
     if hole {
         // A batch of refused chunks only is watched too (SADD active).
         let batch = r.batch.clone();
         r.db.active.insert(batch);
-        let holes = holes0 + 1;
+        holes += 1;
         r.put(format!("r:{seq}"), 1);
         r.put("holes", holes);
         if rmax.is_none_or(|m| i64::from(seq) > m) {
             r.put("rmax", seq);
         }
-        if settled_now(r, holes) {
-            settle(r, policy, "final");
-        }
+    }
+    if (hole || learned) && settled(closed, last, seqs, holes) {
+        settle(r, policy, "final");
     }
     r.flush();
 }

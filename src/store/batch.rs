@@ -206,6 +206,10 @@ pub enum Parked {
     /// The chunk is not assigned to this generation (its assignment was
     /// lost with Redis's unsynced writes): nothing parked; accept it again.
     Unassigned,
+    /// The generation's group can never be created (its creation was given
+    /// up, see [`BatchLog::fail_generation`]): nothing parked; record the
+    /// chunk as given up.
+    Failed,
 }
 
 /// What `record_group` decided.
@@ -220,6 +224,28 @@ pub enum GroupRecord {
     },
     /// The batch was cancelled: nothing recorded; ours must be deleted.
     Cancelled,
+    /// The generation's creation was given up meanwhile: nothing recorded;
+    /// ours must be deleted.
+    Failed,
+}
+
+/// What giving up a generation's creation came to (see
+/// [`BatchLog::fail_generation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenerationFailure {
+    /// Recorded: the generation is closed and these many parked chunks were
+    /// released to be recorded as given up.
+    Failed {
+        /// Parked chunks released.
+        released: u32,
+    },
+    /// It was recorded before.
+    AlreadyFailed,
+    /// A group was recorded meanwhile (a racer's create): nothing given up.
+    HasGroup(String),
+    /// The batch was reported or cancelled: nothing recorded (its parked
+    /// chunks are dropped).
+    Ended,
 }
 
 /// Whether an append happened.
@@ -506,13 +532,21 @@ impl BatchLog {
 
     /// Records chunk `seq` (content `digest`) as refused before it could be
     /// accepted (see `reject.lua`): its seq becomes a hole the batch can end
-    /// without.
-    pub async fn reject(&self, seq: u32, digest: &str, reason: &str) -> StoreResult<Rejection> {
+    /// without. `flagged_last`: the chunk's `last` flag, which tells a batch
+    /// that does not know its end yet where it ends.
+    pub async fn reject(
+        &self,
+        seq: u32,
+        digest: &str,
+        reason: &str,
+        flagged_last: bool,
+    ) -> StoreResult<Rejection> {
         let v: Value = self
             .settling(&SCRIPTS.reject)
             .arg(seq)
             .arg(digest)
             .arg(reason)
+            .arg(if flagged_last { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = self.reply("reject", v)?;
@@ -607,6 +641,7 @@ impl BatchLog {
             [t] if t == "parked" => Ok(Parked::Parked),
             [t] if t == "loaded" => Ok(Parked::AlreadyLoaded),
             [t] if t == "unassigned" => Ok(Parked::Unassigned),
+            [t] if t == "failed" => Ok(Parked::Failed),
             [t, id] if t == "group" => Ok(Parked::Group(id.clone())),
             _ => Err(unexpected("park", &r)),
         }
@@ -632,7 +667,33 @@ impl BatchLog {
             [t, _] if t == "won" => Ok(GroupRecord::Won),
             [t, kept] if t == "lost" => Ok(GroupRecord::Lost { kept: kept.clone() }),
             [t] if t == "cancelled" => Ok(GroupRecord::Cancelled),
+            [t] if t == "failed" => Ok(GroupRecord::Failed),
             _ => Err(unexpected("record_group", &r)),
+        }
+    }
+
+    /// Gives up generation `gen`'s creation for good (`reason`: the
+    /// provider's refusal, or the last failure past the retry budget), so
+    /// that the generation and the batch still end (see
+    /// `fail_generation.lua`): it is closed, and its parked chunks are
+    /// released to be recorded as given up. Idempotent.
+    pub async fn fail_generation(&self, gen: u32, reason: &str) -> StoreResult<GenerationFailure> {
+        let v: Value = self
+            .settling(&SCRIPTS.fail_generation)
+            .key(self.keys.parked(gen))
+            .arg(gen)
+            .arg(reason)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("fail_generation", v)?;
+        match r.as_slice() {
+            [t, n] if t == "failed" => Ok(GenerationFailure::Failed {
+                released: n.parse().map_err(|_| unexpected("fail_generation", &r))?,
+            }),
+            [t] if t == "duplicate" => Ok(GenerationFailure::AlreadyFailed),
+            [t, id] if t == "group" => Ok(GenerationFailure::HasGroup(id.clone())),
+            [t] if t == "ended" => Ok(GenerationFailure::Ended),
+            _ => Err(unexpected("fail_generation", &r)),
         }
     }
 

@@ -66,6 +66,8 @@ pub struct Scripts {
     pub restore: Script,
     /// `ack_recorded.lua`.
     pub ack_recorded: Script,
+    /// `fail_generation.lua`.
+    pub fail_generation: Script,
 }
 
 /// The scripts.
@@ -94,4 +96,5 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew_lease: Script::new(include_str!("../../streams/scripts/renew_lease.lua")),
     restore: Script::new(include_str!("../../streams/scripts/restore.lua")),
     ack_recorded: Script::new(include_str!("../../streams/scripts/ack_recorded.lua")),
+    fail_generation: settling_script(include_str!("../../streams/scripts/fail_generation.lua")),
 });

@@ -13,7 +13,7 @@ use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, Alive, DelayedEntry, Entry, LoadHolds, Rescheduled};
 use crate::store::witness::{self, LastAppended};
-use crate::worker::ops::{load_chunk, Op, Outcome, RetryCause, WorkItem};
+use crate::worker::ops::{create_group, load_chunk, Op, Outcome, RetryCause, WorkItem};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -555,7 +555,8 @@ async fn settle(
 /// Dead-letters `entry`, whose item `load` names (op, item, chunk). A load
 /// that ends in the dead letters also ends its chunk: recorded as given up
 /// (see [`load_chunk::give_up`]) before the entry is dead-lettered, so that
-/// the generation and the batch still end. The dead letter waits on the
+/// the generation and the batch still end; a create ends its generation
+/// the same way ([`create_group::give_up`]). The dead letter waits on the
 /// give-up's event, else on `appended` (the handling's last), like an
 /// acknowledgement; a give-up that cannot be recorded leaves the entry
 /// pending.
@@ -573,6 +574,7 @@ async fn dead_letter_giving_up(
             Some((Op::Load, item, Some(bytes))) => {
                 load_chunk::give_up(ctx, at.lane, item, bytes, reason).await
             }
+            Some((Op::Create, item, _)) => create_group::give_up(ctx, at.lane, item, reason).await,
             _ => Ok(()),
         }
     })

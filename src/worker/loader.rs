@@ -88,11 +88,12 @@ async fn handle_chunk(
     let log = ctx.store.batch_in(chunk.batch, lane);
     let digest = chunk.digest();
     if let Err(e) = chunk.validate() {
-        // Recorded (its seq becomes a hole the batch can end without), then
+        // Recorded (its seq becomes a hole the batch can end without; its
+        // `last` flag still tells the batch where it ends), then
         // dead-lettered with the reason.
         let reason = e.to_string();
         return Ok(Handled::new(Outcome::Dead(
-            match log.reject(chunk.seq, &digest, &reason).await? {
+            match log.reject(chunk.seq, &digest, &reason, chunk.last).await? {
                 Rejection::Recorded => {
                     metrics::counter!("groupcast_chunks_total", "outcome" => "rejected")
                         .increment(1);
@@ -233,6 +234,13 @@ async fn accept_and_load(
                     }
                     Parked::AlreadyLoaded => return done(),
                     Parked::Unassigned => return Ok(None),
+                    Parked::Failed => {
+                        if let Some(lead) = lead {
+                            lead.found(None);
+                        }
+                        load_chunk::give_up_in_failed_generation(log, chunk, gen).await?;
+                        return done();
+                    }
                     Parked::Group(g) => {
                         if let Some(lead) = lead {
                             lead.found(Some(&g));

@@ -76,6 +76,11 @@ async fn run(
             // `loaded.lua` records nothing twice: skip the read.
             if item.attempt > 0 && log.is_loaded(item.gen, seq).await? {
                 Outcome::Done
+            } else if group.is_empty() {
+                // Released by `fail_generation.lua`: the generation has no
+                // group and never will; the chunk ends as given up.
+                ops::load_chunk::give_up_in_failed_generation(&log, &chunk, item.gen).await?;
+                Outcome::Done
             } else {
                 match ops::load_chunk::run_ref(ctx, &log, &chunk, item.gen, group).await? {
                     ops::load_chunk::Load::Handled(outcome) => outcome,

@@ -29,7 +29,7 @@ local function refused(why)
   return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
 end
 local function rejected(kind, why, may_hole)
-  reject(seq, digest, why, may_hole)
+  reject(seq, digest, why, may_hole, may_hole and is_last)
   return reply({kind, why})
 end
 

@@ -7,10 +7,13 @@
 --      or {'unassigned'}: the chunk is not (any more) assigned to `gen`
 --         (Redis lost the assignment with its unsynced writes, under
 --         `everysec`): nothing parked; the caller accepts the chunk again.
+--      or {'failed'}: the generation's group can never be created
+--         (fail_generation.lua): nothing parked; the caller records the
+--         chunk as given up.
 local PARKED, WORK = KEYS[3], KEYS[4]
 local seq, gen = ARGV[2], ARGV[3]
 local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'k:park/' .. seq, 'k:create/' .. gen,
-  'k:loaded/' .. gen .. '/' .. seq, 's:' .. seq)
+  'k:loaded/' .. gen .. '/' .. seq, 's:' .. seq, 'g:' .. gen .. ':failed')
 if not f[5] or string.match(f[5], '^(%d+)|') ~= gen then
   return reply({'unassigned'})
 end
@@ -19,6 +22,9 @@ if f[1] then
 end
 if f[4] then
   return reply({'loaded'})
+end
+if f[6] then
+  return reply({'failed'})
 end
 redis.call('HSET', PARKED, seq, ARGV[4])
 if not f[2] then

@@ -6,9 +6,12 @@
 -- (a request resent after a dropped connection), it answers 'won' again and
 -- changes nothing. Or {'cancelled'}: the batch was cancelled, nothing is
 -- recorded, the parked chunks are dropped, and the caller deletes its group.
+-- Or {'failed'}: the generation's creation was given up meanwhile
+-- (fail_generation.lua released its chunks as given up): nothing is
+-- recorded, and the caller deletes its group.
 local PARKED, WORK = KEYS[3], KEYS[4]
 local gen, group = tonumber(ARGV[2]), ARGV[3]
-local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'cancelled')
+local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'cancelled', 'g:' .. gen .. ':failed')
 local kept = f[1]
 if kept == group then
   return reply({'won', group})
@@ -19,6 +22,9 @@ end
 if f[2] then
   redis.call('DEL', PARKED)
   return reply({'cancelled'})
+end
+if f[3] then
+  return reply({'failed'})
 end
 emit('group/' .. gen, 'group_created', cmsgpack.pack({gen = gen, group_id = group}))
 put('g:' .. gen .. ':group', group)

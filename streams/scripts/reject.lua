@@ -2,10 +2,11 @@
 -- bad numbers, too large, ...). Its seq becomes a hole the batch can end
 -- without (see settle.lua), unless a corrected copy is accepted later.
 -- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 seq, 4 digest, 5 reason
+-- ARGV: 3 seq, 4 digest, 5 reason, 6 flagged last (0|1): the chunk's `last`
+--       flag, when it could be read (see reject() in settle.lua)
 -- Returns {'rejected'} or {'refused', why} (the batch has ended: nothing is
 -- recorded)
-local seq, digest, reason = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local seq, digest, reason, flagged_last = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
 local f = redis.call('HMGET', STATE, 'report', 'closed', 'seqs', 'holes', 'rejected', 'cancelled')
 if f[1] then
   return reply({'refused', 'batch ' .. BATCH .. ' was already reported (' .. f[1] .. '): it takes no more chunks'})
@@ -19,5 +20,5 @@ end
 if tombstoned(not f[3] and not f[4] and not f[5]) then
   return reply({'refused', 'batch ' .. BATCH .. ' was already reported (its events have expired): it takes no more chunks'})
 end
-reject(seq, digest, reason, true)
+reject(seq, digest, reason, true, flagged_last)
 return reply({'rejected'})

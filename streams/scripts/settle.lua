@@ -62,7 +62,8 @@ end
 -- (and updated) them, so that a caller that reads them anyway saves a read;
 -- what the caller put() is written with the report, in one HSET.
 local REPORT_FIELDS = {'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done', 'recipients', 'registered',
-  'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing', 'cancelled', 'stopped', 'unsent'}
+  'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing', 'cancelled', 'stopped', 'unsent',
+  'last_conflict'}
 
 local function report_from(f)
   if f[1] or not settled(f[2] or f[16], f[3], f[4], f[5]) then
@@ -88,6 +89,9 @@ local function report_from(f)
     duplicates = num(f[13]), rejected = rejected, missing = missing}
   if f[16] then
     report.stopped, report.unsent = num(f[17]), num(f[18])
+  end
+  if f[19] then
+    report.last_conflict = f[19]
   end
   if failed > 0 then
     -- `fr:<code>`: failed recipients by reason (once per batch, so one full read).
@@ -155,30 +159,51 @@ end
 -- unless a corrected copy comes; it is a hole when that seq is not assigned
 -- and not beyond the last seq. A hole is counted so that the batch can end
 -- without it (and the hole that completes 0..last settles the batch).
-local function reject(seq, digest, reason, may_hole)
+--
+-- `flagged_last`: the chunk was flagged `last`. Refused or not, the flag
+-- tells a batch that does not know its end yet where it ends: at this seq,
+-- or, when a higher seq already arrived (the flag contradicts it), at the
+-- highest seq received; the contradiction is kept (`last_conflict`) and
+-- named in the report. Either way the batch ends without an operator.
+local function reject(seq, digest, reason, may_hole, flagged_last)
   local key = 'reject/' .. seq .. '/' .. digest
   local f = redis.call('HMGET', STATE, 'k:' .. key, 'r:' .. seq, 's:' .. seq, 'last', 'seqs', 'holes', 'rmax',
-    'rejected', 'closed')
+    'rejected', 'closed', 'max')
   if f[1] then
     return
   end
+  local event = {seq = seq, reason = reason}
   local last = tonumber(f[4])
+  local learned = flagged_last and last == nil and not f[9]
+  if learned then
+    local above = math.max(tonumber(f[10]) or -1, tonumber(f[7]) or -1)
+    last = math.max(seq, above)
+    event.last = last
+    put('last', last)
+    if above > seq then
+      event.last_conflict = 'seq ' .. seq .. ' is flagged last, but seq ' .. above ..
+        ' had already arrived: the batch ends at seq ' .. above
+      put('last_conflict', event.last_conflict)
+    end
+  end
   local hole = may_hole and not f[3] and f[2] ~= '1' and (last == nil or seq <= last)
-    and not settled(f[9], f[4], f[5], f[6])
-  emit(key, 'input_rejected', cmsgpack.pack({seq = seq, reason = reason, hole = hole}))
+    and not settled(f[9], last, f[5], f[6])
+  event.hole = hole
+  emit(key, 'input_rejected', cmsgpack.pack(event))
   put('rejected', num(f[8]) + 1)
+  local holes = num(f[6])
   if hole then
     -- A batch of refused chunks only is watched too (`--give-up-after`).
     redis.call('SADD', ACTIVE, BATCH)
-    local holes = num(f[6]) + 1
+    holes = holes + 1
     put('r:' .. seq, 1)
     put('holes', holes)
     if not f[7] or seq > tonumber(f[7]) then
       put('rmax', seq)
     end
-    if settled(f[9], f[4], f[5], holes) then
-      settle('final')
-    end
+  end
+  if (hole or learned) and settled(f[9], last, f[5], holes) then
+    settle('final')
   end
   flush()
 end

@@ -69,7 +69,7 @@ pub(crate) async fn wait_dead_letters<R>(rig: &Rig<R>, n: usize) -> Vec<(String,
 }
 
 /// A chunk of `batch` holding `recipients`.
-fn chunk(
+pub(crate) fn chunk(
     batch: &str,
     seq: u32,
     last: bool,
@@ -398,7 +398,7 @@ async fn a_late_copy_after_retention_is_refused_by_the_tombstone() {
     assert!(seen.values().all(|&n| n == 1));
     // Direct refusals by the scripts, too.
     assert!(matches!(
-        log.reject(0, "d", "x").await.expect("reject"),
+        log.reject(0, "d", "x", false).await.expect("reject"),
         Rejection::Refused(_)
     ));
     // Tombstones older than --remember are forgotten.
@@ -471,9 +471,12 @@ async fn every_state_changing_script_answers_the_same_when_run_again() {
     );
     assert_eq!(events().await, n);
 
-    let rejected = log.reject(1, "d1", "bad").await.expect("reject");
+    let rejected = log.reject(1, "d1", "bad", false).await.expect("reject");
     let n = events().await;
-    assert_eq!(log.reject(1, "d1", "bad").await.expect("reject"), rejected);
+    assert_eq!(
+        log.reject(1, "d1", "bad", false).await.expect("reject"),
+        rejected
+    );
     assert_eq!(events().await, n);
 
     let loaded = groupcast::events::ChunkLoaded {

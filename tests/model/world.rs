@@ -40,6 +40,10 @@ pub enum Mutant {
     /// A plain `XACK` of a settled entry, without checking that the last
     /// event its handling appended is still recorded (`ack_recorded.lua`).
     AckWithoutCheck,
+    /// A refused chunk's `last` flag is ignored (the rule before it taught
+    /// the batch its end): an invalid last chunk, or a `last` contradicting
+    /// a higher seq already received, leaves the batch without an end.
+    RefusedLastIgnored,
 }
 
 /// One ingest entry: a chunk as the producer wrote it.
@@ -49,6 +53,9 @@ pub struct ChunkSpec {
     pub last: bool,
     /// Recipient numbers.
     pub to: Vec<u8>,
+    /// It fails validation (an invalid number, say): `reject.lua` records
+    /// it, and it is dead-lettered.
+    pub invalid: bool,
 }
 
 /// A work entry as the state's hash sees it: op, generation, seq, group,
@@ -98,24 +105,18 @@ pub struct Config {
 }
 
 impl Config {
-    /// Whether the batch is whole: seqs 0..=L each arrive with one content,
-    /// and only L is flagged last. A batch that is not (a seq missing, a
-    /// wrong `last`) ends only when an operator closes it.
-    pub fn whole(&self) -> bool {
+    /// Whether the batch ends without an operator: some chunk is flagged
+    /// last (valid or not: a refused chunk's flag tells the end too, and a
+    /// flag below a seq already received ends the batch at that seq), and
+    /// every seq from 0 to the highest arrives. A batch that does not (a
+    /// seq missing, no `last` anywhere) ends only when an operator closes it.
+    pub fn ends_by_itself(&self) -> bool {
         let Some(top) = self.ingest.iter().map(|c| c.seq).max() else {
             return false;
         };
-        let one = |s: u32| {
-            let mut v = self.ingest.iter().filter(|c| c.seq == s);
-            v.next()
-                .is_some_and(|first| v.all(|c| c == first) && c_last(first, top))
-        };
-        (0..=top).all(one)
+        self.ingest.iter().any(|c| c.last)
+            && (0..=top).all(|s| self.ingest.iter().any(|c| c.seq == s))
     }
-}
-
-fn c_last(c: &ChunkSpec, top: u32) -> bool {
-    c.last == (c.seq == top)
 }
 
 /// An entry's consumer-group state.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::keys::Priority;
 use crate::projection::field;
-use crate::store::batch::GroupRecord;
+use crate::store::batch::{GenerationFailure, GroupRecord};
 use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
@@ -16,9 +16,13 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let p = log
-        .read(&[field::group(gen), field::CANCELLED.to_string()])
+        .read(&[
+            field::group(gen),
+            field::CANCELLED.to_string(),
+            field::failed_in(gen),
+        ])
         .await?;
-    if p.group_of(gen).is_some() || p.cancelled().is_some() {
+    if p.group_of(gen).is_some() || p.cancelled().is_some() || p.failed_in(gen).is_some() {
         return Ok(Outcome::Done);
     }
     if let Some(back) = provider_slots(ctx, lane, 1).await? {
@@ -44,6 +48,9 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         GroupRecord::Cancelled => {
             tracing::info!(batch = %item.batch, gen, group = %group.group_id, "batch cancelled: deleting our group");
         }
+        GroupRecord::Failed => {
+            tracing::info!(batch = %item.batch, gen, group = %group.group_id, "the generation's creation was given up meanwhile: deleting our group");
+        }
     }
     let delete = WorkItem {
         batch: item.batch.clone(),
@@ -57,4 +64,32 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     ctx.enqueue(&log.keys.work, Op::Delete, &delete, None)
         .await?;
     Ok(Outcome::Done)
+}
+
+/// Gives up a create item for good (the provider refused it, or it kept
+/// failing past `--retry-for`): records the generation as failed
+/// (`fail_generation.lua`) before the item is dead-lettered, so that its
+/// chunks end as given up and the batch still reports.
+pub async fn give_up(
+    ctx: &Ctx,
+    lane: Priority,
+    item: &WorkItem,
+    reason: &str,
+) -> Result<(), OpError> {
+    let log = ctx.store.batch_in(&item.batch, lane);
+    let reason = crate::events::clip(reason, 4 * crate::events::QUOTE_MAX);
+    match log.fail_generation(item.gen, &reason).await? {
+        GenerationFailure::Failed { released } => {
+            metrics::counter!("groupcast_generations_failed_total", "op" => "create").increment(1);
+            tracing::error!(
+                batch = %item.batch, gen = item.gen, released, %reason,
+                "group creation given up: the generation's chunks end as failed"
+            );
+        }
+        GenerationFailure::AlreadyFailed | GenerationFailure::Ended => {}
+        GenerationFailure::HasGroup(group) => {
+            tracing::info!(batch = %item.batch, gen = item.gen, %group, "a group was recorded meanwhile: nothing given up");
+        }
+    }
+    Ok(())
 }

@@ -58,6 +58,7 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "failedByReason": failed_by_reason,
         "duplicates": p.int(field::DUPLICATES),
         "rejected": p.int(field::REJECTED),
+        "lastConflict": p.get(field::LAST_CONFLICT),
         "missing": p.int(field::MISSING),
         "missingSeqs": p.missing_seqs(),
         "closed": p.get(field::CLOSED),

@@ -246,22 +246,39 @@ pub async fn give_up(
         return Ok(());
     };
     let mut fallback = None;
-    let recipients: Vec<String> = match ChunkRef::decode_any(chunk_bytes, &mut fallback) {
-        Ok(c) => c.recipients.iter().map(|r| r.to.to_string()).collect(),
+    let chunk = match ChunkRef::decode_any(chunk_bytes, &mut fallback) {
+        Ok(c) => c,
         // Not a chunk: nothing a give-up could list (the dead letter keeps it).
         Err(_) => return Ok(()),
     };
     let log = ctx.store.batch_in(&item.batch, lane);
+    let group = item.group_id.as_deref().unwrap_or_default();
+    record_given_up(&log, &chunk, item.gen, seq, group, reason).await
+}
+
+/// Records chunk `seq` (`chunk`) of generation `gen` as loaded into `group`
+/// with every recipient failed (code [`GIVEN_UP`]) for `reason`: the
+/// recording shared by a load given up and a chunk of a generation whose
+/// group can never be created.
+async fn record_given_up(
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    gen: u32,
+    seq: u32,
+    group: &str,
+    reason: &str,
+) -> Result<(), OpError> {
     let event = ChunkLoaded {
-        gen: item.gen,
+        gen,
         seq,
-        group_id: item.group_id.clone().unwrap_or_default(),
+        group_id: group.to_string(),
         registered: 0,
         duplicates: 0,
-        failed: recipients
-            .into_iter()
-            .map(|to| RegistrationFailure {
-                to,
+        failed: chunk
+            .recipients
+            .iter()
+            .map(|r| RegistrationFailure {
+                to: r.to.to_string(),
                 code: GIVEN_UP.to_string(),
             })
             .collect(),
@@ -270,7 +287,21 @@ pub async fn give_up(
     if log.loaded(&event).await?.is_some() {
         metrics::counter!("groupcast_chunks_total", "outcome" => "given_up").increment(1);
         metrics::counter!("groupcast_recipients_failed_total").increment(event.failed.len() as u64);
-        tracing::warn!(batch = %item.batch, gen = item.gen, seq, %reason, "chunk given up: its recipients are recorded as failed");
+        tracing::warn!(batch = %log.batch, gen, seq, %reason, "chunk given up: its recipients are recorded as failed");
     }
     Ok(())
+}
+
+/// Records `chunk` (assigned to generation `gen`) as given up because the
+/// generation's group can never be created (`fail_generation.lua`): its
+/// recipients fail with the reason, and the generation completes without
+/// it. Called for a chunk that finds the generation failed when it parks,
+/// and for the parked chunks the give-up released.
+pub async fn give_up_in_failed_generation(
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    gen: u32,
+) -> Result<(), OpError> {
+    let reason = format!("generation {gen} has no group: its creation was given up");
+    record_given_up(log, chunk, gen, chunk.seq, "", &reason).await
 }

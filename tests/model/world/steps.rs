@@ -37,6 +37,50 @@ impl World {
                 let c = self.cfg.ingest[i].clone();
                 let digest = Self::digest(&c);
                 let policy = self.policy();
+                if c.invalid {
+                    // The loader's validation fails: recorded, dead-lettered.
+                    let last = c.last && self.cfg.mutant != Some(Mutant::RefusedLastIgnored);
+                    let r = protocol::reject(
+                        &mut self.redis.db,
+                        BATCH,
+                        &policy,
+                        c.seq,
+                        &digest,
+                        "invalid",
+                        last,
+                    );
+                    self.sync_work();
+                    let how = if r[0] == "rejected" {
+                        "rejected"
+                    } else {
+                        "refused"
+                    };
+                    self.dead(w, format!("chunk {} {how}: invalid", c.seq));
+                    return;
+                }
+                if self.cfg.mutant == Some(Mutant::RefusedLastIgnored) && c.last {
+                    // The old rule: a flag below a seq already received is
+                    // refused and teaches the batch nothing.
+                    let known = self.field("last").is_some();
+                    let above = ["max", "rmax"]
+                        .iter()
+                        .filter_map(|f| self.field(f).and_then(|v| v.parse::<u32>().ok()))
+                        .any(|m| m > c.seq);
+                    if !known && above {
+                        protocol::reject(
+                            &mut self.redis.db,
+                            BATCH,
+                            &policy,
+                            c.seq,
+                            &digest,
+                            "flagged last below a seq received",
+                            false,
+                        );
+                        self.sync_work();
+                        self.dead(w, format!("chunk {} rejected: contradicting last", c.seq));
+                        return;
+                    }
+                }
                 let r = protocol::accept(
                     &mut self.redis.db,
                     BATCH,

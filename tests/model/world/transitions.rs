@@ -461,9 +461,9 @@ impl Model for World {
             Action::Reclaim(h) => !self.held(*h),
             Action::Crash(_) | Action::LoseWrites => false,
             // A close is what ends a batch whose chunks do not all arrive
-            // (or whose `last` is wrong); a batch that is whole must end
-            // without one.
-            Action::Close | Action::Cancel => !self.cfg.whole(),
+            // (or that no chunk says is over); any other batch, whatever
+            // its `last` flags and refused chunks, must end without one.
+            Action::Close | Action::Cancel => !self.cfg.ends_by_itself(),
         }
     }
 

@@ -1,0 +1,53 @@
+-- Record that a generation's group can never be created (the provider
+-- refused the create for good, or it kept failing past `--retry-for`), so
+-- that the generation, and the batch, still end. In one step:
+--   * `generation_failed` (key failed/<gen>) with the operation and reason;
+--   * the generation is closed (`failed`): later chunks go to a new one,
+--     with a create of its own;
+--   * every chunk parked for it is released as a load item without a group
+--     (group_id ''): the load records it as given up, its recipients failed
+--     with the reason, and the generation completes with nobody registered;
+--     chunks still on their way find it failed at `park.lua` and do the same.
+-- KEYS, ARGV[1..2]: see settle.lua; KEYS[9]: the generation's parked hash
+-- ARGV: 3 gen, 4 reason
+-- Returns {'failed', released chunks} or {'duplicate'} (recorded before)
+--      or {'group', id} (a group was recorded meanwhile: nothing to give up)
+--      or {'ended'} (the batch was reported or cancelled: nothing to record)
+local PARKED = KEYS[9]
+local gen, reason = tonumber(ARGV[3]), ARGV[4]
+local gk = 'g:' .. gen .. ':'
+local f = redis.call('HMGET', STATE, 'k:failed/' .. gen, gk .. 'group', 'report', 'cancelled', gk .. 'closed',
+  gk .. 'c', gk .. 'l', gk .. 'n', gk .. 'reg')
+if f[1] then
+  return reply({'duplicate'})
+end
+if f[2] then
+  return reply({'group', f[2]})
+end
+if f[3] or f[4] then
+  -- Recipient data has no reason to outlive the batch.
+  redis.call('DEL', PARKED)
+  return reply({'ended'})
+end
+emit('failed/' .. gen, 'generation_failed', cmsgpack.pack({gen = gen, op = 'create', reason = reason}))
+put(gk .. 'failed', 'create')
+local parked = redis.call('HGETALL', PARKED)
+for i = 1, #parked, 2 do
+  redis.call('XADD', WORK, '*', 'op', 'load',
+    'd', cmsgpack.pack({batch = BATCH, gen = gen, seq = tonumber(parked[i]), group_id = '', attempt = 0}),
+    'c', parked[i + 1])
+end
+if #parked > 0 then
+  emit('release/' .. gen, 'chunks_released', cmsgpack.pack({gen = gen, chunks = #parked / 2}))
+  redis.call('DEL', PARKED)
+end
+if not f[5] then
+  local c = num(f[6])
+  emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = 'failed', chunks = c, recipients = num(f[8])}))
+  put(gk .. 'closed', 'failed')
+  if num(f[7]) == c and make_ready(gen, c, num(f[9])) then
+    try_report()
+  end
+end
+flush()
+return reply({'failed', tostring(#parked / 2)})
