@@ -43,6 +43,7 @@ pub mod provider;
 pub mod redis_cluster;
 #[doc(hidden)]
 pub mod redis_server;
+pub mod seq_ranges;
 pub mod store;
 pub mod verify;
 pub mod worker;

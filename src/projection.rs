@@ -29,7 +29,7 @@
 //! | `duplicates`, `x:<seq>` | copies of numbers already given to the batch; their positions in chunk `seq` |
 //! | `r:<seq>`, `holes`, `rmax` | `1` while refused seq `seq` has no data (a hole; `0` once a corrected copy is assigned); how many; the highest |
 //! | `fr:<code>` | recipients refused for that reason (a provider code, or `given_up`) |
-//! | `closed`, `missing` | why the batch was closed; seqs it gave up on |
+//! | `closed`, `missing` | why the batch was closed; how many seqs it gave up on (their ranges are in its `batch_closed`) |
 //! | `g:<g>:claimed` | `1` once generation g's send was claimed (a cancel leaves it alone) |
 //! | `cancelled`, `stopped`, `unsent` | why the batch was cancelled; generations it stopped (done with status `cancelled`); registered recipients in them |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
@@ -47,8 +47,10 @@
 //! which the scripts only ever record in that order.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use crate::events::{Event, Recorded};
+use crate::seq_ranges::{missing_ranges, Missing};
 
 /// One change to a field of the state hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,7 +287,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
         Event::SendRefused(e) => vec![Set(g(e.gen, "refused"), e.reason.clone())],
         Event::BatchClosed(e) => vec![
             Set(field::CLOSED.into(), e.reason.clone()),
-            Set(field::MISSING.into(), e.missing.len().to_string()),
+            Set(field::MISSING.into(), e.count().to_string()),
         ],
         Event::GroupCompleted(e) => vec![
             Set(g(e.gen, "done"), e.status.clone()),
@@ -474,24 +476,24 @@ impl Projection {
 
     /// The seqs not (yet) received: from 0 to the last seq (or, the last
     /// unknown, to the highest seq received or refused), those neither
-    /// assigned nor refused for good (a hole).
-    pub fn missing_seqs(&self) -> Vec<u32> {
-        let top = match self.last_seq() {
-            Some(l) => l,
-            None => {
-                let highest = |f: &str| self.get(f).and_then(|v| v.parse::<u32>().ok());
-                match (highest("max"), highest("rmax")) {
-                    (None, None) => return Vec::new(),
-                    (a, b) => a.max(b).unwrap_or(0),
-                }
-            }
+    /// assigned nor refused for good (a hole); as ranges, at most `max` of
+    /// them listed. The work is proportional to the seqs that arrived
+    /// (their `s:`/`r:` fields), never to the highest seq.
+    pub fn missing_seqs(&self, max: usize) -> Missing {
+        let highest = |f: &str| self.get(f).and_then(|v| v.parse::<u32>().ok());
+        let top = self
+            .last_seq()
+            .or_else(|| highest("max").max(highest("rmax")));
+        let seqs = |prefix: &'static str, next: &'static str| {
+            self.fields
+                .range::<str, _>((Bound::Included(prefix), Bound::Excluded(next)))
+                .filter_map(move |(k, v)| {
+                    let seq = k.strip_prefix(prefix)?.parse::<u32>().ok()?;
+                    // `r:<seq>` is `0` once a corrected copy is assigned.
+                    (prefix == "s:" || v == "1").then_some(seq)
+                })
         };
-        (0..=top)
-            .filter(|&s| {
-                !self.fields.contains_key(&field::assignment(s))
-                    && self.get(&field::hole(s)) != Some("1")
-            })
-            .collect()
+        missing_ranges(seqs("s:", "s;").chain(seqs("r:", "r;")), top, max)
     }
 
     /// Whether chunk `seq` is recorded loaded into generation `gen`.

@@ -1077,6 +1077,99 @@ async fn close_reads_thousands_of_seqs() {
     );
 }
 
+/// `close` on a batch holding seq 4,000,000,000 (a producer bug), and on
+/// one with more gaps than a close lists: the script counts the gaps
+/// between the seqs that arrived (never a loop up to the highest seq), keeps
+/// the first ranges and the counts, prints counts past 2^31 as integers, and
+/// decides as its mirror.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_counts_a_huge_gap_as_ranges() {
+    let server = common::redis();
+    let p = BatchPolicy::default();
+    let store = Store::connect(&server.url(), Keyspace::new("gap", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(p);
+    let accept = |seq: u32, last: bool| Call::Accept {
+        seq,
+        last,
+        records: dedupe_records([format!("070{:08}", seq % 100_000_000).as_str()]),
+        digest: format!("d{seq}"),
+        opts: "|normal|".into(),
+        hint: 0,
+    };
+    let close = Call::Close {
+        reason: "operator".into(),
+    };
+    let cases: [(&str, Vec<Call>); 2] = [
+        (
+            "huge",
+            vec![
+                accept(0, false),
+                accept(1, false),
+                Call::Reject {
+                    seq: 7,
+                    digest: "bad".into(),
+                    reason: "invalid".into(),
+                },
+                accept(4_000_000_000, true),
+                close.clone(),
+                close.clone(),
+            ],
+        ),
+        // Every other seq of 0..=300: 150 gaps, 100 listed.
+        (
+            "sparse",
+            (0..=150)
+                .map(|i| accept(2 * i, i == 150))
+                .chain([close.clone()])
+                .collect(),
+        ),
+    ];
+    // One shard: both batches' keys and the shard's queues, compared.
+    let mut db = Db::default();
+    for (batch, calls) in &cases {
+        let log = store.batch(batch);
+        for call in calls {
+            let want = model(&mut db, batch, &p, 10, call);
+            let got = real(&store, &log, 10, call).await;
+            assert_eq!(want, got, "{batch} {call:?}");
+            let diffs = compare(&db, batch, &read(&store, &log).await);
+            assert!(diffs.is_empty(), "{batch} {call:?}: {}", diffs.join("\n"));
+        }
+        let closed = db
+            .batch(batch)
+            .expect("recorded")
+            .events
+            .iter()
+            .find_map(|r| match &r.event {
+                Event::BatchClosed(e) => Some(e.clone()),
+                _ => None,
+            })
+            .expect("a batch_closed");
+        match *batch {
+            "huge" => {
+                // 2..=3,999,999,999 less the hole 7.
+                assert_eq!(db.field(batch, "missing"), Some("3999999997"));
+                assert_eq!(closed.missing_ranges, vec![[2, 6], [8, 3_999_999_999]]);
+                assert_eq!(
+                    (closed.missing_count, closed.missing_ranges_total),
+                    (3_999_999_997, 2)
+                );
+            }
+            _ => {
+                assert_eq!(db.field(batch, "missing"), Some("150"));
+                assert_eq!(closed.missing_ranges.len(), 100);
+                assert_eq!(closed.missing_ranges[99], [199, 199]);
+                assert_eq!(
+                    (closed.missing_count, closed.missing_ranges_total),
+                    (150, 150)
+                );
+            }
+        }
+    }
+}
+
 /// Runs `calls` through the model and the scripts on `batch`, comparing
 /// every reply and everything the scripts touch after each call.
 async fn replay_both(store: &Store, db: &mut Db, batch: &str, cap: u64, calls: &[Call]) {

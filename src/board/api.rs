@@ -16,12 +16,11 @@ use crate::cli::status::{generations_json, now_ms, queued_json};
 use crate::events::{entry_millis, Event};
 use crate::keys::validate_batch_id;
 use crate::projection::Projection;
+use crate::seq_ranges::MISSING_RANGES_MAX;
 use crate::store::batch::{BatchLog, Cancelling, Closing};
 use crate::store::overview::Queued;
 use crate::store::StoreError;
 
-/// The most missing seqs listed for one batch.
-const MISSING_MAX: usize = 1_000;
 /// The most events in one page of a batch's timeline.
 const PAGE_MAX: usize = 500;
 
@@ -150,9 +149,15 @@ fn check_batch(id: &str) -> Result<(), ApiError> {
 }
 
 /// The seqs not accepted yet, up to the last one (or the highest seen when
-/// the last has not arrived), at most [`MISSING_MAX`].
-pub fn missing_seqs(p: &Projection) -> Vec<u32> {
-    p.missing_seqs().into_iter().take(MISSING_MAX).collect()
+/// the last has not arrived), as `missingSeqRanges` (the first
+/// [`MISSING_RANGES_MAX`] ranges `[from, to]`), `missingSeqRangesTotal`
+/// and `missingSeqCount`, set on `v`: the work is proportional to the seqs
+/// that arrived, never to the highest seq.
+pub fn set_missing_seqs(v: &mut Value, p: &Projection) {
+    let m = p.missing_seqs(MISSING_RANGES_MAX);
+    v["missingSeqRanges"] = json!(m.ranges);
+    v["missingSeqRangesTotal"] = json!(m.ranges_total);
+    v["missingSeqCount"] = json!(m.count);
 }
 
 /// `GET /api/batches/{id}`: generations and groups, missing seqs, rejected
@@ -169,7 +174,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
             Some(w) => {
                 let mut v = queued_json(&id, w, &queued);
                 v["describe"] = json!(queued.describe(w));
-                v["missingSeqs"] = json!([]);
+                set_missing_seqs(&mut v, &Projection::default());
                 v["rejected"] = json!([]);
                 v["generations"] = json!([]);
                 v["readOnly"] = json!(board.token.is_none());
@@ -197,7 +202,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
         }
     }
     let mut v = row(&board, &id, shard, &p, now, queued_chunks(&[queued], &id));
-    v["missingSeqs"] = json!(missing_seqs(&p));
+    set_missing_seqs(&mut v, &p);
     v["lastSeqKnown"] = json!(p.last_seq().is_some());
     v["rejected"] = json!(rejected);
     v["report"] = report;

@@ -118,16 +118,19 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
                 _ => String::new(),
             }
         ),
-        Event::BatchClosed(e) => format!(
-            "CLOSED ({}): {} missing seq(s){}",
-            e.reason,
-            e.missing.len(),
-            match e.missing.len() {
-                0 => String::new(),
-                n if n <= 20 => format!(" {:?}", e.missing),
-                _ => format!(" {:?}...", &e.missing[..20]),
-            }
-        ),
+        Event::BatchClosed(e) => {
+            let m = e.missing_seqs();
+            format!(
+                "CLOSED ({}): {} missing seq(s){}",
+                e.reason,
+                m.count,
+                if m.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", m.text())
+                }
+            )
+        }
         Event::SendClaimed(e) => format!("generation {} send claimed", e.gen),
         Event::BatchCancelled(e) => format!(
             "CANCELLED ({}): {} generation(s) stopped {:?} ({} registered recipient(s) never sent), {} being sent {:?}",

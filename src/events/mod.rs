@@ -454,13 +454,59 @@ pub struct SendScheduled {
 }
 
 /// See [`Event::BatchClosed`]. Key `closed`.
+///
+/// The seqs that never arrived are kept as ranges, at most
+/// [`MISSING_RANGES_MAX`](crate::seq_ranges::MISSING_RANGES_MAX) of them
+/// (the first), with the counts in all: a batch holding seq 4,000,000,000
+/// closes with one range, not a list of four billion seqs. Events recorded
+/// before ranges listed every missing seq in `missing`; they are still read
+/// ([`BatchClosed::count`], [`BatchClosed::ranges`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchClosed {
     /// Why (the operator's `--reason`, or the quiet time).
     pub reason: String,
-    /// The seqs that never arrived.
+    /// The seqs that never arrived, one by one: events recorded before
+    /// ranges only (`close.lua` no longer writes it).
     #[serde(default)]
     pub missing: Vec<u32>,
+    /// How many seqs never arrived.
+    #[serde(default)]
+    pub missing_count: u64,
+    /// The first ranges `[from, to]` (inclusive, ascending) of the seqs
+    /// that never arrived.
+    #[serde(default)]
+    pub missing_ranges: Vec<[u32; 2]>,
+    /// How many ranges there are in all (more than listed when cut).
+    #[serde(default)]
+    pub missing_ranges_total: u64,
+}
+
+impl BatchClosed {
+    /// How many seqs never arrived (whichever form the event has).
+    pub fn count(&self) -> u64 {
+        self.missing_count.max(self.missing.len() as u64)
+    }
+
+    /// The seqs that never arrived, as ranges and counts (whichever form
+    /// the event has; an old event's list is cut to the same limit).
+    pub fn missing_seqs(&self) -> crate::seq_ranges::Missing {
+        use crate::seq_ranges::{ranges_of, Missing, MISSING_RANGES_MAX};
+        if self.missing.is_empty() {
+            return Missing {
+                count: self.missing_count,
+                ranges: self.missing_ranges.clone(),
+                ranges_total: self.missing_ranges_total,
+            };
+        }
+        let mut ranges = ranges_of(&self.missing);
+        let ranges_total = ranges.len() as u64;
+        ranges.truncate(MISSING_RANGES_MAX);
+        Missing {
+            count: self.missing.len() as u64,
+            ranges,
+            ranges_total,
+        }
+    }
 }
 
 /// See [`Event::ReportDelivered`]. Key `delivered`.

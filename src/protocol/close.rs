@@ -5,6 +5,7 @@
 use super::settle::settle;
 use super::{reply, tonumber, BatchPolicy, Db, Run};
 use crate::events::{BatchClosed, Event};
+use crate::seq_ranges::{missing_ranges, MISSING_RANGES_MAX};
 
 /// `close.lua` for `reason`. Returns `closed, missing count`,
 /// `reported, outcome` or `unknown`.
@@ -25,18 +26,30 @@ pub fn close(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> Ve
         let max = tonumber(r.get("max").as_deref()).unwrap_or(-1);
         max.max(tonumber(r.get("rmax").as_deref()).unwrap_or(-1))
     });
-    let missing: Vec<u32> = (0..=top)
-        .filter(|s| {
-            r.get(&format!("s:{s}")).is_none() && r.get(&format!("r:{s}")).as_deref() != Some("1")
-        })
-        .map(|s| s as u32)
-        .collect();
-    let n = missing.len();
+    // The seqs present (`s:<seq>` or `r:<seq>` fields), from the field
+    // names: the gaps between them, as ranges, never a loop up to `top`.
+    let present: Vec<u32> =
+        r.db.batch(&r.batch)
+            .map(|b| {
+                b.state
+                    .keys()
+                    .filter_map(|k| k.strip_prefix("s:").or_else(|| k.strip_prefix("r:")))
+                    .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+                    .filter_map(|s| s.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+    let top = u32::try_from(top).ok();
+    let m = missing_ranges(present, top, MISSING_RANGES_MAX);
+    let n = m.count;
     r.emit(
         "closed",
         Event::BatchClosed(BatchClosed {
             reason: reason.into(),
-            missing,
+            missing: Vec::new(),
+            missing_count: m.count,
+            missing_ranges: m.ranges,
+            missing_ranges_total: m.ranges_total,
         }),
         true,
     );

@@ -23,27 +23,44 @@ local top = tonumber(f[4])
 if not top then
   top = math.max(tonumber(f[5]) or -1, tonumber(f[6]) or -1)
 end
--- Read in pages: HMGET's arguments go through unpack(), which takes at most
--- ~8000 values ("too many results to unpack"), and a batch may have more
--- seqs than that.
-local missing, PAGE = {}, 1000
-for from = 0, top, PAGE do
-  local to, names = math.min(top, from + PAGE - 1), {}
-  for s = from, to do
-    names[#names + 1] = 's:' .. s
-    names[#names + 1] = 'r:' .. s
-  end
-  local got = redis.call('HMGET', STATE, unpack(names))
-  for s = from, to do
-    local k = 2 * (s - from)
-    if not got[k + 1] and got[k + 2] ~= '1' then
-      missing[#missing + 1] = s
-    end
+-- The seqs present: assigned (`s:<seq>`) or holes (`r:<seq>`; `r:` is `0`
+-- only once `s:` is set too). Read from the hash's field names, sorted, and
+-- the gaps between them counted as ranges: the work is proportional to what
+-- arrived, never to `top` (a producer bug can make it 4,000,000,000; a loop
+-- over every seq blocked Redis for seconds, or for ever). At most
+-- MAX_RANGES ranges are listed (the first), with the counts in all.
+local MAX_RANGES = 100
+local present = {}
+for _, name in ipairs(redis.call('HKEYS', STATE)) do
+  local s = tonumber(string.match(name, '^[sr]:(%d+)$'))
+  if s and s <= top then
+    present[#present + 1] = s
   end
 end
-emit('closed', 'batch_closed', cmsgpack.pack({reason = reason, missing = missing}))
+table.sort(present)
+local ranges, count, total, nxt = {}, 0, 0, 0
+local function gap(from, to)
+  count = count + (to - from + 1)
+  total = total + 1
+  if #ranges < MAX_RANGES then
+    ranges[#ranges + 1] = {from, to}
+  end
+end
+for _, s in ipairs(present) do
+  if s > nxt then
+    gap(nxt, s - 1)
+  end
+  nxt = s + 1
+end
+if nxt <= top then
+  gap(nxt, top)
+end
+-- '%d', not tostring(): Lua prints numbers with '%.14g' (1e+14 and up).
+local n = string.format('%d', count)
+emit('closed', 'batch_closed', cmsgpack.pack({reason = reason, missing_count = count,
+  missing_ranges = ranges, missing_ranges_total = total}))
 put('closed', reason)
-put('missing', #missing)
+put('missing', n)
 settle('closed')
 flush()
-return reply({'closed', tostring(#missing)})
+return reply({'closed', n})

@@ -248,7 +248,11 @@ async fn a_seq_that_never_comes_is_given_up_by_close() {
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "partial", "{report}");
     assert_eq!(report["missing"], 1, "{report}");
-    assert_eq!(report["missingSeqs"], serde_json::json!([2]), "{report}");
+    assert_eq!(
+        report["missingSeqRanges"],
+        serde_json::json!([[2, 2]]),
+        "{report}"
+    );
     assert_eq!(report["registered"], 300, "{report}");
     assert_eq!(report["closed"], "producer crashed", "{report}");
     assert_eq!(
@@ -289,8 +293,8 @@ async fn give_up_after_closes_a_batch_quiet_that_long() {
     let letters = dead_letters(&rig.store).await;
     assert_eq!(report["outcome"], "partial", "{report} {letters:?}");
     assert_eq!(
-        report["missingSeqs"],
-        serde_json::json!([1]),
+        report["missingSeqRanges"],
+        serde_json::json!([[1, 1]]),
         "{report} {letters:?}"
     );
     assert_eq!(report["registered"], 200, "{report}");
@@ -583,4 +587,168 @@ async fn a_large_batch_is_deduplicated_across_thousands_of_buckets() {
         .expect("the dedupe hash exists");
     let per = bytes as f64 / (kept + size - 10) as f64;
     assert!(per <= 32.0, "{per:.1} bytes per number kept");
+}
+
+/// A producer bug writes seq 4,000,000,000 (flagged last) after seqs 0 and
+/// 1: closing the batch works in proportion to what arrived, not to the
+/// highest seq. The close answers in well under a second while another
+/// client's PINGs are answered throughout (the old script looped over every
+/// seq: seconds with Redis blocked at 2·10⁶, never done at 4·10⁹); the
+/// batch reports with the missing seqs as one range, in a small body; the
+/// board's page for it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_holding_seq_four_billion_closes_at_once_and_reports_small() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const TOP: u32 = 4_000_000_000;
+    let (rig, hook) = rig_with_hook(1, test_config(), mock_config()).await;
+    let batch = "seq-4e9";
+    let people = recipients(76, 30);
+    let chunks = vec![
+        chunk(batch, 0, false, people[..10].to_vec()),
+        chunk(batch, 1, false, people[10..20].to_vec()),
+        chunk(batch, TOP, true, people[20..].to_vec()),
+    ];
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    let log = rig.store.batch(batch);
+    wait_until(
+        "the three chunks are loaded",
+        Duration::from_secs(30),
+        || {
+            let log = log.clone();
+            async move {
+                log.state()
+                    .await
+                    .map(|s| s.int("seqs") == 3 && s.int("g:0:l") == 3)
+                    .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+
+    // Another client PINGs the same server while the close runs.
+    let client = redis::Client::open(rig.server.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let done = Arc::new(AtomicBool::new(false));
+    let pinger = tokio::spawn({
+        let done = done.clone();
+        async move {
+            let (mut longest, mut pings) = (Duration::ZERO, 0u32);
+            // At least a few PINGs, then until the close has returned.
+            while pings < 5 || !done.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let pong: String = redis::cmd("PING")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("PING");
+                assert_eq!(pong, "PONG");
+                longest = longest.max(t.elapsed());
+                pings += 1;
+            }
+            (longest, pings)
+        }
+    });
+    let t = Instant::now();
+    let closed = log.close("producer bug").await.expect("close");
+    let took = t.elapsed();
+    done.store(true, Ordering::SeqCst);
+    let (longest, pings) = pinger.await.expect("pinger");
+    println!("close of a batch holding seq {TOP}: {took:?}; {pings} concurrent PINGs, the longest {longest:?}");
+    assert_eq!(
+        closed,
+        Closing::Closed {
+            missing: 3_999_999_998
+        }
+    );
+    assert!(
+        longest < Duration::from_millis(100),
+        "a PING waited {longest:?}"
+    );
+    assert!(took < Duration::from_secs(5), "the close took {took:?}");
+
+    let report = the_report(&rig, &hook, batch).await;
+    let body = report.to_string();
+    println!("report body: {} bytes", body.len());
+    assert!(body.len() < 10_000, "{} bytes", body.len());
+    assert_eq!(report["outcome"], "partial", "{report}");
+    assert_eq!(report["missing"], 3_999_999_998u64, "{report}");
+    assert_eq!(report["missingSeqCount"], 3_999_999_998u64, "{report}");
+    assert_eq!(
+        report["missingSeqRanges"],
+        serde_json::json!([[2, 3_999_999_999u32]]),
+        "{report}"
+    );
+    assert_eq!(report["registered"], 30, "{report}");
+
+    // The board's page for the batch.
+    let board = Board::start(&rig.server.url()).await;
+    let r = reqwest::get(format!("{}/api/batches/{batch}", board.base))
+        .await
+        .expect("GET the batch page");
+    assert!(r.status().is_success(), "{}", r.status());
+    let page = r.text().await.expect("body");
+    println!("board batch page: {} bytes", page.len());
+    assert!(page.len() < 10_000, "{} bytes", page.len());
+    let page: serde_json::Value = serde_json::from_str(&page).expect("JSON");
+    assert_eq!(
+        page["missingSeqRanges"],
+        serde_json::json!([[2, 3_999_999_999u32]]),
+        "{page}"
+    );
+    assert_eq!(page["missingSeqCount"], 3_999_999_998u64, "{page}");
+    assert_eq!(page["report"]["missing"], 3_999_999_998u64, "{page}");
+
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 30)]));
+    rig.verify(&[batch.to_string()]).await;
+    rig.stop().await;
+}
+
+/// A `groupcast board` process (read-only); killed on drop.
+struct Board {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Board {
+    /// Starts it on a free port and waits (bounded) until it answers.
+    async fn start(redis_url: &str) -> Board {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_groupcast"))
+            .args(["board", "--prefix", "gct", "--redis", redis_url])
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .env_remove("GROUPCAST_BOARD_TOKEN")
+            .env_remove("GROUPCAST_BOARD_TOKEN_FILE")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the board");
+        let board = Board {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let url = format!("{}/api/overview", board.base);
+        wait_until("the board answers", Duration::from_secs(30), || {
+            let url = url.clone();
+            async move { reqwest::get(url).await.is_ok() }
+        })
+        .await;
+        board
+    }
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -148,8 +148,13 @@ function batchPage(b, events) {
       h("td", { class: "num" }, g.generation), h("td", {}, g.group || "-"), h("td", { class: "num" }, g.recipients),
       h("td", { class: "num" }, g.loaded + "/" + g.chunks), h("td", { class: "num" }, g.registered), h("td", { class: "num" }, g.failed),
       h("td", {}, g.closed || "-"), h("td", {}, g.refused ? "REFUSED: " + g.refused : (g.sent || "-")), h("td", {}, g.done || "-")))));
-  const missing = b.missingSeqs && b.missingSeqs.length > 0
-    ? h("p", { id: "missing", class: "warn" }, "Missing seqs (not accepted yet): " + b.missingSeqs.join(", ") +
+  const ranges = b.missingSeqRanges || [];
+  const moreRanges = (b.missingSeqRangesTotal || 0) - ranges.length;
+  const missing = ranges.length > 0
+    ? h("p", { id: "missing", class: "warn" }, "Missing seqs (not accepted yet): " +
+      ranges.map(([a, z]) => a === z ? String(a) : a + "-" + z).join(", ") +
+      (moreRanges > 0 ? " ... (" + moreRanges + " more range(s))" : "") +
+      (b.missingSeqCount > ranges.length ? " (" + b.missingSeqCount + " seqs)" : "") +
       (b.lastSeqKnown ? "" : " (the last chunk has not arrived either)"))
     : h("p", { id: "missing", class: "muted" }, b.lastSeqKnown === false ? "The last chunk has not arrived." : "No seq missing.");
   const rejected = h("table", { id: "rejected" },
