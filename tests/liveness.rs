@@ -13,3 +13,6 @@ mod input;
 
 #[path = "liveness/cancel.rs"]
 mod cancel;
+
+#[path = "liveness/claim.rs"]
+mod claim;
