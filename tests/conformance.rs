@@ -1485,8 +1485,9 @@ async fn a_large_batch_dedupes_its_mobile_numbers_in_a_bitmap() {
 }
 
 /// A claim's lifetime, step by step, on one generation (each step compared
-/// with the script): taken, renewed, a check inside quiet hours gives it
-/// back, taken again (claim 2), the batch cancelled while it is in place
+/// with the script): taken, renewed, a check inside quiet hours leaves it in
+/// place (it comes before the provider's status is read), a claim inside
+/// them gives it back, taken again (claim 2), the batch cancelled while it is in place
 /// (left alone), then a retry finds quiet hours: the claim is given back
 /// and the generation stopped there, and the batch reports `cancelled`
 /// with nothing sent. (The random walk above reaches every decision but
@@ -1533,6 +1534,7 @@ async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
         claim(0),
         claim(0),
         held(ClaimMode::Check),
+        held(ClaimMode::Claim),
         claim(0),
         Call::Cancel {
             reason: "wrong campaign".into(),

@@ -18,8 +18,8 @@ use crate::events::{ClaimGivenBack, Event, SendClaimed, SendScheduled};
 pub enum ClaimMode {
     /// Decide the schedule and take (or renew) the claim when free.
     Claim,
-    /// Decide the schedule only: record a hold and give a claim back when
-    /// held, take nothing when free (the check before the provider is read).
+    /// Decide the schedule only: record a hold, take no claim and give none
+    /// back (the check before the provider's status is read).
     Check,
 }
 
@@ -99,7 +99,10 @@ pub fn claim_send(
                 );
                 r.put(gk("at"), at);
             }
-            if !live {
+            // Only a claim gives a claim back: the worker claims after it
+            // read the provider's status (a send whose answer was lost is
+            // told from one never started); a check comes before that read.
+            if !live || a.mode != ClaimMode::Claim {
                 r.flush();
                 return reply(["held", &at.to_string(), reason, &now.to_string(), "0"]);
             }

@@ -19,8 +19,8 @@
 -- the schedule and either renews the claim or gives it back.
 --
 -- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 gen, 4 mode (`claim`, or `check`: decide the schedule, record a
---       hold, give a claim back, but take none), 5 lifetime ms, 6 send_at ms
+-- ARGV: 3 gen, 4 mode (`claim`, or `check`: decide the schedule and record
+--       a hold, but take no claim and give none back), 5 lifetime ms, 6 send_at ms
 --       (empty: none), 7 the quiet window `from|opens|closes` in Unix ms
 --       (empty: none), computed by the worker from a Redis clock reading with
 --       the zone database Lua lacks (ScheduleArgs in src/events/options.rs)
@@ -81,7 +81,10 @@ if decided == 'held' then
     emit('schedule/' .. gen, 'send_scheduled', cmsgpack.pack({gen = gen, group_id = f[6] or '', at_ms = a, reason = b}))
     put(gk .. 'at', a)
   end
-  if not live then
+  -- Only a claim gives a claim back: the worker claims after it read the
+  -- provider's status, which tells a send that went out (its answer lost)
+  -- from one that never started. A check comes before that read.
+  if not live or mode ~= 'claim' then
     flush()
     return reply({'held', tostring(a), b, tostring(now), '0'})
   end

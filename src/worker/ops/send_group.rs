@@ -81,12 +81,16 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         return Ok(Outcome::Done);
     };
     // Held until `send_at`, and never inside the batch's quiet hours: a
-    // check before the provider is read (a claim in place is given back).
+    // check before the provider is read, unless a claim is in place (a
+    // retry: the provider's status comes first, since the send may have
+    // gone out with its answer lost; the claim then re-checks the schedule
+    // and gives the claim back if the batch is held).
     let window = p
         .get(field::OPTIONS)
         .and_then(SendWindow::from_canonical)
         .unwrap_or_default();
-    if window.holds() {
+    let claimed = p.int(&field::claimed(gen)) > p.int(&field::claim_back(gen));
+    if window.holds() && !claimed {
         if let Decided::Out(o) = decide(ctx, &log, &window, gen, ClaimMode::Check).await? {
             return Ok(o);
         }
@@ -129,7 +133,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     // tests/liveness: a claimed generation unsent for 90 s at 8/s). A
     // booking refused reserves nothing, so one for both goes as soon as the
     // schedule has room for two, or the lane is owed its share.
-    let booked_both = p.int(&field::claimed(gen)) > p.int(&field::claim_back(gen));
+    let booked_both = claimed;
     if let Some(back) = provider_slots(ctx, lane, if booked_both { 2 } else { 1 }).await? {
         return Ok(back);
     }
