@@ -72,8 +72,18 @@ pub fn claim_send(
     let gen = a.gen;
     let gk = |f: &str| format!("g:{gen}:{f}");
     let mut r = Run::new(db, batch);
-    let n = r.num(&gk("claimed"));
-    let live = n > r.num(&gk("back"));
+    let mut n = r.num(&gk("claimed"));
+    let mut live = n > r.num(&gk("back"));
+    // The claim in place, by its event's key; a state that lost that key (a
+    // write Redis lost) holds no claim: it is taken again under the same
+    // number.
+    let mut claim_id = None;
+    if live {
+        claim_id = r.get(&format!("k:{}", claim_key(gen, n)));
+        if claim_id.is_none() {
+            (live, n) = (false, n - 1);
+        }
+    }
     let cancelled = r.get("cancelled");
     if let (false, Some(reason)) = (live, &cancelled) {
         return reply(["cancelled", reason]);
@@ -142,10 +152,8 @@ pub fn claim_send(
         return reply(["free", &now.to_string()]);
     }
     let (until, now) = (until.to_string(), now.to_string());
-    if live {
-        let key = claim_key(gen, n);
-        let id = r.get(&format!("k:{key}")).unwrap_or_default();
-        return reply(["claimed", &id, &until, &now, &n.to_string(), "renewed"]);
+    if let (true, Some(id)) = (live, &claim_id) {
+        return reply(["claimed", id, &until, &now, &n.to_string(), "renewed"]);
     }
     let n = n + 1;
     let id = r.emit(

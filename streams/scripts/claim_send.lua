@@ -66,6 +66,18 @@ local f = redis.call('HMGET', STATE, gk .. 'claimed', gk .. 'back', 'cancelled',
   gk .. 'group', 'k:schedule/' .. gen, gk .. 'closed', gk .. 'reg', gk .. 'c', gk .. 'n')
 local n = num(f[1])
 local live = n > num(f[2])
+-- The claim in place, by its event's key; a state that lost that key (a
+-- write Redis lost) holds no claim: it is taken again under the same number.
+local function claim_key(k)
+  return k == 1 and ('claim/' .. gen) or ('claim/' .. gen .. '/' .. k)
+end
+local claim_id
+if live then
+  claim_id = redis.call('HGET', STATE, 'k:' .. claim_key(n))
+  if not claim_id then
+    live, n = false, n - 1
+  end
+end
 if not live and f[3] then
   return reply({'cancelled', f[3]})
 end
@@ -111,16 +123,14 @@ if mode ~= 'claim' then
   return reply({'free', tostring(now)})
 end
 if live then
-  local key = n == 1 and ('claim/' .. gen) or ('claim/' .. gen .. '/' .. n)
-  local id = redis.call('HGET', STATE, 'k:' .. key) or ''
-  return reply({'claimed', id, tostring(a), tostring(now), tostring(n), 'renewed'})
+  return reply({'claimed', claim_id, tostring(a), tostring(now), tostring(n), 'renewed'})
 end
 n = n + 1
-local key, data = 'claim/' .. gen, {gen = gen}
+local data = {gen = gen}
 if n > 1 then
-  key, data.n = key .. '/' .. n, n
+  data.n = n
 end
-local id = emit(key, 'send_claimed', cmsgpack.pack(data))
+local id = emit(claim_key(n), 'send_claimed', cmsgpack.pack(data))
 put(gk .. 'claimed', n)
 flush()
 return reply({'claimed', id, tostring(a), tostring(now), tostring(n), 'new'})
