@@ -144,7 +144,8 @@ pub struct WorkerConfig {
     /// How long a send claim lets the provider call start (cut where the
     /// batch's quiet hours begin): a send that cannot start within it (a
     /// limiter or durability wait) claims again, checking the schedule
-    /// anew. Default 5 s.
+    /// anew. At least 1 s (twice the send's margin for its transit).
+    /// Default 5 s.
     pub claim_lifetime: Duration,
 }
 

@@ -271,7 +271,9 @@ async fn decide(
         let args = ClaimArgs {
             gen,
             mode,
-            lifetime_ms: ctx.config.claim_lifetime.as_millis() as u64,
+            // At least twice the margin: a shorter lifetime would never
+            // leave the send room to start, and the item would retry forever.
+            lifetime_ms: ctx.config.claim_lifetime.max(SEND_MARGIN * 2).as_millis() as u64,
             schedule: window.schedule_args(now),
         };
         let asked = Instant::now();
