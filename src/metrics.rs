@@ -215,6 +215,16 @@ pub const METRICS: &[Metric] = &[
         "Sends refused because the provider's count and our events disagreed",
     ),
     counter(
+        "groupcast_send_claims_given_back_total",
+        &[],
+        "Send claims given back: a retried send found the batch held by its schedule",
+    ),
+    counter(
+        "groupcast_send_claims_expired_total",
+        &[],
+        "Sends that could not start within their claim's lifetime and claimed again",
+    ),
+    counter(
         "groupcast_groups_sent_total",
         &["outcome"],
         "Groups sent, by outcome (sent, already_sent)",

@@ -30,7 +30,7 @@
 //! | `r:<seq>`, `holes`, `rmax` | `1` while refused seq `seq` has no data (a hole; `0` once a corrected copy is assigned); how many; the highest |
 //! | `fr:<code>` | recipients refused for that reason (a provider code, or `given_up`) |
 //! | `closed`, `missing` | why the batch was closed; how many seqs it gave up on (their ranges are in its `batch_closed`) |
-//! | `g:<g>:claimed` | `1` once generation g's send was claimed (a cancel leaves it alone) |
+//! | `g:<g>:claimed`, `g:<g>:back` | the number of generation g's last send claim, and of the last one given back: claimed while `claimed > back` (a cancel leaves it alone) |
 //! | `cancelled`, `stopped`, `unsent` | why the batch was cancelled; generations it stopped (done with status `cancelled`); registered recipients in them |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
@@ -151,7 +151,7 @@ pub mod field {
     /// Registered recipients of the generations the cancel stopped.
     pub const UNSENT: &str = "unsent";
 
-    /// `g:<gen>:claimed`: generation `gen`'s send was claimed.
+    /// `g:<gen>:claimed`: the number of generation `gen`'s last send claim.
     pub fn claimed(gen: u32) -> String {
         self::gen(gen, "claimed")
     }
@@ -160,6 +160,12 @@ pub mod field {
     /// `gen` (`create`).
     pub fn failed_in(gen: u32) -> String {
         self::gen(gen, "failed")
+    }
+
+    /// `g:<gen>:back`: the number of generation `gen`'s last send claim
+    /// given back (claimed while `claimed > back`).
+    pub fn claim_back(gen: u32) -> String {
+        self::gen(gen, "back")
     }
 }
 
@@ -313,11 +319,19 @@ pub fn updates(event: &Event) -> Vec<Update> {
             u
         }
         Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
-        Event::SendClaimed(e) => vec![Set(field::claimed(e.gen), "1".into())],
+        Event::SendClaimed(e) => vec![Max(field::claimed(e.gen), u64::from(e.n.unwrap_or(1)))],
+        Event::ClaimGivenBack(e) => {
+            let mut u = vec![Max(g(e.gen, "back"), u64::from(e.n))];
+            if e.stopped {
+                u.push(Incr(field::STOPPED.into(), 1));
+                u.push(Incr(field::UNSENT.into(), e.unsent as i64));
+            }
+            u
+        }
         Event::BatchCancelled(e) => vec![
             Set(field::CANCELLED.into(), e.reason.clone()),
-            Set(field::STOPPED.into(), e.stopped.len().to_string()),
-            Set(field::UNSENT.into(), e.unsent.to_string()),
+            Incr(field::STOPPED.into(), e.stopped.len() as i64),
+            Incr(field::UNSENT.into(), e.unsent as i64),
         ],
         Event::GenerationFailed(e) => vec![Set(field::failed_in(e.gen), e.op.clone())],
         Event::ChunkParked(_)

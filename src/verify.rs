@@ -78,8 +78,12 @@ struct Gen {
     closed: bool,
     /// Done with nobody to send to (status `empty`): never sent.
     empty: bool,
-    /// Where its `send_claimed` stands in the log.
+    /// Where its first `send_claimed` stands in the log.
     claim: Option<usize>,
+    /// Every claim: its number and place in the log.
+    claims: Vec<(u32, usize)>,
+    /// Claims given back (`claim_given_back`): number → place in the log.
+    backs: BTreeMap<u32, usize>,
     /// Stopped by a cancel (done with status `cancelled`): never sent.
     cancelled: bool,
 }
@@ -158,7 +162,12 @@ impl Tally {
                     t.gen(e.gen).cancelled = true
                 }
                 Event::SendClaimed(e) => {
-                    t.gen(e.gen).claim.get_or_insert(i);
+                    let g = t.gen(e.gen);
+                    g.claim.get_or_insert(i);
+                    g.claims.push((e.n.unwrap_or(1), i));
+                }
+                Event::ClaimGivenBack(e) => {
+                    t.gen(e.gen).backs.insert(e.n, i);
                 }
                 Event::BatchCancelled(_) => {
                     t.cancelled.get_or_insert(i);
@@ -312,22 +321,30 @@ fn generation_checks(
             format!("gen {g}: done with nobody registered, and not sent"),
         );
     }
-    // A cancel: a generation it stopped is never claimed nor sent; one sent
-    // after it had its send claimed before it.
+    // A cancel: a generation it stopped is never sent, and holds no claim
+    // (every claim it had was given back); one sent after it had its send
+    // claimed before it, and that claim still in place at the cancel.
+    let held_at = |at: usize| {
+        st.claims
+            .iter()
+            .any(|(n, i)| *i < at && st.backs.get(n).is_none_or(|b| *b > at))
+    };
     if st.cancelled {
+        let in_place = st.claims.iter().any(|(n, _)| !st.backs.contains_key(n));
         c.check(
             2,
-            cancel_at.is_some() && st.sends.is_empty() && st.claim.is_none(),
+            cancel_at.is_some() && st.sends.is_empty() && !in_place,
             format!(
-                "gen {g}: stopped by a cancel, and never claimed nor sent ({} send(s), claim {:?})",
+                "gen {g}: stopped by a cancel, never sent and no claim in place ({} send(s), claims {:?}, given back {:?})",
                 st.sends.len(),
-                st.claim
+                st.claims,
+                st.backs
             ),
         );
     }
     if let Some(at) = cancel_at {
         let late: Vec<usize> = st.sends.iter().copied().filter(|&s| s > at).collect();
-        let claimed_before = st.claim.is_some_and(|cl| cl < at);
+        let claimed_before = held_at(at);
         c.check(
             2,
             late.is_empty() || claimed_before,

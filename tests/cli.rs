@@ -513,7 +513,7 @@ async fn status_and_audit_tell_a_queued_batch_and_whether_a_worker_reads_it() {
 #[tokio::test]
 async fn cancel_says_what_it_stopped_with_its_exit_codes() {
     use groupcast::events::ChunkLoaded;
-    use groupcast::store::batch::{Accepted, Claim};
+    use groupcast::store::batch::{Accepted, Claim, ClaimArgs};
     let (server, store) = common::store(1).await;
     let url = server.url();
     let loaded = |gen: u32, seq: u32, group: &str, registered: u32| ChunkLoaded {
@@ -536,8 +536,10 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
         Some(true)
     );
     assert!(matches!(
-        log.claim_send(0).await.expect("claim"),
-        Claim::Claimed(_)
+        log.claim_send(&ClaimArgs::unscheduled(0))
+            .await
+            .expect("claim"),
+        Claim::Claimed { .. }
     ));
     let out = groupcast(&url, &["cancel", "promo", "--reason", "wrong coupon"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -592,8 +594,10 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
     done.record_group(0, "G9").await.expect("group");
     done.loaded(&loaded(0, 0, "G9", 1)).await.expect("loaded");
     assert!(matches!(
-        done.claim_send(0).await.expect("claim"),
-        Claim::Claimed(_)
+        done.claim_send(&ClaimArgs::unscheduled(0))
+            .await
+            .expect("claim"),
+        Claim::Claimed { .. }
     ));
     done.sent(0, "G9", "sent", 10, b"poll").await.expect("sent");
     done.completed(0, "G9", "COMPLETE", 1, 0)

@@ -280,6 +280,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("reject", settling.clone()),
         ("close", settling.clone()),
         ("cancel", settling.clone()),
+        ("claim_send", settling.clone()),
         ("loaded", settling.clone()),
         ("completed", settling),
         (
@@ -305,7 +306,6 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
             vec![k.state.clone(), k.events.clone(), k.delayed.clone()],
         ),
         ("append", vec![k.state.clone(), k.events.clone()]),
-        ("claim_send", vec![k.state.clone(), k.events.clone()]),
         // consumer.rs: a dead letter of either source stream of the shard,
         // and (under `everysec`) one waiting on the handling's last event.
         ("dead_letter", vec![keys.dead_letters(s), keys.ingest(s)]),

@@ -13,15 +13,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use std::time::Duration;
 
+use groupcast::events::options::ScheduleArgs;
 use groupcast::events::{
-    decode_payload, entry_millis, BatchStalled, ChunkLoaded, Event, GroupDiscarded, Recorded,
-    RegistrationFailure, ReportDelivered, SendRefused,
+    decode_payload, entry_millis, BatchStalled, ChunkLoaded, ClaimGivenBack, Event, GroupDiscarded,
+    Recorded, RegistrationFailure, ReportDelivered, SendRefused,
 };
 use groupcast::keys::Keyspace;
 use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry};
 use groupcast::store::batch::{
-    dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, Closing,
-    Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
+    dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs,
+    ClaimMode, Closing, Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -139,9 +140,17 @@ enum Call {
     Cancel {
         reason: String,
     },
-    /// `claim_send` of a generation's send.
+    /// `claim_send` of a generation's send, or a check of its schedule.
     Claim {
         gen: u32,
+        mode: ClaimMode,
+        lifetime_ms: u64,
+        /// The schedule, relative to `at`.
+        sched: Sched,
+        /// The Redis clock read before the call (ms): the schedule's origin.
+        at: u64,
+        /// The script's clock, for the model (from the script's reply).
+        now: u64,
     },
     Park {
         seq: u32,
@@ -177,6 +186,99 @@ enum Call {
     /// Retention expires a reported batch's state and events (its dedupe
     /// hash is gone already; its tombstone stays).
     Expire,
+}
+
+/// A batch's schedule relative to the Redis clock at a call: hours away
+/// from it, so that the decision is the same at any instant of the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sched {
+    /// No `send_at`, no quiet hours.
+    None,
+    /// `send_at` an hour ago.
+    SendAtPast,
+    /// `send_at` in an hour: held.
+    SendAtFuture,
+    /// Inside quiet hours: held until they end.
+    QuietNow,
+    /// Quiet hours open in an hour: free, a claim's lifetime cut there.
+    QuietAhead,
+    /// The window given closed an hour ago: stale.
+    QuietPassed,
+    /// `send_at` in an hour, inside quiet hours that open in half an hour.
+    SendAtInQuiet,
+}
+
+const HOUR: u64 = 3_600_000;
+
+impl Sched {
+    fn args(self, at: u64) -> ScheduleArgs {
+        let (send_at, quiet) = match self {
+            Sched::None => (None, None),
+            Sched::SendAtPast => (Some(at - HOUR), None),
+            Sched::SendAtFuture => (Some(at + HOUR), None),
+            Sched::QuietNow => (None, Some((at - HOUR, at - HOUR, at + HOUR))),
+            Sched::QuietAhead => (None, Some((at, at + HOUR, at + 2 * HOUR))),
+            Sched::QuietPassed => (None, Some((at - 2 * HOUR, at - 2 * HOUR, at - HOUR))),
+            Sched::SendAtInQuiet => (
+                Some(at + HOUR),
+                Some((at + HOUR, at + HOUR / 2, at + 2 * HOUR)),
+            ),
+        };
+        ScheduleArgs { send_at, quiet }
+    }
+}
+
+/// A claim of an unscheduled batch's send.
+fn claim(gen: u32) -> Call {
+    Call::Claim {
+        gen,
+        mode: ClaimMode::Claim,
+        lifetime_ms: 60_000,
+        sched: Sched::None,
+        at: 0,
+        now: 0,
+    }
+}
+
+fn claim_args(call: &Call) -> Option<(ClaimArgs, u64)> {
+    match call {
+        Call::Claim {
+            gen,
+            mode,
+            lifetime_ms,
+            sched,
+            at,
+            now,
+        } => Some((
+            ClaimArgs {
+                gen: *gen,
+                mode: *mode,
+                lifetime_ms: *lifetime_ms,
+                schedule: sched.args(*at),
+            },
+            *now,
+        )),
+        _ => None,
+    }
+}
+
+/// Before a claim: the schedule's origin, the Redis clock.
+async fn set_claim_clock(log: &BatchLog, call: &mut Call) {
+    if let Call::Claim { at, .. } = call {
+        *at = log.server_time_ms().await.expect("the Redis clock");
+    }
+}
+
+/// After a claim: the model runs on the script's clock (from its reply),
+/// else on the clock read before (a decision that did not depend on it).
+fn set_model_clock(call: &mut Call, got: &[String]) {
+    if let Call::Claim { at, now, .. } = call {
+        let from_reply = match got.first().map(String::as_str) {
+            Some("claimed") | Some("held") => got.get(3),
+            _ => None,
+        };
+        *now = from_reply.and_then(|v| v.parse().ok()).unwrap_or(*at);
+    }
 }
 
 /// The policy a step's scripts end batches by: with or without retention
@@ -270,7 +372,46 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
                 }
             }
         }
-        106..=110 => Call::Claim { gen },
+        89..=92 | 106..=110 => {
+            let sched = match rng.random_range(0..12) {
+                0..=4 => Sched::None,
+                5 => Sched::SendAtPast,
+                6 => Sched::SendAtFuture,
+                7 | 8 => Sched::QuietNow,
+                9 => Sched::QuietAhead,
+                10 => Sched::QuietPassed,
+                _ => Sched::SendAtInQuiet,
+            };
+            // Mostly a generation still to send (claims of sent or done
+            // ones answer `done`).
+            let open: Vec<u32> = (0..=top)
+                .filter(|g| {
+                    db.field(batch, &format!("g:{g}:done")).is_none()
+                        && db.field(batch, &format!("k:send/{g}")).is_none()
+                })
+                .collect();
+            let gen = match open.len() {
+                0 => gen,
+                n if rng.random_bool(0.8) => open[rng.random_range(0..n)],
+                _ => gen,
+            };
+            Call::Claim {
+                gen,
+                mode: if rng.random_bool(0.8) {
+                    ClaimMode::Claim
+                } else {
+                    ClaimMode::Check
+                },
+                lifetime_ms: if rng.random_bool(0.7) {
+                    5_000
+                } else {
+                    2 * HOUR
+                },
+                sched,
+                at: 0,
+                now: 0,
+            }
+        }
         111 => Call::Cancel {
             reason: "wrong campaign".into(),
         },
@@ -326,7 +467,7 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
             .into(),
             poll: format!("poll|{batch}|{gen}").into_bytes(),
         },
-        83..=92 => Call::Completed {
+        83..=88 => Call::Completed {
             gen,
             group: format!("G{gen}"),
             status: if rng.random_bool(0.8) {
@@ -406,7 +547,10 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
         } => protocol::reject(db, batch, p, *seq, digest, reason, *last),
         Call::Close { reason } => protocol::close(db, batch, p, reason),
         Call::Cancel { reason } => protocol::cancel(db, batch, p, reason),
-        Call::Claim { gen } => protocol::claim_send(db, batch, *gen),
+        Call::Claim { .. } => {
+            let (args, now) = claim_args(call).expect("a claim");
+            protocol::claim_send(db, batch, p, &args, now)
+        }
         Call::Park { seq, gen, payload } => protocol::park(db, batch, *seq, *gen, payload),
         Call::RecordGroup { gen, group } => protocol::record_group(db, batch, *gen, group),
         Call::FailGeneration { gen } => {
@@ -537,10 +681,43 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             Cancelling::AlreadyReported(o) => vec![s("reported"), o],
             Cancelling::Forgotten => vec![s("forgotten")],
         },
-        Call::Claim { gen } => match log.claim_send(*gen).await.expect(fail) {
-            Claim::Claimed(id) => vec![s("claimed"), id],
-            Claim::Cancelled(why) => vec![s("cancelled"), why],
-        },
+        Call::Claim { .. } => {
+            let (args, _) = claim_args(call).expect("a claim");
+            match log.claim_send(&args).await.expect(fail) {
+                Claim::Claimed {
+                    id,
+                    n,
+                    until_ms,
+                    now_ms,
+                    renewed,
+                } => vec![
+                    s("claimed"),
+                    id,
+                    s(until_ms),
+                    s(now_ms),
+                    s(n),
+                    s(if renewed { "renewed" } else { "new" }),
+                ],
+                // (The typed call keeps no clock for these: compared
+                // without it.)
+                Claim::Free => vec![s("free")],
+                Claim::Held {
+                    at_ms,
+                    reason,
+                    now_ms,
+                    given_back,
+                } => vec![
+                    s("held"),
+                    s(at_ms),
+                    reason,
+                    s(now_ms),
+                    s(if given_back { "1" } else { "0" }),
+                ],
+                Claim::Stale => vec![s("stale")],
+                Claim::Cancelled(why) => vec![s("cancelled"), why],
+                Claim::Done => vec![s("done")],
+            }
+        }
         Call::Expire => {
             let mut conn = store.raw_conn();
             let _: () = conn
@@ -836,6 +1013,32 @@ fn compare(db: &Db, batch: &str, seen: &Seen) -> Vec<String> {
     out
 }
 
+/// The model's reply as the typed call reports it: entry ids translated to
+/// Redis's, a claim's `free` and `stale` without their clock.
+async fn translate(
+    db: &Db,
+    batch: &str,
+    store: &Store,
+    log: &BatchLog,
+    call: &Call,
+    want: &[String],
+) -> Vec<String> {
+    match (call, want) {
+        (Call::Append { .. }, [t, id]) | (Call::Claim { .. }, [t, id, ..])
+            if t == "appended" || t == "duplicate" || t == "claimed" =>
+        {
+            let seen = read(store, log).await;
+            let m = db.batch(batch).expect("appended");
+            let mut out = want.to_vec();
+            out[0] = t.clone();
+            out[1] = real_id(m, &seen, id).unwrap_or("?").to_string();
+            out
+        }
+        (Call::Claim { .. }, [t, _]) if t == "free" || t == "stale" => vec![t.clone()],
+        _ => want.to_vec(),
+    }
+}
+
 /// Writes to the real stderr, past the test harness's output capture.
 fn shout(line: &str) {
     use std::io::Write;
@@ -879,10 +1082,14 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             let p = policy(&mut rng, chunks.bitmap_from);
             let store = store.clone().with_policy(p);
             let log = store.batch(batch);
-            let call = pick(&mut rng, &db, batch, &chunks);
+            let mut call = pick(&mut rng, &db, batch, &chunks);
             let reports = db.reports.len();
             let knew_last = db.field(batch, "last").is_some();
             let knew_conflict = db.field(batch, "last_conflict").is_some();
+            let events = db.batch(batch).map_or(0, |b| b.events.len());
+            set_claim_clock(&log, &mut call).await;
+            let got = real(&store, &log, chunks.cap, &call).await;
+            set_model_clock(&mut call, &got);
             let want = model(&mut db, batch, &p, chunks.cap, &call);
             if !knew_last
                 && db.field(batch, "last").is_some()
@@ -893,7 +1100,6 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             if !knew_conflict && db.field(batch, "last_conflict").is_some() {
                 contradicted += 1;
             }
-            let got = real(&store, &log, chunks.cap, &call).await;
             for (_, _, e) in &db.reports[reports..] {
                 if let Event::BatchReported(r) = e {
                     *outcomes.entry(r.outcome.clone()).or_default() += 1;
@@ -901,25 +1107,37 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             }
             buckets = buckets.max(db.batch(batch).map_or(0, |b| b.dedupe.len()));
             mobile = mobile.max(db.batch(batch).map_or(0, |b| b.dedupe_mobile.len()));
-            let kind = format!(
+            let mut kind = format!(
                 "{}:{}",
                 format!("{call:?}").split([' ', '(']).next().unwrap_or(""),
                 want[0]
             );
+            // The claim's finer decisions: renewed, given back, stopped.
+            let stopped = db.batch(batch).is_some_and(|b| {
+                b.events[events.min(b.events.len())..].iter().any(|e| {
+                    matches!(
+                        e.event,
+                        Event::ClaimGivenBack(ClaimGivenBack { stopped: true, .. })
+                    )
+                })
+            });
+            match (&call, want.as_slice()) {
+                (Call::Claim { .. }, [_, _, _, _, _, how]) if how == "renewed" => {
+                    kind = "Claim:renewed".into()
+                }
+                (Call::Claim { .. }, [_, _, _, _, back]) if back == "1" => {
+                    kind = "Claim:given_back".into()
+                }
+                (Call::Claim { .. }, [t, ..]) if t == "cancelled" && stopped => {
+                    kind = "Claim:given_back_stopped".into()
+                }
+                _ => {}
+            }
             *kinds.entry(kind).or_default() += 1;
             history.push(format!("{batch} {call:?} -> {want:?}"));
             let mut diffs = Vec::new();
             // `append` and a claim answer with an entry id: translate the model's.
-            let want_cmp: Vec<String> = match (&call, want.as_slice()) {
-                (Call::Append { .. }, [t, id]) | (Call::Claim { .. }, [t, id])
-                    if t != "cancelled" =>
-                {
-                    let seen = read(&store, &log).await;
-                    let m = db.batch(batch).expect("appended");
-                    vec![t.clone(), real_id(m, &seen, id).unwrap_or("?").to_string()]
-                }
-                _ => want.clone(),
-            };
+            let want_cmp = translate(&db, batch, &store, &log, &call, &want).await;
             if want_cmp != got {
                 diffs.push(format!("reply: model {want_cmp:?}, redis {got:?}"));
             }
@@ -976,6 +1194,12 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Cancel:reported",
         "Claim:claimed",
         "Claim:cancelled",
+        "Claim:renewed",
+        "Claim:free",
+        "Claim:held",
+        "Claim:given_back",
+        "Claim:stale",
+        "Claim:done",
         "Loaded:cancelled",
         "RecordGroup:cancelled",
         "RecordGroup:failed",
@@ -1111,6 +1335,7 @@ async fn close_counts_a_huge_gap_as_ranges() {
                     seq: 7,
                     digest: "bad".into(),
                     reason: "invalid".into(),
+                    last: false,
                 },
                 accept(4_000_000_000, true),
                 close.clone(),
@@ -1176,16 +1401,13 @@ async fn replay_both(store: &Store, db: &mut Db, batch: &str, cap: u64, calls: &
     let log = store.batch(batch);
     let p = BatchPolicy::default();
     for call in calls {
-        let want = model(db, batch, &p, cap, call);
-        let got = real(store, &log, cap, call).await;
+        let mut call = call.clone();
+        set_claim_clock(&log, &mut call).await;
+        let got = real(store, &log, cap, &call).await;
+        set_model_clock(&mut call, &got);
+        let want = model(db, batch, &p, cap, &call);
+        let want = translate(db, batch, store, &log, &call, &want).await;
         let seen = read(store, &log).await;
-        let want = match (call, want.as_slice()) {
-            (Call::Claim { .. }, [t, id]) if t == "claimed" => {
-                let m = db.batch(batch).expect("claimed");
-                vec![t.clone(), real_id(m, &seen, id).unwrap_or("?").to_string()]
-            }
-            _ => want,
-        };
         assert_eq!(want, got, "{batch}: {call:?}");
         let diffs = compare(db, batch, &seen);
         assert!(diffs.is_empty(), "{batch}: {call:?}: {}", diffs.join("\n"));
@@ -1233,8 +1455,8 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
         }));
     }
     // Generation 3 is claimed and sent (left alone); 700 claimed only.
-    calls.push(Call::Claim { gen: 3 });
-    calls.push(Call::Claim { gen: 700 });
+    calls.push(claim(3));
+    calls.push(claim(700));
     calls.push(Call::Sent {
         gen: 3,
         group: "G3".into(),
@@ -1247,8 +1469,8 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
     calls.push(Call::Cancel {
         reason: "again".into(),
     });
-    calls.push(Call::Claim { gen: 5 });
-    calls.push(Call::Claim { gen: 700 });
+    calls.push(claim(5));
+    calls.push(claim(700));
     calls.push(Call::Completed {
         gen: 3,
         group: "G3".into(),
@@ -1408,4 +1630,101 @@ async fn a_large_batch_dedupes_its_mobile_numbers_in_a_bitmap() {
         Some(&non_mobile.to_string())
     );
     assert_eq!(m.dedupe_mobile.len(), given.len() - non_mobile);
+}
+
+/// A claim's lifetime, step by step, on one generation (each step compared
+/// with the script): taken, renewed, a check inside quiet hours leaves it in
+/// place (it comes before the provider's status is read), a claim inside
+/// them gives it back, taken again (claim 2), the batch cancelled while it is in place
+/// (left alone), then a retry finds quiet hours: the claim is given back
+/// and the generation stopped there, and the batch reports `cancelled`
+/// with nothing sent. (The random walk above reaches every decision but
+/// this last one, which needs a cancel between two claims.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
+    let server = common::redis();
+    let store = Store::connect(&server.url(), Keyspace::new("claims", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(BatchPolicy::default());
+    let mut db = Db::default();
+    let batch = "held";
+    let held = |mode| Call::Claim {
+        gen: 0,
+        mode,
+        lifetime_ms: 5_000,
+        sched: Sched::QuietNow,
+        at: 0,
+        now: 0,
+    };
+    let calls = vec![
+        Call::Accept {
+            seq: 0,
+            last: true,
+            records: dedupe_records(["07000000001", "07000000002"]),
+            digest: "d0".into(),
+            opts: "|normal|".into(),
+            hint: 0,
+        },
+        Call::RecordGroup {
+            gen: 0,
+            group: "G0".into(),
+        },
+        Call::Loaded(ChunkLoaded {
+            gen: 0,
+            seq: 0,
+            group_id: "G0".into(),
+            registered: 2,
+            duplicates: 0,
+            failed: Vec::new(),
+            given_up: None,
+        }),
+        claim(0),
+        claim(0),
+        held(ClaimMode::Check),
+        held(ClaimMode::Claim),
+        claim(0),
+        Call::Cancel {
+            reason: "wrong campaign".into(),
+        },
+        held(ClaimMode::Claim),
+        claim(0),
+    ];
+    replay_both(&store, &mut db, batch, 10, &calls).await;
+    let kinds: Vec<&str> = db
+        .batch(batch)
+        .expect("the batch")
+        .events
+        .iter()
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "assign/0",
+            "close/0",
+            "group/0",
+            "loaded/0/0",
+            "ready/0",
+            "claim/0",
+            "schedule/0",
+            "back/0/1",
+            "claim/0/2",
+            "cancelled",
+            "back/0/2",
+            "done/0",
+            "report",
+        ],
+        "{kinds:?}"
+    );
+    assert_eq!(db.field(batch, "stopped"), Some("1"));
+    assert_eq!(db.field(batch, "unsent"), Some("2"));
+    assert_eq!(db.field(batch, "report"), Some("cancelled"));
+    let deletes: Vec<u32> = db
+        .work
+        .iter()
+        .filter(|w| w.op == "delete")
+        .map(|w| w.item.gen)
+        .collect();
+    assert_eq!(deletes, vec![0]);
 }

@@ -16,3 +16,6 @@ mod cancel;
 
 #[path = "liveness/last.rs"]
 mod last;
+
+#[path = "liveness/claim.rs"]
+mod claim;

@@ -62,6 +62,14 @@ const NOT_PROVOKED: &[(&str, &str)] = &[
         "the provider's registered count disagreeing with our events",
     ),
     (
+        "groupcast_send_claims_given_back_total",
+        "a claimed send retried into quiet hours or before send_at (tests/liveness/claim.rs)",
+    ),
+    (
+        "groupcast_send_claims_expired_total",
+        "a send whose limiter or durability wait outlasts its claim's lifetime (tests/liveness/claim.rs)",
+    ),
+    (
         "groupcast_fsync_wait_seconds",
         "a server with WAITAOF and appendfsync everysec (the scraped run's has no AOF)",
     ),

@@ -131,7 +131,22 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
                 }
             )
         }
-        Event::SendClaimed(e) => format!("generation {} send claimed", e.gen),
+        Event::SendClaimed(e) => match e.n {
+            Some(n) => format!("generation {} send claimed (claim {n})", e.gen),
+            None => format!("generation {} send claimed", e.gen),
+        },
+        Event::ClaimGivenBack(e) => format!(
+            "generation {} send claim {} given back: held until {} ({}){}",
+            e.gen,
+            e.n,
+            super::human_time(e.at_ms),
+            e.reason.replace('_', " "),
+            if e.stopped {
+                ", the batch was cancelled: generation stopped"
+            } else {
+                ""
+            }
+        ),
         Event::BatchCancelled(e) => format!(
             "CANCELLED ({}): {} generation(s) stopped {:?} ({} registered recipient(s) never sent), {} being sent {:?}",
             e.reason,

@@ -163,8 +163,13 @@ events! {
     /// An operator (or `--give-up-after`) stopped waiting for missing seqs.
     BatchClosed(BatchClosed) = "batch_closed",
     /// A generation's send was claimed, before the provider was asked to
-    /// send it: a cancel after this leaves the generation alone.
+    /// send it: a cancel after this leaves the generation alone (unless the
+    /// claim is given back).
     SendClaimed(SendClaimed) = "send_claimed",
+    /// A claimed send's retry found the batch held by its schedule: the
+    /// claim was given back (a cancel now stops the generation; one that
+    /// came while the claim was in place stopped it here).
+    ClaimGivenBack(ClaimGivenBack) = "claim_given_back",
     /// An operator cancelled the batch: generations whose send was not
     /// claimed are stopped (never sent), and it takes no more chunks.
     BatchCancelled(BatchCancelled) = "batch_cancelled",
@@ -414,11 +419,37 @@ fn is_zero64(v: &u64) -> bool {
     *v == 0
 }
 
-/// See [`Event::SendClaimed`]. Key `claim/<gen>`.
+/// See [`Event::SendClaimed`]. Key `claim/<gen>` for the generation's
+/// first claim, `claim/<gen>/<n>` for claim `n` after `n - 1` were given back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendClaimed {
     /// The generation.
     pub gen: u32,
+    /// The claim's number, from 1 (absent: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+}
+
+/// See [`Event::ClaimGivenBack`]. Key `back/<gen>/<n>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimGivenBack {
+    /// The generation.
+    pub gen: u32,
+    /// The number of the claim given back.
+    pub n: u32,
+    /// When the batch's schedule lets the send go (Unix ms, the shard's
+    /// clock).
+    pub at_ms: u64,
+    /// `send_at` or `quiet_hours`.
+    pub reason: String,
+    /// The batch was cancelled while the claim was in place: the
+    /// generation is stopped (done with status `cancelled`), as the cancel
+    /// would have stopped it without the claim.
+    #[serde(default)]
+    pub stopped: bool,
+    /// Recipients registered in the generation, when it is stopped.
+    #[serde(default)]
+    pub unsent: u64,
 }
 
 /// See [`Event::BatchCancelled`]. Key `cancelled`.

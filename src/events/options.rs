@@ -263,6 +263,113 @@ impl Quiet {
     }
 }
 
+impl Quiet {
+    /// The quiet window containing `t`, or else the next one to open after
+    /// it: `(opens, closes)`, instants (`opens <= t` when `t` is inside).
+    /// Computed in the window's zone (daylight-saving changes included); the
+    /// claim script gets these instants, since Lua has no zone database.
+    pub fn window_at(&self, t: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let date = t.to_zoned(self.tz.clone()).date();
+        let mut day = date.yesterday().ok()?;
+        // Yesterday's window (it may span midnight into today), today's and
+        // tomorrow's: the first whose end is after `t`.
+        for _ in 0..3 {
+            let end_day = if self.start < self.end {
+                day
+            } else {
+                day.tomorrow().ok()?
+            };
+            let opens = self.instant(day, self.start)?;
+            let closes = self.instant(end_day, self.end)?;
+            if closes > t && opens < closes {
+                return Some((opens, closes));
+            }
+            day = day.tomorrow().ok()?;
+        }
+        None
+    }
+}
+
+/// What the claim script (`claim_send.lua`) is told of a batch's schedule:
+/// `send_at`, and the quiet window that matters from `from` on, as instants
+/// (Unix ms on the Redis clock's scale). The worker computes the window with
+/// the zone database from a Redis clock reading; the script decides with
+/// its own clock ([`hold`]). Valid while the script's clock is in
+/// `[from, closes)`: a reading outside it answers `stale`, and the worker
+/// computes the window again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScheduleArgs {
+    /// Not before this instant (Unix ms).
+    pub send_at: Option<u64>,
+    /// `(from, opens, closes)`: the quiet window containing, or next after,
+    /// `from` (the instant it was computed for).
+    pub quiet: Option<(u64, u64, u64)>,
+}
+
+impl ScheduleArgs {
+    /// The script's arguments: `send_at` (empty when unset) and
+    /// `from|opens|closes` (empty when the batch has no quiet hours).
+    pub fn argv(&self) -> (String, String) {
+        (
+            self.send_at.map(|v| v.to_string()).unwrap_or_default(),
+            self.quiet
+                .map(|(f, o, c)| format!("{f}|{o}|{c}"))
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// What [`hold`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldDecision {
+    /// The send may start now, and must start before `until` (Unix ms): the
+    /// claim's lifetime, `now + lifetime`, cut at the next quiet window.
+    Free {
+        /// The end of the claim's lifetime.
+        until: u64,
+    },
+    /// Held until `at` (Unix ms), because of `reason` (`send_at` or
+    /// `quiet_hours`).
+    Held {
+        /// The release instant.
+        at: u64,
+        /// `send_at` or `quiet_hours`.
+        reason: &'static str,
+    },
+    /// The window given does not cover `now` (it closed, or the clock went
+    /// back): compute it again.
+    Stale,
+}
+
+/// The schedule's decision at `now` (Redis ms), for a claim of `lifetime_ms`:
+/// pure, and the same arithmetic as `hold()` in `claim_send.lua`. Never free
+/// before `send_at` or inside the quiet window; a free answer's `until` is no
+/// later than the window's opening, so a send started before `until` never
+/// starts inside quiet hours.
+pub fn hold(now: u64, lifetime_ms: u64, args: &ScheduleArgs) -> HoldDecision {
+    let due = args.send_at.map_or(now, |s| s.max(now));
+    let mut until = now.saturating_add(lifetime_ms);
+    if let Some((from, opens, closes)) = args.quiet {
+        if due < from || due >= closes {
+            return HoldDecision::Stale;
+        }
+        if due >= opens {
+            return HoldDecision::Held {
+                at: closes,
+                reason: "quiet_hours",
+            };
+        }
+        until = until.min(opens);
+    }
+    match args.send_at {
+        Some(s) if now < s => HoldDecision::Held {
+            at: s,
+            reason: "send_at",
+        },
+        _ => HoldDecision::Free { until },
+    }
+}
+
 /// A batch's options, resolved: what the send step and the lanes read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SendWindow {
@@ -334,6 +441,20 @@ impl SendWindow {
             (Some(q), Ok(t)) => q.release_at(t).as_millisecond(),
             _ => due,
         }
+    }
+
+    /// What the claim script is told of this schedule, computed from the
+    /// Redis clock reading `now_ms` (see [`ScheduleArgs`]).
+    pub fn schedule_args(&self, now_ms: u64) -> ScheduleArgs {
+        let send_at = self.send_at.map(|v| u64::try_from(v).unwrap_or(0));
+        let from = send_at.map_or(now_ms, |s| s.max(now_ms));
+        let quiet = self.quiet.as_ref().and_then(|q| {
+            let t = Timestamp::from_millisecond(i64::try_from(from).ok()?).ok()?;
+            let (opens, closes) = q.window_at(t)?;
+            let ms = |x: Timestamp| u64::try_from(x.as_millisecond()).unwrap_or(0);
+            Some((from, ms(opens), ms(closes)))
+        });
+        ScheduleArgs { send_at, quiet }
     }
 
     /// `send_at` as RFC 3339 (UTC), for reports.
@@ -494,6 +615,100 @@ mod tests {
         assert_eq!(
             SendWindow::from_canonical("|normal|"),
             Some(SendWindow::default())
+        );
+    }
+
+    /// The claim script's arithmetic ([`hold`] on the window the worker
+    /// computes) agrees with [`SendWindow::release_at`] at every quarter hour
+    /// of two days around each daylight-saving change, in three zones, for
+    /// windows across midnight and within a day, with and without `send_at`.
+    #[test]
+    fn the_scripts_hold_agrees_with_the_release_instant() {
+        let mut checked = 0;
+        for (tz, days) in [
+            ("Asia/Seoul", "2026-12-01T00:00:00Z"),
+            ("America/New_York", "2026-03-07T00:00:00Z"),
+            ("America/New_York", "2026-10-31T00:00:00Z"),
+            ("America/Los_Angeles", "2026-03-07T12:00:00Z"),
+            ("Europe/London", "2026-10-24T06:00:00Z"),
+        ] {
+            for (start, end) in [("21:00", "08:00"), ("12:00", "13:30"), ("07:00", "23:00")] {
+                for send_at in [None, Some(ts(days) + jiff::SignedDuration::from_hours(30))] {
+                    let w = SendWindow {
+                        send_at: send_at.map(|t: Timestamp| t.as_millisecond()),
+                        priority: Priority::Normal,
+                        quiet: Some(quiet(start, end, tz)),
+                    };
+                    let base = ts(days);
+                    for k in 0..(4 * 60) {
+                        let t = base + jiff::SignedDuration::from_mins(15 * k);
+                        let now = t.as_millisecond();
+                        let release = w.release_at(now) as u64;
+                        let now = now as u64;
+                        let args = w.schedule_args(now);
+                        match hold(now, 2_000, &args) {
+                            HoldDecision::Free { until } => {
+                                assert_eq!(release, now, "{tz} {start}-{end} at {t}");
+                                assert!(until > now && until <= now + 2_000);
+                            }
+                            HoldDecision::Held { at, .. } => {
+                                assert_eq!(at, release, "{tz} {start}-{end} at {t}")
+                            }
+                            HoldDecision::Stale => panic!("stale at the instant computed for"),
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 5_000);
+    }
+
+    #[test]
+    fn a_claims_lifetime_ends_where_quiet_hours_begin_and_stale_windows_are_refused() {
+        let args = ScheduleArgs {
+            send_at: None,
+            quiet: Some((1_000, 5_000, 9_000)),
+        };
+        assert_eq!(
+            hold(1_000, 2_000, &args),
+            HoldDecision::Free { until: 3_000 }
+        );
+        assert_eq!(
+            hold(4_000, 2_000, &args),
+            HoldDecision::Free { until: 5_000 }
+        );
+        assert_eq!(
+            hold(5_000, 2_000, &args),
+            HoldDecision::Held {
+                at: 9_000,
+                reason: "quiet_hours"
+            }
+        );
+        assert_eq!(hold(9_000, 2_000, &args), HoldDecision::Stale);
+        assert_eq!(hold(999, 2_000, &args), HoldDecision::Stale);
+        let at = ScheduleArgs {
+            send_at: Some(3_000),
+            quiet: Some((3_000, 5_000, 9_000)),
+        };
+        assert_eq!(
+            hold(1_000, 2_000, &at),
+            HoldDecision::Held {
+                at: 3_000,
+                reason: "send_at"
+            }
+        );
+        assert_eq!(hold(3_500, 2_000, &at), HoldDecision::Free { until: 5_000 });
+        let inside = ScheduleArgs {
+            send_at: Some(6_000),
+            quiet: Some((6_000, 5_000, 9_000)),
+        };
+        assert_eq!(
+            hold(1_000, 2_000, &inside),
+            HoldDecision::Held {
+                at: 9_000,
+                reason: "quiet_hours"
+            }
         );
     }
 

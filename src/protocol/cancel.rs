@@ -1,13 +1,13 @@
 //! `cancel.lua`: cancel a batch. Every generation that is not done and whose
-//! send was not claimed is stopped (closed, done with status `cancelled`,
+//! send is not claimed (claimed and not given back) is stopped (closed, done with status `cancelled`,
 //! its group deleted by a `delete` work item); claimed ones are sent and
 //! counted. The batch takes no more chunks and reports `cancelled` once
 //! every generation is done. A batch never seen reports at once.
 //! Idempotent: run again, it answers the same.
 
-use super::settle::{tombstoned, try_report};
-use super::{reply, tonumber, work_item, BatchPolicy, Db, Run};
-use crate::events::{BatchCancelled, Event, GenerationClosed, GroupCompleted};
+use super::settle::{stop_generation, tombstoned, try_report};
+use super::{reply, tonumber, BatchPolicy, Db, Run};
+use crate::events::{BatchCancelled, Event};
 
 /// `cancel.lua` for `reason`. Returns `cancelled, stopped, unsent, seen
 /// 0|1`, `reported, outcome` or `forgotten`.
@@ -37,7 +37,8 @@ pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> V
             if r.get(&format!("k:done/{g}")).is_some() {
                 continue;
             }
-            if r.get(&format!("k:claim/{g}")).is_some() || r.get(&format!("k:send/{g}")).is_some() {
+            if r.num(&gk("claimed")) > r.num(&gk("back")) || r.get(&format!("k:send/{g}")).is_some()
+            {
                 sending.push(g);
                 continue;
             }
@@ -64,43 +65,15 @@ pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> V
         true,
     );
     r.put("cancelled", reason);
-    r.put("stopped", n);
-    r.put("unsent", unsent);
-    for (g, closed, group, c, recipients) in &stop {
-        let g = *g;
-        if !closed {
-            r.emit(
-                &format!("close/{g}"),
-                Event::GenerationClosed(GenerationClosed {
-                    gen: g,
-                    reason: "cancelled".into(),
-                    chunks: *c as u32,
-                    recipients: *recipients as u32,
-                }),
-                true,
-            );
-            r.put(format!("g:{g}:closed"), "cancelled");
-        }
-        r.emit(
-            &format!("done/{g}"),
-            Event::GroupCompleted(GroupCompleted {
-                gen: g,
-                group_id: group.clone().unwrap_or_default(),
-                status: "cancelled".into(),
-                sent_success: 0,
-                sent_failed: 0,
-            }),
-            true,
-        );
-        r.put(format!("g:{g}:done"), "cancelled");
-        if let Some(group) = group {
-            let item = work_item(batch, g, None, Some(group));
-            r.db.add_work("delete", item, None);
-        }
+    for (g, closed, group, c, recipients) in stop.iter().cloned() {
+        stop_generation(&mut r, g, closed, group, c, recipients);
     }
     r.flush();
+    // HINCRBY, as the fold does (an increment creates the field; a claim
+    // given back after the cancel stops its generation and counts it too).
+    r.incr("stopped", n as i64);
+    r.incr("unsent", unsent);
     if !stop.is_empty() {
-        // HINCRBY, as the fold does (an increment creates the field).
         r.incr("done", stop.len() as i64);
         r.incr("sent_success", 0);
         r.incr("sent_failed", 0);

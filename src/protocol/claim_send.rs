@@ -1,28 +1,187 @@
 //! `claim_send.lua`: claim a generation's send before the provider is asked
-//! to send it. The claim and [`super::cancel`] are linearized on the
-//! batch's state: a cancel first refuses the claim (never sent); a claim
-//! first is left alone by the cancel (sent and counted). The claim is kept,
-//! so a worker that crashed after it claims again and sends.
+//! to send it, deciding the batch's schedule (`send_at`, quiet hours) in the
+//! same atomic step on the Redis clock. The claim and [`super::cancel`] are
+//! linearized on the batch's state: a cancel first refuses the claim (never
+//! sent); a claim first is left alone by the cancel. A call that finds the
+//! batch held gives a claim in place back (`claim_given_back`), so that a
+//! cancel stops the generation; in a cancelled batch (the cancel saw the
+//! claim) it stops the generation itself. A claim answer grants the send
+//! until `until`: `now + lifetime`, cut where quiet hours begin.
 
-use super::{entry_id, reply, Db, Run};
-use crate::events::{Event, SendClaimed};
+use super::settle::{stop_generation, try_report};
+use super::{entry_id, reply, BatchPolicy, Db, Run};
+use crate::events::options::{hold, HoldDecision, ScheduleArgs};
+use crate::events::{ClaimGivenBack, Event, SendClaimed, SendScheduled};
 
-/// `claim_send.lua` for generation `gen`. Returns `claimed, entry id of the
-/// claim` or `cancelled, reason`.
-pub fn claim_send(db: &mut Db, batch: &str, gen: u32) -> Vec<String> {
+/// What a claim call asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// Decide the schedule and take (or renew) the claim when free.
+    Claim,
+    /// Decide the schedule only: record a hold, take no claim and give none
+    /// back (the check before the provider's status is read).
+    Check,
+}
+
+impl ClaimMode {
+    /// The script's argument.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClaimMode::Claim => "claim",
+            ClaimMode::Check => "check",
+        }
+    }
+}
+
+/// The arguments of a claim call besides the batch and the clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimArgs {
+    /// The generation.
+    pub gen: u32,
+    /// Claim or check.
+    pub mode: ClaimMode,
+    /// How long a claim lets the send start (ms).
+    pub lifetime_ms: u64,
+    /// The schedule, as the worker computed it.
+    pub schedule: ScheduleArgs,
+}
+
+impl ClaimArgs {
+    /// A claim of generation `gen`'s send in a batch without a schedule,
+    /// valid for a minute (operators' tools and tests).
+    pub fn unscheduled(gen: u32) -> ClaimArgs {
+        ClaimArgs {
+            gen,
+            mode: ClaimMode::Claim,
+            lifetime_ms: 60_000,
+            schedule: ScheduleArgs::default(),
+        }
+    }
+}
+
+/// `claim_send.lua` at Redis time `now` (ms). Returns `claimed, entry id,
+/// until, now, n, new|renewed`, `free, now`, `held, at, reason, now, given back
+/// 0|1`, `stale, now`, `cancelled, reason` or `done`.
+pub fn claim_send(
+    db: &mut Db,
+    batch: &str,
+    policy: &BatchPolicy,
+    a: &ClaimArgs,
+    now: u64,
+) -> Vec<String> {
+    let gen = a.gen;
+    let gk = |f: &str| format!("g:{gen}:{f}");
     let mut r = Run::new(db, batch);
-    if let Some(id) = r.get(&format!("k:claim/{gen}")) {
-        return reply(["claimed", &id]);
+    let mut n = r.num(&gk("claimed"));
+    let mut live = n > r.num(&gk("back"));
+    // The claim in place, by its event's key; a state that lost that key (a
+    // write Redis lost) holds no claim: it is taken again under the same
+    // number.
+    let mut claim_id = None;
+    if live {
+        claim_id = r.get(&format!("k:{}", claim_key(gen, n)));
+        if claim_id.is_none() {
+            (live, n) = (false, n - 1);
+        }
     }
-    if let Some(reason) = r.get("cancelled") {
-        return reply(["cancelled", &reason]);
+    let cancelled = r.get("cancelled");
+    if let (false, Some(reason)) = (live, &cancelled) {
+        return reply(["cancelled", reason]);
     }
+    if r.get(&format!("k:send/{gen}")).is_some() || r.get(&gk("done")).is_some() {
+        return reply(["done"]);
+    }
+    let until = match hold(now, a.lifetime_ms, &a.schedule) {
+        HoldDecision::Stale => return reply(["stale", &now.to_string()]),
+        HoldDecision::Free { until } => until,
+        HoldDecision::Held { at, reason } => {
+            let group = r.get(&gk("group"));
+            if r.get(&format!("k:schedule/{gen}")).is_none() {
+                r.emit(
+                    &format!("schedule/{gen}"),
+                    Event::SendScheduled(SendScheduled {
+                        gen,
+                        group_id: group.clone().unwrap_or_default(),
+                        at_ms: at,
+                        reason: reason.into(),
+                    }),
+                    true,
+                );
+                r.put(gk("at"), at);
+            }
+            // Only a claim gives a claim back: the worker claims after it
+            // read the provider's status (a send whose answer was lost is
+            // told from one never started); a check comes before that read.
+            if !live || a.mode != ClaimMode::Claim {
+                r.flush();
+                return reply(["held", &at.to_string(), reason, &now.to_string(), "0"]);
+            }
+            let stopping = cancelled.is_some();
+            let unsent = if stopping { r.num(&gk("reg")) } else { 0 };
+            r.emit(
+                &format!("back/{gen}/{n}"),
+                Event::ClaimGivenBack(ClaimGivenBack {
+                    gen,
+                    n: n as u32,
+                    at_ms: at,
+                    reason: reason.into(),
+                    stopped: stopping,
+                    unsent: unsent as u64,
+                }),
+                true,
+            );
+            r.put(gk("back"), n);
+            let Some(why) = cancelled else {
+                r.flush();
+                return reply(["held", &at.to_string(), reason, &now.to_string(), "1"]);
+            };
+            let closed = r.get(&gk("closed")).is_some();
+            let (c, recipients) = (r.num(&gk("c")), r.num(&gk("n")));
+            stop_generation(&mut r, gen, closed, group, c, recipients);
+            r.flush();
+            r.incr("stopped", 1);
+            r.incr("unsent", unsent);
+            r.incr("done", 1);
+            r.incr("sent_success", 0);
+            r.incr("sent_failed", 0);
+            try_report(&mut r, policy);
+            return reply(["cancelled", &why]);
+        }
+    };
+    if a.mode != ClaimMode::Claim {
+        return reply(["free", &now.to_string()]);
+    }
+    let (until, now) = (until.to_string(), now.to_string());
+    if let (true, Some(id)) = (live, &claim_id) {
+        return reply(["claimed", id, &until, &now, &n.to_string(), "renewed"]);
+    }
+    let n = n + 1;
     let id = r.emit(
-        &format!("claim/{gen}"),
-        Event::SendClaimed(SendClaimed { gen }),
+        &claim_key(gen, n),
+        Event::SendClaimed(SendClaimed {
+            gen,
+            n: (n > 1).then_some(n as u32),
+        }),
         true,
     );
-    r.put(format!("g:{gen}:claimed"), 1);
+    r.put(gk("claimed"), n);
     r.flush();
-    reply(["claimed", &entry_id(id)])
+    reply([
+        "claimed",
+        &entry_id(id),
+        &until,
+        &now,
+        &n.to_string(),
+        "new",
+    ])
+}
+
+/// The event key of claim `n` of generation `gen`: `claim/<gen>` for the
+/// first, `claim/<gen>/<n>` after.
+pub fn claim_key(gen: u32, n: i64) -> String {
+    if n <= 1 {
+        format!("claim/{gen}")
+    } else {
+        format!("claim/{gen}/{n}")
+    }
 }

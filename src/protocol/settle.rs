@@ -1,5 +1,5 @@
 //! `settle.lua`: the layer shared by the scripts that can end a batch
-//! (`accept`, `reject`, `close`, `cancel`, `loaded`, `completed`): whether a batch
+//! (`accept`, `reject`, `close`, `cancel`, `claim_send`, `loaded`, `completed`): whether a batch
 //! takes no more chunks, a generation made ready, the report decided once,
 //! the current generation closed when the batch settles, a refused chunk
 //! recorded (a hole or not), and the tombstone check.
@@ -263,4 +263,48 @@ pub(crate) fn reject(
 /// remembered as reported.
 pub(crate) fn tombstoned(r: &Run, nothing_recorded: bool) -> bool {
     nothing_recorded && r.db.reported.contains(&r.batch)
+}
+
+/// `stop_generation(g, closed, group, chunks, recipients)`: a generation of a
+/// cancelled batch whose send is not claimed (or whose claim was given back)
+/// is stopped: closed if it was not, done with status `cancelled`, its group
+/// (if any) deleted by a `delete` work item. The caller flushes, then
+/// counts it.
+pub(crate) fn stop_generation(
+    r: &mut Run,
+    g: u32,
+    closed: bool,
+    group: Option<String>,
+    chunks: i64,
+    recipients: i64,
+) {
+    if !closed {
+        r.emit(
+            &format!("close/{g}"),
+            Event::GenerationClosed(GenerationClosed {
+                gen: g,
+                reason: "cancelled".into(),
+                chunks: chunks as u32,
+                recipients: recipients as u32,
+            }),
+            true,
+        );
+        r.put(format!("g:{g}:closed"), "cancelled");
+    }
+    r.emit(
+        &format!("done/{g}"),
+        Event::GroupCompleted(GroupCompleted {
+            gen: g,
+            group_id: group.clone().unwrap_or_default(),
+            status: "cancelled".into(),
+            sent_success: 0,
+            sent_failed: 0,
+        }),
+        true,
+    );
+    r.put(format!("g:{g}:done"), "cancelled");
+    if let Some(group) = group {
+        let item = work_item(&r.batch, g, None, Some(&group));
+        r.db.add_work("delete", item, None);
+    }
 }

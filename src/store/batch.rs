@@ -3,6 +3,7 @@
 
 use crate::events::options::SendWindow;
 use crate::protocol::accept::AcceptArgs;
+pub use crate::protocol::claim_send::{ClaimArgs, ClaimMode};
 use redis::{AsyncCommands, Value};
 
 use super::scripts::SCRIPTS;
@@ -172,11 +173,43 @@ pub enum Cancelling {
 /// What `claim_send` decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The send is claimed (now or before): go on and send. The claim's
-    /// entry id, which the send must see on disk first.
-    Claimed(String),
-    /// The batch was cancelled first: never send (the reason).
+    /// The send is claimed (now, or a claim in place renewed): go on and
+    /// send, starting the provider call before `until_ms`.
+    Claimed {
+        /// The claim's entry id, which the send must see on disk first.
+        id: String,
+        /// The claim's number (its event key is
+        /// [`claim_key`](crate::protocol::claim_send::claim_key)`(gen, n)`).
+        n: u32,
+        /// The claim's lifetime ends (Redis ms): the send must start before.
+        until_ms: u64,
+        /// The Redis clock when the script ran (ms).
+        now_ms: u64,
+        /// Whether a claim in place was renewed (else a new one was taken).
+        renewed: bool,
+    },
+    /// A check found the schedule lets the send go (nothing claimed).
+    Free,
+    /// The batch's schedule holds the send until `at_ms` (Redis ms).
+    Held {
+        /// The release instant.
+        at_ms: u64,
+        /// `send_at` or `quiet_hours`.
+        reason: String,
+        /// The Redis clock when the script ran (ms).
+        now_ms: u64,
+        /// A claim in place was given back.
+        given_back: bool,
+    },
+    /// The quiet window passed does not cover the Redis clock any more:
+    /// compute it again.
+    Stale,
+    /// The batch was cancelled before any claim was in place, or a claim in
+    /// place was given back in a cancelled batch (the generation stopped):
+    /// never send (the reason).
     Cancelled(String),
+    /// The generation was sent or is done: nothing to claim.
+    Done,
 }
 
 /// What `loaded` recorded.
@@ -600,23 +633,41 @@ impl BatchLog {
         }
     }
 
-    /// Claims generation `gen`'s send (see `claim_send.lua`), before the
-    /// provider is asked to send it: refused when the batch was cancelled
-    /// first. Idempotent.
-    pub async fn claim_send(&self, gen: u32) -> StoreResult<Claim> {
-        let k = &self.keys;
-        let v: Value = SCRIPTS
-            .claim_send
-            .key(&k.state)
-            .key(&k.events)
-            .arg(&self.batch)
-            .arg(gen)
+    /// Claims generation `gen`'s send, or checks its schedule (see
+    /// `claim_send.lua`), before the provider is asked to send it: refused
+    /// when the batch was cancelled first; held (a claim in place given
+    /// back) when its schedule holds it at the Redis clock.
+    pub async fn claim_send(&self, a: &ClaimArgs) -> StoreResult<Claim> {
+        let (send_at, quiet) = a.schedule.argv();
+        let v: Value = self
+            .settling(&SCRIPTS.claim_send)
+            .arg(a.gen)
+            .arg(a.mode.name())
+            .arg(a.lifetime_ms)
+            .arg(send_at)
+            .arg(quiet)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let r = self.reply("claim_send", v)?;
+        let n = |s: &str| s.parse::<u64>().map_err(|_| unexpected("claim_send", &r));
         match r.as_slice() {
-            [t, id] if t == "claimed" => Ok(Claim::Claimed(id.clone())),
+            [t, id, until, now, k, how] if t == "claimed" => Ok(Claim::Claimed {
+                id: id.clone(),
+                n: n(k)? as u32,
+                until_ms: n(until)?,
+                now_ms: n(now)?,
+                renewed: how == "renewed",
+            }),
+            [t, _] if t == "free" => Ok(Claim::Free),
+            [t, at, reason, now, back] if t == "held" => Ok(Claim::Held {
+                at_ms: n(at)?,
+                reason: reason.clone(),
+                now_ms: n(now)?,
+                given_back: back == "1",
+            }),
+            [t, _] if t == "stale" => Ok(Claim::Stale),
             [t, why] if t == "cancelled" => Ok(Claim::Cancelled(why.clone())),
+            [t] if t == "done" => Ok(Claim::Done),
             _ => Err(unexpected("claim_send", &r)),
         }
     }

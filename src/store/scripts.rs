@@ -79,7 +79,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reject: settling_script(include_str!("../../streams/scripts/reject.lua")),
     close: settling_script(include_str!("../../streams/scripts/close.lua")),
     cancel: settling_script(include_str!("../../streams/scripts/cancel.lua")),
-    claim_send: batch_script(include_str!("../../streams/scripts/claim_send.lua")),
+    claim_send: settling_script(include_str!("../../streams/scripts/claim_send.lua")),
     sent: batch_script(include_str!("../../streams/scripts/sent.lua")),
     completed: settling_script(include_str!("../../streams/scripts/completed.lua")),
     append: batch_script(APPEND),

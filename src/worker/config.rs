@@ -141,6 +141,12 @@ pub struct WorkerConfig {
     pub durable: DurableWait,
     /// How long shutdown waits for in-flight entries. Default 10 s.
     pub drain_timeout: Duration,
+    /// How long a send claim lets the provider call start (cut where the
+    /// batch's quiet hours begin): a send that cannot start within it (a
+    /// limiter or durability wait) claims again, checking the schedule
+    /// anew. At least 1 s (twice the send's margin for its transit).
+    /// Default 5 s.
+    pub claim_lifetime: Duration,
 }
 
 impl WorkerConfig {
@@ -189,6 +195,8 @@ impl WorkerConfig {
     pub const BLOCK: Duration = Duration::from_secs(2);
     /// Default of [`WorkerConfig::drain_timeout`].
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default of [`WorkerConfig::claim_lifetime`].
+    pub const CLAIM_LIFETIME: Duration = Duration::from_secs(5);
 }
 
 impl Default for WorkerConfig {
@@ -218,6 +226,7 @@ impl Default for WorkerConfig {
             block: Self::BLOCK,
             durable: DurableWait::None,
             drain_timeout: Self::DRAIN_TIMEOUT,
+            claim_lifetime: Self::CLAIM_LIFETIME,
         }
     }
 }

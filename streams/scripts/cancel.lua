@@ -1,8 +1,11 @@
 -- Cancel a batch: nothing more of it goes out. Every generation whose send
--- was not claimed (claim_send.lua) and that is not done is stopped: closed,
+-- is not claimed (claim_send.lua: claimed and not given back) and that is
+-- not done is stopped: closed,
 -- done with status `cancelled`, and its group, if it has one, deleted at the
--- provider (a `delete` work item). A generation whose send was claimed is
--- sent (or already was) and counted. The batch takes no more chunks and
+-- provider (a `delete` work item). A generation whose send is claimed is
+-- sent (or already was) and counted, unless its claim is given back later
+-- (its retry found the batch held by its schedule): then claim_send.lua
+-- stops it as this script would have. The batch takes no more chunks and
 -- reports `cancelled` once every generation is done: at once when no send
 -- was claimed. Running it again changes nothing and answers the same.
 -- A batch never seen is cancelled too, and reports at once (nothing sent):
@@ -26,14 +29,14 @@ if tombstoned(seen == '0') then
 end
 -- Every generation, read in pages (HMGET's arguments go through unpack()).
 local stopped, sending, stop, unsent = {}, {}, {}, 0
-local top, PAGE, NF = tonumber(f[5]), 500, 8
+local top, PAGE, NF = tonumber(f[5]), 500, 9
 if top then
   for from = 0, top, PAGE do
     local to, names = math.min(top, from + PAGE - 1), {}
     for g = from, to do
       local gk = 'g:' .. g .. ':'
-      for _, name in ipairs({'k:done/' .. g, 'k:claim/' .. g, 'k:send/' .. g, gk .. 'closed', gk .. 'group',
-        gk .. 'reg', gk .. 'c', gk .. 'n'}) do
+      for _, name in ipairs({'k:done/' .. g, gk .. 'claimed', 'k:send/' .. g, gk .. 'closed', gk .. 'group',
+        gk .. 'reg', gk .. 'c', gk .. 'n', gk .. 'back'}) do
         names[#names + 1] = name
       end
     end
@@ -41,7 +44,7 @@ if top then
     for g = from, to do
       local k = NF * (g - from)
       if not got[k + 1] then
-        if got[k + 2] or got[k + 3] then
+        if num(got[k + 2]) > num(got[k + 9]) or got[k + 3] then
           sending[#sending + 1] = g
         else
           stopped[#stopped + 1] = g
@@ -55,25 +58,15 @@ end
 emit('cancelled', 'batch_cancelled',
   cmsgpack.pack({reason = reason, stopped = stopped, sending = sending, unsent = unsent}))
 put('cancelled', reason)
-put('stopped', #stopped)
-put('unsent', unsent)
 for _, s in ipairs(stop) do
-  local g, closed, group = s[1], s[2], s[3]
-  local gk = 'g:' .. g .. ':'
-  if not closed then
-    emit('close/' .. g, 'generation_closed', cmsgpack.pack({gen = g, reason = 'cancelled', chunks = s[4], recipients = s[5]}))
-    put(gk .. 'closed', 'cancelled')
-  end
-  emit('done/' .. g, 'group_completed',
-    cmsgpack.pack({gen = g, group_id = group or '', status = 'cancelled', sent_success = 0, sent_failed = 0}))
-  put(gk .. 'done', 'cancelled')
-  if group then
-    redis.call('XADD', WORK, '*', 'op', 'delete', 'd', cmsgpack.pack({batch = BATCH, gen = g, group_id = group, attempt = 0}))
-  end
+  stop_generation(s[1], s[2], s[3], s[4], s[5])
 end
 flush()
+-- As the fold does (an increment creates the field; a claim given back
+-- after the cancel stops its generation and counts it too).
+redis.call('HINCRBY', STATE, 'stopped', #stopped)
+redis.call('HINCRBY', STATE, 'unsent', unsent)
 if #stop > 0 then
-  -- As the fold does (an increment creates the field).
   redis.call('HINCRBY', STATE, 'done', #stop)
   redis.call('HINCRBY', STATE, 'sent_success', 0)
   redis.call('HINCRBY', STATE, 'sent_failed', 0)

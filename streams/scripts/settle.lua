@@ -1,5 +1,6 @@
 -- Prepended (after prelude.lua) to the scripts that can end a batch:
--- accept, reject, close, cancel, loaded, completed (see src/store/scripts.rs).
+-- accept, reject, close, cancel, claim_send, loaded, completed (see
+-- src/store/scripts.rs).
 -- They share one layout:
 -- KEYS: state, events, work, active, reports, dedupe, reported (tombstones),
 --       dedupe's mobile bitmap
@@ -212,4 +213,22 @@ end
 -- it is remembered by a tombstone.
 local function tombstoned(nothing_recorded)
   return nothing_recorded and redis.call('ZSCORE', REPORTED, BATCH) ~= false
+end
+
+-- Stops generation g of a cancelled batch (its send not claimed, or its
+-- claim given back): closed if it was not, done with status `cancelled`, its
+-- group (if any) deleted at the provider by a `delete` work item. The caller
+-- flushes, then counts it (`done`, `stopped`, `unsent`).
+local function stop_generation(g, closed, group, chunks, recipients)
+  local gk = 'g:' .. g .. ':'
+  if not closed then
+    emit('close/' .. g, 'generation_closed', cmsgpack.pack({gen = g, reason = 'cancelled', chunks = chunks, recipients = recipients}))
+    put(gk .. 'closed', 'cancelled')
+  end
+  emit('done/' .. g, 'group_completed',
+    cmsgpack.pack({gen = g, group_id = group or '', status = 'cancelled', sent_success = 0, sent_failed = 0}))
+  put(gk .. 'done', 'cancelled')
+  if group then
+    redis.call('XADD', WORK, '*', 'op', 'delete', 'd', cmsgpack.pack({batch = BATCH, gen = g, group_id = group, attempt = 0}))
+  end
 end

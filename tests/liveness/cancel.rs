@@ -12,7 +12,7 @@ use groupcast::events::{Chunk, Event};
 use groupcast::mock::LedgerGroup;
 use groupcast::producer::{append_chunks, cut};
 use groupcast::provider::GroupStatus;
-use groupcast::store::batch::{BatchLog, BatchPolicy, Cancelling, Claim};
+use groupcast::store::batch::{BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs};
 use groupcast::worker::WorkerConfig;
 
 use super::input::{registrations, the_report, wait_dead_letters};
@@ -20,7 +20,7 @@ use super::retry::{rig_with_hook, wait_until};
 use crate::common::*;
 
 /// The batch's groups at the provider, by generation.
-fn groups_of<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<u32, Vec<LedgerGroup>> {
+pub(crate) fn groups_of<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<u32, Vec<LedgerGroup>> {
     let mut out: BTreeMap<u32, Vec<LedgerGroup>> = BTreeMap::new();
     for g in rig.mock.ledger().groups {
         if g.custom_fields.get("batchId").map(String::as_str) != Some(batch) {
@@ -34,7 +34,7 @@ fn groups_of<R>(rig: &Rig<R>, batch: &str) -> BTreeMap<u32, Vec<LedgerGroup>> {
 
 /// The batch's log as an operator's command uses it: a report the cancel
 /// decides is queued for the webhook (as `groupcast cancel` does).
-fn operator<R>(rig: &Rig<R>, batch: &str) -> BatchLog {
+pub(crate) fn operator<R>(rig: &Rig<R>, batch: &str) -> BatchLog {
     rig.store
         .clone()
         .with_policy(BatchPolicy {
@@ -45,13 +45,13 @@ fn operator<R>(rig: &Rig<R>, batch: &str) -> BatchLog {
 }
 
 /// Sends the provider answered 200 for this group.
-fn sends(g: &LedgerGroup) -> usize {
+pub(crate) fn sends(g: &LedgerGroup) -> usize {
     g.send_calls.iter().filter(|c| c.status == 200).count()
 }
 
 /// Waits until every group of `gens` of the batch is deleted at the
 /// provider (the cancel's `delete` work items ran).
-async fn wait_deleted<R>(rig: &Rig<R>, batch: &str, gens: &[u32]) {
+pub(crate) async fn wait_deleted<R>(rig: &Rig<R>, batch: &str, gens: &[u32]) {
     wait_until(
         "the stopped generations' groups are deleted at the provider",
         Duration::from_secs(30),
@@ -69,7 +69,7 @@ async fn wait_deleted<R>(rig: &Rig<R>, batch: &str, gens: &[u32]) {
 }
 
 /// Waits until the batch's state satisfies `ok`.
-async fn wait_state(
+pub(crate) async fn wait_state(
     log: &BatchLog,
     what: &str,
     ok: impl Fn(&groupcast::projection::Projection) -> bool,
@@ -237,7 +237,11 @@ async fn a_claimed_send_goes_out_and_an_unclaimed_one_never_does() {
     for log in [&a, &b] {
         log.close("producer gave up").await.expect("close");
     }
-    let Claim::Claimed(_) = a.claim_send(0).await.expect("claim") else {
+    let Claim::Claimed { .. } = a
+        .claim_send(&ClaimArgs::unscheduled(0))
+        .await
+        .expect("claim")
+    else {
         panic!("the claim before the cancel is granted");
     };
     assert_eq!(
@@ -257,7 +261,9 @@ async fn a_claimed_send_goes_out_and_an_unclaimed_one_never_does() {
         }
     );
     assert!(matches!(
-        b.claim_send(0).await.expect("claim"),
+        b.claim_send(&ClaimArgs::unscheduled(0))
+            .await
+            .expect("claim"),
         Claim::Cancelled(_)
     ));
     // The workers come back: both send items run.

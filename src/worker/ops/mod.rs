@@ -164,6 +164,9 @@ pub enum RetryCause {
     Limiter,
     /// A send held until the batch's `send_at` or the end of its quiet hours.
     Scheduled,
+    /// A send whose claim's lifetime ran out before the provider call could
+    /// start (a limiter or durability wait): claimed again at once.
+    ClaimExpired,
 }
 
 impl RetryCause {
@@ -177,6 +180,7 @@ impl RetryCause {
             RetryCause::Durability => "durability",
             RetryCause::Limiter => "limiter",
             RetryCause::Scheduled => "scheduled",
+            RetryCause::ClaimExpired => "claim_expired",
         }
     }
 
@@ -201,6 +205,7 @@ impl RetryCause {
                 | RetryCause::Durability
                 | RetryCause::Limiter
                 | RetryCause::Scheduled
+                | RetryCause::ClaimExpired
         )
     }
 }

@@ -10,14 +10,23 @@
 //! A batch with a `send_at` or quiet hours holds its ready generations until
 //! the instant they may go (the work item waits in the delayed set; the
 //! first hold is recorded as `send_scheduled`); a generation ready after
-//! `send_at` goes at once, unless that falls inside quiet hours.
+//! `send_at` goes at once, unless that falls inside quiet hours. The
+//! schedule is decided by the claim script on the Redis clock, in the same
+//! atomic step as the claim: checked first (before the provider is read,
+//! [`ClaimMode::Check`]), then again when claiming.
 //!
 //! Right before the send, the send is *claimed* (`claim_send.lua`, the
 //! `send_claimed` event): the claim and a cancel are linearized on the
 //! batch's state, so either the cancel came first (the claim is refused and
 //! the group is never sent; the cancel deletes it) or the claim did (the
-//! cancel leaves the generation alone: it is sent and counted). A worker that
-//! crashes after the claim finds it again on the retry and sends.
+//! cancel leaves the generation alone: it is sent and counted). A claim
+//! answer lets the provider call start until the claim's lifetime ends
+//! (`claim_lifetime`, cut where quiet hours begin), with [`SEND_MARGIN`]
+//! to spare; a try that cannot start it by then (a limiter or durability
+//! wait) retries, and the retry claims again: the schedule is checked anew,
+//! and a batch found held gives the claim back (`claim_given_back`), so a
+//! cancel can stop it. A worker that crashes after the claim retries the
+//! same way; the provider's status, read first, tells a send that went out.
 //!
 //! When Redis may lose its last acknowledged writes in a crash, the send also
 //! waits until the generation's `ready` event and the claim are on disk
@@ -25,15 +34,16 @@
 //! can still take back (the generation would be redone in a new group and
 //! sent twice, or a cancel would stop a generation that was sent).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::events::options::SendWindow;
-use crate::events::{Event, SendRefused, SendScheduled};
+use crate::events::{Event, SendRefused};
 use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
-use crate::store::batch::Claim;
+use crate::store::batch::{BatchLog, Claim, ClaimArgs, ClaimMode};
 use crate::store::queue::DelayedEntry;
+use crate::store::StoreError;
 use crate::worker::ops::{
     on_disk, provider_slots, OnDisk, Op, OpError, Outcome, RetryCause, WorkItem,
 };
@@ -44,8 +54,6 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
-    let schedule_key = event_key::schedule(gen);
-    let claim_key = event_key::claim(gen);
     let p = log
         .read(&[
             field::key(&send_key),
@@ -54,8 +62,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             field::unsure_in(gen),
             field::key(&ready_key),
             field::OPTIONS.into(),
-            field::key(&schedule_key),
-            field::key(&claim_key),
+            field::claimed(gen),
+            field::claim_back(gen),
         ])
         .await?;
     if p.appended(&send_key).is_some() {
@@ -72,36 +80,19 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         tracing::warn!(batch = %item.batch, gen, "send work item for a generation our events do not show ready (lost Redis writes?): dropped as stale");
         return Ok(Outcome::Done);
     };
-    // Held until `send_at`, and never inside the batch's quiet hours.
-    if let Some(window) = p
+    // Held until `send_at`, and never inside the batch's quiet hours: a
+    // check before the provider is read, unless a claim is in place (a
+    // retry: the provider's status comes first, since the send may have
+    // gone out with its answer lost; the claim then re-checks the schedule
+    // and gives the claim back if the batch is held).
+    let window = p
         .get(field::OPTIONS)
         .and_then(SendWindow::from_canonical)
-        .filter(SendWindow::holds)
-    {
-        let now = log.server_time_ms().await?;
-        let at = u64::try_from(window.release_at(now as i64)).unwrap_or(0);
-        if at > now {
-            if p.appended(&schedule_key).is_none() {
-                let group_id = p.group_of(gen).unwrap_or_default().to_string();
-                let reason = match window.send_at {
-                    Some(s) if s as u64 >= at => "send_at",
-                    _ => "quiet_hours",
-                };
-                let e = Event::SendScheduled(SendScheduled {
-                    gen,
-                    group_id,
-                    at_ms: at,
-                    reason: reason.into(),
-                });
-                log.append(&schedule_key, &e).await?;
-                tracing::info!(batch = %item.batch, gen, at_ms = at, reason, "send scheduled");
-            }
-            return Ok(Outcome::Retry {
-                delay: Some(Duration::from_millis(at - now)),
-                spend: false,
-                cause: RetryCause::Scheduled,
-                reason: format!("generation {gen} is held until {at} (Unix ms)"),
-            });
+        .unwrap_or_default();
+    let claimed = p.int(&field::claimed(gen)) > p.int(&field::claim_back(gen));
+    if window.holds() && !claimed {
+        if let Decided::Out(o) = decide(ctx, &log, &window, gen, ClaimMode::Check).await? {
+            return Ok(o);
         }
     }
     let Some(group_id) = p.group_of(gen).map(str::to_string) else {
@@ -142,7 +133,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     // tests/liveness: a claimed generation unsent for 90 s at 8/s). A
     // booking refused reserves nothing, so one for both goes as soon as the
     // schedule has room for two, or the lane is owed its share.
-    let booked_both = p.appended(&claim_key).is_some();
+    let booked_both = claimed;
     if let Some(back) = provider_slots(ctx, lane, if booked_both { 2 } else { 1 }).await? {
         return Ok(back);
     }
@@ -183,17 +174,21 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         log.append(&event_key::refused(gen), &e).await?;
         return Ok(Outcome::Dead(reason));
     }
-    let claim = match log.claim_send(gen).await? {
-        Claim::Claimed(id) => id,
-        Claim::Cancelled(why) => {
-            tracing::info!(batch = %item.batch, gen, reason = %why, "batch cancelled before this generation's send: not sent");
-            return Ok(Outcome::Done);
+    let claim = match decide(ctx, &log, &window, gen, ClaimMode::Claim).await? {
+        Decided::Claimed(c) => c,
+        Decided::Free => {
+            return Err(StoreError::UnexpectedReply {
+                script: "claim_send",
+                reply: "free (to a claim)".into(),
+            }
+            .into())
         }
+        Decided::Out(o) => return Ok(o),
     };
     match on_disk(
         ctx,
         &log,
-        &[(&ready_key, ready_id), (&claim_key, &claim)],
+        &[(&ready_key, ready_id), (&claim.key, &claim.id)],
         || format!("generation {gen} just became ready, or its send was just claimed"),
     )
     .await?
@@ -206,6 +201,19 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             return Ok(back);
         }
     }
+    // The claim's lifetime: the provider call starts before it ends (cut
+    // where quiet hours begin), with its transit to spare. Else the next
+    // try claims again, checking the schedule anew.
+    let left = claim.deadline.saturating_duration_since(Instant::now());
+    if left < SEND_MARGIN {
+        metrics::counter!("groupcast_send_claims_expired_total").increment(1);
+        return Ok(Outcome::Retry {
+            delay: Some(Duration::ZERO),
+            spend: false,
+            cause: RetryCause::ClaimExpired,
+            reason: format!("generation {gen}'s send claim ends in {left:?}: claimed again"),
+        });
+    }
     let outcome = match ctx.provider.send_group(&group_id).await {
         Ok(_) => "sent",
         Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",
@@ -216,4 +224,106 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         tracing::info!(batch = %item.batch, gen, group = %group_id, outcome, "group sent");
     }
     Ok(Outcome::Done)
+}
+
+/// The least of a claim's lifetime left for the provider call to start:
+/// the request's transit, so that the provider receives it before the
+/// lifetime ends (before quiet hours begin).
+pub const SEND_MARGIN: Duration = Duration::from_millis(500);
+
+/// A claim granted: the send may start until `deadline`.
+struct Granted {
+    /// The claim's event key (`claim/<gen>`, `claim/<gen>/<n>`).
+    key: String,
+    /// Its entry id.
+    id: String,
+    /// The claim's lifetime, on this process's clock: measured from before
+    /// the script was asked, so never later than the Redis instant.
+    deadline: Instant,
+}
+
+/// What [`decide`] found.
+enum Decided {
+    /// Claimed: send before the deadline.
+    Claimed(Granted),
+    /// A check: the schedule lets the send go.
+    Free,
+    /// Held, cancelled or done: the item's outcome.
+    Out(Outcome),
+}
+
+/// Asks `claim_send.lua` to check the schedule (and claim, in
+/// [`ClaimMode::Claim`]) at the Redis clock. The quiet window it gets is
+/// computed here with the zone database, from a Redis clock reading; when
+/// the window passed meanwhile (`stale`) it is computed again.
+async fn decide(
+    ctx: &Ctx,
+    log: &BatchLog,
+    window: &SendWindow,
+    gen: u32,
+    mode: ClaimMode,
+) -> Result<Decided, StoreError> {
+    for _ in 0..3 {
+        let now = match window.quiet {
+            Some(_) => log.server_time_ms().await?,
+            None => 0,
+        };
+        let args = ClaimArgs {
+            gen,
+            mode,
+            // At least twice the margin: a shorter lifetime would never
+            // leave the send room to start, and the item would retry forever.
+            lifetime_ms: ctx.config.claim_lifetime.max(SEND_MARGIN * 2).as_millis() as u64,
+            schedule: window.schedule_args(now),
+        };
+        let asked = Instant::now();
+        match log.claim_send(&args).await? {
+            Claim::Claimed {
+                id,
+                n,
+                until_ms,
+                now_ms,
+                renewed,
+            } => {
+                tracing::debug!(batch = %log.batch, gen, n, renewed, until_ms, "send claimed");
+                return Ok(Decided::Claimed(Granted {
+                    key: crate::protocol::claim_send::claim_key(gen, i64::from(n)),
+                    id,
+                    deadline: asked + Duration::from_millis(until_ms.saturating_sub(now_ms)),
+                }));
+            }
+            Claim::Free => return Ok(Decided::Free),
+            Claim::Held {
+                at_ms,
+                reason,
+                now_ms,
+                given_back,
+            } => {
+                if given_back {
+                    metrics::counter!("groupcast_send_claims_given_back_total").increment(1);
+                    tracing::info!(batch = %log.batch, gen, at_ms, %reason, "send held by its schedule: claim given back");
+                }
+                return Ok(Decided::Out(Outcome::Retry {
+                    delay: Some(Duration::from_millis(at_ms.saturating_sub(now_ms))),
+                    spend: false,
+                    cause: RetryCause::Scheduled,
+                    reason: format!("generation {gen} is held until {at_ms} (Unix ms, {reason})"),
+                }));
+            }
+            Claim::Stale => continue,
+            Claim::Cancelled(why) => {
+                tracing::info!(batch = %log.batch, gen, reason = %why, "batch cancelled before this generation's send: not sent");
+                return Ok(Decided::Out(Outcome::Done));
+            }
+            Claim::Done => return Ok(Decided::Out(Outcome::Done)),
+        }
+    }
+    Ok(Decided::Out(Outcome::Retry {
+        delay: Some(Duration::ZERO),
+        spend: false,
+        cause: RetryCause::Scheduled,
+        reason: format!(
+            "generation {gen}'s quiet window kept passing while checked: checked again"
+        ),
+    }))
 }

@@ -336,8 +336,10 @@ impl World {
             ("send", 4) => {
                 // The claim, linearized with a cancel on the batch's state.
                 if self.cfg.mutant != Some(Mutant::SendWithoutClaim) {
-                    let r = protocol::claim_send(&mut self.redis.db, BATCH, job.gen);
-                    if r[0] == "cancelled" {
+                    let policy = self.policy();
+                    let args = protocol::claim_send::ClaimArgs::unscheduled(job.gen);
+                    let r = protocol::claim_send(&mut self.redis.db, BATCH, &policy, &args, 0);
+                    if r[0] == "cancelled" || r[0] == "done" {
                         return self.ack(w);
                     }
                 }
