@@ -123,18 +123,30 @@ async fn last_seq_conflicts_are_rejected() {
         log.accept(5, false, 1, "a", 100).await.expect("accept"),
         Accepted::Assigned { .. }
     ));
-    // Flagging 3 as last after 5 was accepted.
+    // Flagging 3 as last after 5 was accepted: refused, and the batch ends
+    // at the highest seq received (5), the contradiction kept.
     assert!(matches!(
         log.accept(3, true, 1, "b", 100).await.expect("accept"),
         Accepted::Rejected(_)
     ));
+    let state = log.state().await.expect("state");
+    assert_eq!(state.last_seq(), Some(5));
+    assert!(state
+        .get("last_conflict")
+        .is_some_and(|w| w.contains("seq 3 is flagged last") && w.contains("ends at seq 5")));
+    // Beyond that end, flagged or not.
     assert!(matches!(
         log.accept(6, true, 1, "c", 100).await.expect("accept"),
+        Accepted::Rejected(_)
+    ));
+    // Below it, still taken.
+    assert!(matches!(
+        log.accept(4, false, 1, "e", 100).await.expect("accept"),
         Accepted::Assigned { .. }
     ));
-    // A second, different last seq.
+    // A second, different last seq below the end.
     assert!(matches!(
-        log.accept(7, true, 1, "d", 100).await.expect("accept"),
+        log.accept(2, true, 1, "d", 100).await.expect("accept"),
         Accepted::Rejected(_)
     ));
 }
