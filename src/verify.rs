@@ -86,6 +86,9 @@ struct Gen {
     backs: BTreeMap<u32, usize>,
     /// Stopped by a cancel (done with status `cancelled`): never sent.
     cancelled: bool,
+    /// Its creation was given up (`generation_failed`): it has no group,
+    /// and its chunks are loaded into none, as given up.
+    failed: bool,
 }
 
 impl Gen {
@@ -143,6 +146,7 @@ impl Tally {
                 }
                 Event::BatchClosed(e) => t.closed = Some(e.missing_seqs()),
                 Event::GroupCreated(e) => t.gen(e.gen).created.push(e.group_id.clone()),
+                Event::GenerationFailed(e) => t.gen(e.gen).failed = true,
                 Event::GroupDiscarded(e) => t.gen(e.gen).discarded.push(e.group_id.clone()),
                 Event::ChunkLoaded(e) => {
                     let loaded = Loaded {
@@ -355,11 +359,15 @@ fn generation_checks(
         );
     }
     // 3. Loaded once, into the generation's own group.
-    // (A chunk of copies only adds nobody: it names no group.)
+    // (A chunk of copies only adds nobody: it names no group; nor does a
+    // chunk given up because its generation's creation was.)
+    let given_up_without_group =
+        |l: &Loaded| st.failed && kept.is_none() && l.group_id.is_empty() && l.registered == 0;
     let wrong_group: Vec<u32> = st
         .loaded
         .iter()
         .filter(|(_, l)| l.registered > 0 || l.failed > 0)
+        .filter(|(_, l)| !given_up_without_group(l))
         .filter(|(_, l)| Some(&l.group_id) != kept)
         .map(|(s, _)| *s)
         .collect();

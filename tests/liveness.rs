@@ -19,3 +19,6 @@ mod last;
 
 #[path = "liveness/claim.rs"]
 mod claim;
+
+#[path = "liveness/give_up.rs"]
+mod give_up;
