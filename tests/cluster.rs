@@ -15,7 +15,9 @@ use groupcast::events::{BatchStalled, ChunkLoaded, Event};
 use groupcast::keys::{Keyspace, ShardCount, LOADERS_GROUP, OPERATORS_GROUP};
 use groupcast::producer::append_chunks;
 use groupcast::redis_cluster::{hash_slot, RedisCluster};
-use groupcast::store::batch::{Accepted, Appended, Completion, GroupRecord, Parked};
+use groupcast::store::batch::{
+    Accepted, Appended, Completion, GenerationFailure, GroupRecord, Parked,
+};
 use groupcast::store::queue::{Alive, DelayedEntry};
 use groupcast::store::scripts::SCRIPTS;
 use groupcast::store::Store;
@@ -282,7 +284,12 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("cancel", settling.clone()),
         ("claim_send", settling.clone()),
         ("loaded", settling.clone()),
-        ("completed", settling),
+        ("completed", settling.clone()),
+        ("fail_generation", {
+            let mut keys = settling;
+            keys.push(k.parked(3));
+            keys
+        }),
         (
             "park",
             vec![
@@ -437,6 +444,13 @@ async fn run_every_script(store: &Store, round: u32) {
         assert_eq!(
             log.record_group(0, "G1").await.expect("record_group"),
             GroupRecord::Won
+        );
+        // A give-up racing the create that won: nothing given up.
+        assert_eq!(
+            log.fail_generation(0, "create refused: 403")
+                .await
+                .expect("fail_generation"),
+            GenerationFailure::HasGroup("G1".into())
         );
         let loaded = ChunkLoaded {
             gen: 0,
