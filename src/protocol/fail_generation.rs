@@ -3,9 +3,10 @@
 //! is closed (`failed`) and its parked chunks are released as load items
 //! without a group, which record them as given up.
 
-use super::settle::{make_ready, try_report};
-use super::{reply, work_item, BatchPolicy, Db, Run};
-use crate::events::{ChunksReleased, Event, GenerationClosed, GenerationFailed};
+use super::record_group::release_parked;
+use super::settle::{close_generation, try_report};
+use super::{reply, BatchPolicy, Db, Run};
+use crate::events::{Event, GenerationFailed};
 
 /// `fail_generation.lua` for generation `gen`, given up for `reason`.
 /// Returns `failed, <released chunks>`, `duplicate`, `group, id` (a group
@@ -32,13 +33,6 @@ pub fn fail_generation(
         }
         return reply(["ended"]);
     }
-    let closed = r.get(&gk("closed")).is_some();
-    let (c, l, n, reg) = (
-        r.num(&gk("c")),
-        r.num(&gk("l")),
-        r.num(&gk("n")),
-        r.num(&gk("reg")),
-    );
     r.emit(
         &format!("failed/{gen}"),
         Event::GenerationFailed(GenerationFailed {
@@ -49,42 +43,9 @@ pub fn fail_generation(
         true,
     );
     r.put(gk("failed"), "create");
-    // HGETALL, then DEL, of the parked hash.
-    let parked: Vec<(String, Vec<u8>)> =
-        r.db.batches
-            .get_mut(batch)
-            .and_then(|b| b.parked.remove(&gen))
-            .unwrap_or_default();
-    for (seq, payload) in &parked {
-        let item = work_item(batch, gen, seq.parse().ok(), Some(""));
-        r.db.add_work("load", item, Some(payload.clone()));
-    }
-    if !parked.is_empty() {
-        r.emit(
-            &format!("release/{gen}"),
-            Event::ChunksReleased(ChunksReleased {
-                gen,
-                chunks: parked.len() as u32,
-            }),
-            true,
-        );
-    }
-    if !closed {
-        r.emit(
-            &format!("close/{gen}"),
-            Event::GenerationClosed(GenerationClosed {
-                gen,
-                reason: "failed".into(),
-                chunks: c as u32,
-                recipients: n as u32,
-            }),
-            true,
-        );
-        r.put(gk("closed"), "failed");
-        if l == c && make_ready(&mut r, gen, c as u32, reg) {
-            try_report(&mut r, policy);
-        }
-    }
+    let released = release_parked(&mut r, gen, "");
+    close_generation(&mut r, gen, "failed");
+    try_report(&mut r, policy);
     r.flush();
-    reply(["failed", &(parked.len()).to_string()])
+    reply(["failed", &released.to_string()])
 }

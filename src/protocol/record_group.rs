@@ -36,14 +36,25 @@ pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<Stri
         true,
     );
     r.put(format!("g:{gen}:group"), group);
+    release_parked(&mut r, gen, group);
+    r.flush();
+    reply(["won", group])
+}
+
+/// `release_parked(parked, work, gen, group)` of the prelude: every chunk
+/// parked for `gen` becomes a load item into `group` (`""`: the generation
+/// has none and never will), with `chunks_released`; the parked hash is
+/// deleted. Returns how many were released.
+pub(crate) fn release_parked(r: &mut Run, gen: u32, group: &str) -> usize {
+    let batch = r.batch.clone();
     // HGETALL, then DEL, of the parked hash.
     let parked: Vec<(String, Vec<u8>)> =
         r.db.batches
-            .get_mut(batch)
+            .get_mut(&batch)
             .and_then(|b| b.parked.remove(&gen))
             .unwrap_or_default();
     for (seq, payload) in &parked {
-        let item = work_item(batch, gen, seq.parse().ok(), Some(group));
+        let item = work_item(&batch, gen, seq.parse().ok(), Some(group));
         r.db.add_work("load", item, Some(payload.clone()));
     }
     if !parked.is_empty() {
@@ -56,6 +67,5 @@ pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<Stri
             true,
         );
     }
-    r.flush();
-    reply(["won", group])
+    parked.len()
 }

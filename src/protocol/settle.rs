@@ -151,33 +151,39 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
 pub(crate) fn settle(r: &mut Run, policy: &BatchPolicy, reason: &str) {
     r.flush();
     if let Some(gen) = r.get("gen") {
-        let gk = |f: &str| format!("g:{gen}:{f}");
-        let closed = r.get(&gk("closed")).is_some();
-        let (c, l, n, reg) = (
-            r.num(&gk("c")),
-            r.num(&gk("l")),
-            r.num(&gk("n")),
-            r.num(&gk("reg")),
-        );
-        if !closed {
-            let gen = num(Some(&gen)) as u32;
-            r.emit(
-                &format!("close/{gen}"),
-                Event::GenerationClosed(GenerationClosed {
-                    gen,
-                    reason: reason.into(),
-                    chunks: c as u32,
-                    recipients: n as u32,
-                }),
-                true,
-            );
-            r.put(format!("g:{gen}:closed"), reason);
-            if l == c {
-                make_ready(r, gen, c as u32, reg);
-            }
-        }
+        close_generation(r, num(Some(&gen)) as u32, reason);
     }
     try_report(r, policy);
+}
+
+/// `close_generation(gen, reason)`: closes generation `gen` for `reason`
+/// unless it is closed, and makes it ready when all its chunks are loaded.
+pub(crate) fn close_generation(r: &mut Run, gen: u32, reason: &str) {
+    r.flush();
+    let gk = |f: &str| format!("g:{gen}:{f}");
+    if r.get(&gk("closed")).is_some() {
+        return;
+    }
+    let (c, l, n, reg) = (
+        r.num(&gk("c")),
+        r.num(&gk("l")),
+        r.num(&gk("n")),
+        r.num(&gk("reg")),
+    );
+    r.emit(
+        &format!("close/{gen}"),
+        Event::GenerationClosed(GenerationClosed {
+            gen,
+            reason: reason.into(),
+            chunks: c as u32,
+            recipients: n as u32,
+        }),
+        true,
+    );
+    r.put(gk("closed"), reason);
+    if l == c {
+        make_ready(r, gen, c as u32, reg);
+    }
 }
 
 /// `reject(seq, digest, reason, may_hole, flagged_last)`: records a refused

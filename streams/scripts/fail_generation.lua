@@ -16,8 +16,7 @@
 local PARKED = KEYS[9]
 local gen, reason = tonumber(ARGV[3]), ARGV[4]
 local gk = 'g:' .. gen .. ':'
-local f = redis.call('HMGET', STATE, 'k:failed/' .. gen, gk .. 'group', 'report', 'cancelled', gk .. 'closed',
-  gk .. 'c', gk .. 'l', gk .. 'n', gk .. 'reg')
+local f = redis.call('HMGET', STATE, 'k:failed/' .. gen, gk .. 'group', 'report', 'cancelled')
 if f[1] then
   return reply({'duplicate'})
 end
@@ -31,23 +30,8 @@ if f[3] or f[4] then
 end
 emit('failed/' .. gen, 'generation_failed', cmsgpack.pack({gen = gen, op = 'create', reason = reason}))
 put(gk .. 'failed', 'create')
-local parked = redis.call('HGETALL', PARKED)
-for i = 1, #parked, 2 do
-  redis.call('XADD', WORK, '*', 'op', 'load',
-    'd', cmsgpack.pack({batch = BATCH, gen = gen, seq = tonumber(parked[i]), group_id = '', attempt = 0}),
-    'c', parked[i + 1])
-end
-if #parked > 0 then
-  emit('release/' .. gen, 'chunks_released', cmsgpack.pack({gen = gen, chunks = #parked / 2}))
-  redis.call('DEL', PARKED)
-end
-if not f[5] then
-  local c = num(f[6])
-  emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = 'failed', chunks = c, recipients = num(f[8])}))
-  put(gk .. 'closed', 'failed')
-  if num(f[7]) == c and make_ready(gen, c, num(f[9])) then
-    try_report()
-  end
-end
+local released = release_parked(PARKED, WORK, gen, '')
+close_generation(gen, 'failed')
+try_report()
 flush()
-return reply({'failed', tostring(#parked / 2)})
+return reply({'failed', tostring(released)})

@@ -55,3 +55,22 @@ local function reply(t)
   end
   return t
 end
+
+-- Releases every chunk parked in `parked_key` for generation `gen` to
+-- `work_key` as a load item into `group` ('' when the generation has none
+-- and never will: each is recorded as given up), with the event that says
+-- so, and deletes the parked hash. Returns how many were released.
+local function release_parked(parked_key, work_key, gen, group)
+  local parked = redis.call('HGETALL', parked_key)
+  for i = 1, #parked, 2 do
+    redis.call('XADD', work_key, '*', 'op', 'load',
+      'd', cmsgpack.pack({batch = BATCH, gen = gen, seq = tonumber(parked[i]), group_id = group, attempt = 0}),
+      'c', parked[i + 1])
+  end
+  local n = #parked / 2
+  if n > 0 then
+    emit('release/' .. gen, 'chunks_released', cmsgpack.pack({gen = gen, chunks = n}))
+    redis.call('DEL', parked_key)
+  end
+  return n
+end

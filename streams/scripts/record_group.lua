@@ -28,15 +28,6 @@ if f[3] then
 end
 emit('group/' .. gen, 'group_created', cmsgpack.pack({gen = gen, group_id = group}))
 put('g:' .. gen .. ':group', group)
-local parked = redis.call('HGETALL', PARKED)
-for i = 1, #parked, 2 do
-  redis.call('XADD', WORK, '*', 'op', 'load',
-    'd', cmsgpack.pack({batch = BATCH, gen = gen, seq = tonumber(parked[i]), group_id = group, attempt = 0}),
-    'c', parked[i + 1])
-end
-if #parked > 0 then
-  emit('release/' .. gen, 'chunks_released', cmsgpack.pack({gen = gen, chunks = #parked / 2}))
-  redis.call('DEL', PARKED)
-end
+release_parked(PARKED, WORK, gen, group)
 flush()
 return reply({'won', group})

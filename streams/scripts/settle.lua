@@ -136,21 +136,28 @@ end
 -- The batch takes no more chunks now: its current generation (if any) is
 -- closed for `reason` (`final` or `closed`) and, when all its chunks are
 -- loaded, made ready; then the report is decided if everything is done.
+-- Closes generation `gen` for `reason` (`final`, `closed`, `failed`) unless
+-- it is closed, and makes it ready when all its chunks are loaded.
+local function close_generation(gen, reason)
+  flush()
+  local gk = 'g:' .. gen .. ':'
+  local g = redis.call('HMGET', STATE, gk .. 'closed', gk .. 'c', gk .. 'l', gk .. 'n', gk .. 'reg')
+  if g[1] then
+    return
+  end
+  local c = num(g[2])
+  emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = reason, chunks = c, recipients = num(g[4])}))
+  put(gk .. 'closed', reason)
+  if num(g[3]) == c then
+    make_ready(gen, c, num(g[5]))
+  end
+end
+
 local function settle(reason)
   flush()
   local gen = redis.call('HGET', STATE, 'gen')
   if gen then
-    local gk = 'g:' .. gen .. ':'
-    local g = redis.call('HMGET', STATE, gk .. 'closed', gk .. 'c', gk .. 'l', gk .. 'n', gk .. 'reg')
-    local c, l = num(g[2]), num(g[3])
-    if not g[1] then
-      gen = tonumber(gen)
-      emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = reason, chunks = c, recipients = num(g[4])}))
-      put(gk .. 'closed', reason)
-      if l == c then
-        make_ready(gen, c, num(g[5]))
-      end
-    end
+    close_generation(tonumber(gen), reason)
   end
   try_report()
 end
