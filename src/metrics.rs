@@ -389,7 +389,9 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
         ]),
         ("groupcast_work_items_total", "outcome") => strs(&["done", "retry", "dead"]),
         ("groupcast_groups_sent_total", "outcome") => strs(&["sent", "already_sent"]),
-        (_, "op") => strs(&["create", "load", "send", "poll", "delete", "report"]),
+        (_, "op") => strs(&[
+            "create", "load", "send", "poll", "delete", "recall", "report",
+        ]),
         (_, "reason") => strs(&[
             "transient",
             "rate_limited",

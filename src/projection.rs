@@ -20,10 +20,10 @@
 //! | `g:<g>:n`, `g:<g>:c` | recipients and chunks assigned to generation g |
 //! | `g:<g>:l` | chunks loaded into it |
 //! | `g:<g>:closed` | `full`, `final`, `closed`, `cancelled` or `failed` |
-//! | `g:<g>:failed` | the provider operation given up for good on generation g (`create`): its chunks are given up |
+//! | `g:<g>:failed` | the provider operation given up for good on generation g: `create` (its chunks are given up) or `send` (never claimed again) |
 //! | `g:<g>:group` | its provider group |
 //! | `g:<g>:reg`, `g:<g>:fail` | recipients registered / refused in it |
-//! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress |
+//! | `g:<g>:ready`, `g:<g>:sent`, `g:<g>:done`, `g:<g>:refused` | its send's progress (`done`: the provider's final status, or `empty`, `cancelled`, `unsent`, `unknown`) |
 //! | `registered`, `failed`, `done`, `sent_success`, `sent_failed` | batch totals |
 //! | `g:<g>:unsure` | recipients of given-up chunks: maybe registered, maybe not |
 //! | `duplicates`, `x:<seq>` | copies of numbers already given to the batch; their positions in chunk `seq` |
@@ -31,7 +31,8 @@
 //! | `fr:<code>` | recipients refused for that reason (a provider code, or `given_up`) |
 //! | `closed`, `missing` | why the batch was closed; how many seqs it gave up on (their ranges are in its `batch_closed`) |
 //! | `g:<g>:claimed`, `g:<g>:back` | the number of generation g's last send claim, and of the last one given back: claimed while `claimed > back` (a cancel leaves it alone) |
-//! | `cancelled`, `stopped`, `unsent` | why the batch was cancelled; generations it stopped (done with status `cancelled`); registered recipients in them |
+//! | `cancelled`, `stopped` | why the batch was cancelled; generations it stopped (done with status `cancelled`) |
+//! | `unsent`, `unknown` | registered recipients never sent to (in generations a cancel stopped, or whose send was given up); registered recipients whose messages' fate is unknown (a poll or recall given up) |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //! | `dkept` | the numbers the batch's dedupe buckets keep, once its mobile numbers went to the dedupe bitmap (`accept.lua`): bookkeeping of the dedupe keys, **not** derived from events ([`LIVE_ONLY`]) |
@@ -148,8 +149,12 @@ pub mod field {
     pub const CANCELLED: &str = "cancelled";
     /// Generations the cancel stopped.
     pub const STOPPED: &str = "stopped";
-    /// Registered recipients of the generations the cancel stopped.
+    /// Registered recipients never sent to: in the generations a cancel
+    /// stopped, or whose send was given up.
     pub const UNSENT: &str = "unsent";
+    /// Registered recipients whose messages' fate is unknown (a poll or a
+    /// recall given up).
+    pub const UNKNOWN: &str = "unknown";
 
     /// `g:<gen>:claimed`: the number of generation `gen`'s last send claim.
     pub fn claimed(gen: u32) -> String {
@@ -157,7 +162,7 @@ pub mod field {
     }
 
     /// `g:<gen>:failed`: the operation given up for good on generation
-    /// `gen` (`create`).
+    /// `gen` (`create` or `send`).
     pub fn failed_in(gen: u32) -> String {
         self::gen(gen, "failed")
     }
@@ -295,12 +300,22 @@ pub fn updates(event: &Event) -> Vec<Update> {
             Set(field::CLOSED.into(), e.reason.clone()),
             Set(field::MISSING.into(), e.count().to_string()),
         ],
-        Event::GroupCompleted(e) => vec![
-            Set(g(e.gen, "done"), e.status.clone()),
-            Incr("done".into(), 1),
-            Incr("sent_success".into(), e.sent_success as i64),
-            Incr("sent_failed".into(), e.sent_failed as i64),
-        ],
+        Event::GroupCompleted(e) => {
+            let mut u = vec![
+                Set(g(e.gen, "done"), e.status.clone()),
+                Incr("done".into(), 1),
+                Incr("sent_success".into(), e.sent_success as i64),
+                Incr("sent_failed".into(), e.sent_failed as i64),
+            ];
+            // A send given up counts its registered recipients as what
+            // became of them (the script's increment creates the field).
+            match e.status.as_str() {
+                "unsent" => u.push(Incr(field::UNSENT.into(), e.recipients as i64)),
+                "unknown" => u.push(Incr(field::UNKNOWN.into(), e.recipients as i64)),
+                _ => {}
+            }
+            u
+        }
         Event::BatchReported(e) => vec![Set(field::REPORT.into(), e.outcome.clone())],
         Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
         Event::InputRejected(e) => {

@@ -89,12 +89,20 @@ struct Gen {
     /// Its creation was given up (`generation_failed`): it has no group,
     /// and its chunks are loaded into none, as given up.
     failed: bool,
+    /// Done after its send was given up (`give_up_send.lua`): `unsent`
+    /// (never went out, its group deleted) or `unknown` (whether, or how,
+    /// it went out is unknown).
+    given_up: Option<String>,
 }
 
 impl Gen {
     /// The group the generation kept (the first one recorded).
     fn kept(&self) -> Option<&String> {
         self.created.first()
+    }
+    /// Done `unsent`: never went out.
+    fn unsent(&self) -> bool {
+        self.given_up.as_deref() == Some("unsent")
     }
     /// Recipients registered, as our events say.
     fn registered(&self) -> u64 {
@@ -164,6 +172,9 @@ impl Tally {
                 Event::GroupCompleted(e) if e.status == "empty" => t.gen(e.gen).empty = true,
                 Event::GroupCompleted(e) if e.status == "cancelled" => {
                     t.gen(e.gen).cancelled = true
+                }
+                Event::GroupCompleted(e) if e.status == "unsent" || e.status == "unknown" => {
+                    t.gen(e.gen).given_up = Some(e.status.clone())
                 }
                 Event::SendClaimed(e) => {
                     let g = t.gen(e.gen);
@@ -277,10 +288,11 @@ fn generation_checks(
         st.created.len() <= 1,
         format!("gen {g}: {} group(s) recorded", st.created.len()),
     );
-    // (A cancel deletes the group of a generation it stopped.)
+    // (A cancel deletes the group of a generation it stopped; a send given
+    // up before it went out deletes its group too.)
     c.check(
         1,
-        st.cancelled || st.discarded.iter().all(|d| Some(d) != kept),
+        st.cancelled || st.unsent() || st.discarded.iter().all(|d| Some(d) != kept),
         format!("gen {g}: the kept group was never discarded"),
     );
     // 2. Sent once, only when fully loaded.
@@ -311,11 +323,22 @@ fn generation_checks(
             all_loaded_before,
             format!("gen {g}: closed and every assigned chunk loaded before the send"),
         );
-    } else if reported && !st.empty && !st.cancelled {
+    } else if reported && !st.empty && !st.cancelled && st.given_up.is_none() {
         c.check(
             2,
             false,
             format!("gen {g}: batch reported but generation never sent"),
+        );
+    }
+    // A send given up and done `unsent` never went out.
+    if st.unsent() {
+        c.check(
+            2,
+            st.sends.is_empty(),
+            format!(
+                "gen {g}: its send given up and counted unsent, and never sent ({} send event(s))",
+                st.sends.len()
+            ),
         );
     }
     if st.empty {
@@ -431,10 +454,11 @@ fn provider_checks(c: &mut Checks, g: u32, st: &Gen, view: &ProviderView, cap: u
                     group.status != GroupStatus::Pending,
                     format!("gen {g}: provider status {:?} after our send", group.status),
                 );
-            } else {
+            } else if st.given_up.as_deref() != Some("unknown") {
                 // Only we send our groups: one sent without a send event
                 // means events were lost (or a send is being recorded right
-                // now).
+                // now). (A send given up with its outcome unknown may have
+                // gone out: that is what `unknown` says.)
                 c.check(
                     2,
                     matches!(group.status, GroupStatus::Pending | GroupStatus::Deleted),
@@ -544,11 +568,22 @@ fn batch_checks(
                 .sum();
             let missing_n = t.closed.as_ref().map_or(0, |c| c.count);
             let rejected = t.rejected.len() as u64;
+            let registered_in = |f: fn(&Gen) -> bool| -> u64 {
+                t.gens.values().filter(|g| f(g)).map(Gen::registered).sum()
+            };
+            let unsent = registered_in(|g| g.cancelled || g.unsent());
+            let unknown = registered_in(|g| g.given_up.as_deref() == Some("unknown"));
             let expected = if t.cancelled.is_some() {
                 "cancelled"
-            } else if registered == 0 {
+            } else if registered == unsent {
                 "failed"
-            } else if failed == 0 && rejected == 0 && missing_n == 0 && last.is_some() {
+            } else if failed == 0
+                && rejected == 0
+                && missing_n == 0
+                && unsent == 0
+                && unknown == 0
+                && last.is_some()
+            {
                 "completed"
             } else {
                 "partial"
@@ -575,21 +610,19 @@ fn batch_checks(
                 r.failed_by_reason.values().sum::<u64>() == r.failed,
                 format!("failures by reason add up to {}", r.failed),
             );
-            if t.cancelled.is_some() {
-                let stopped = t.gens.values().filter(|g| g.cancelled);
-                let ours = (
-                    stopped.clone().count() as u32,
-                    stopped.map(Gen::registered).sum::<u64>(),
-                );
-                c.check(
-                    7,
-                    (r.stopped, r.unsent) == ours,
-                    format!(
-                        "report (stopped, unsent) {:?}, events {ours:?}",
-                        (r.stopped, r.unsent)
-                    ),
-                );
-            }
+            let stopped = match t.cancelled {
+                Some(_) => t.gens.values().filter(|g| g.cancelled).count() as u32,
+                None => 0,
+            };
+            let ours = (stopped, unsent, unknown);
+            c.check(
+                7,
+                (r.stopped, r.unsent, r.unknown) == ours,
+                format!(
+                    "report (stopped, unsent, unknown) {:?}, events {ours:?}",
+                    (r.stopped, r.unsent, r.unknown)
+                ),
+            );
         }
         c.check(7, tombstoned, "a reported batch is remembered (tombstone)");
     }

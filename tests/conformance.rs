@@ -19,10 +19,13 @@ use groupcast::events::{
     Recorded, RegistrationFailure, ReportDelivered, SendRefused,
 };
 use groupcast::keys::Keyspace;
-use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, Db, WorkEntry};
+use groupcast::protocol::{
+    self, accept::AcceptArgs, completed::CompletedArgs, Db, GivenUp, WorkEntry,
+};
 use groupcast::store::batch::{
     dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs,
     ClaimMode, Closing, Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
+    SendGiveUp,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -164,6 +167,13 @@ enum Call {
     /// `fail_generation`: a generation's creation given up for good.
     FailGeneration {
         gen: u32,
+    },
+    /// `give_up_send`: a generation's send, poll or recall given up, or
+    /// the recall's finding that the group never went out.
+    GiveUpSend {
+        gen: u32,
+        what: GivenUp,
+        group: String,
     },
     Loaded(ChunkLoaded),
     Sent {
@@ -319,10 +329,10 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         .field(batch, &format!("g:{sgen}:group"))
         .map(str::to_string)
         .unwrap_or_else(|| format!("G{sgen}-0"));
-    let choice = match rng.random_range(0..114) {
+    let choice = match rng.random_range(0..118) {
         // A clean run has no rejections, no close, no cancel and no
         // generation given up.
-        100..=105 | 111..=113 if chunks.clean => rng.random_range(0..30),
+        100..=105 | 111..=117 if chunks.clean => rng.random_range(0..30),
         n => n,
     };
     match choice {
@@ -416,6 +426,19 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
             reason: "wrong campaign".into(),
         },
         112..=113 => Call::FailGeneration { gen },
+        114..=117 => Call::GiveUpSend {
+            gen,
+            what: match rng.random_range(0..6) {
+                0..=2 => GivenUp::Send,
+                3 => GivenUp::Unsent,
+                4 => GivenUp::Poll,
+                _ => GivenUp::Recall,
+            },
+            group: db
+                .field(batch, &format!("g:{gen}:group"))
+                .unwrap_or("")
+                .to_string(),
+        },
         30..=42 => Call::Park {
             seq,
             gen: sgen,
@@ -555,6 +578,9 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
         Call::RecordGroup { gen, group } => protocol::record_group(db, batch, *gen, group),
         Call::FailGeneration { gen } => {
             protocol::fail_generation(db, batch, p, *gen, "create refused: 403")
+        }
+        Call::GiveUpSend { gen, what, group } => {
+            protocol::give_up_send(db, batch, p, *gen, *what, "send refused: 403", group)
         }
         Call::Loaded(e) => protocol::loaded(db, batch, p, e),
         Call::Sent {
@@ -753,6 +779,19 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 GenerationFailure::AlreadyFailed => vec![s("duplicate")],
                 GenerationFailure::HasGroup(g) => vec![s("group"), g],
                 GenerationFailure::Ended => vec![s("ended")],
+            }
+        }
+        Call::GiveUpSend { gen, what, group } => {
+            match log
+                .give_up_send(*gen, *what, "send refused: 403", group)
+                .await
+                .expect(fail)
+            {
+                SendGiveUp::Unsent(n) => vec![s("unsent"), s(n)],
+                SendGiveUp::Unknown(n) => vec![s("unknown"), s(n)],
+                SendGiveUp::Recalling => vec![s("recalling")],
+                SendGiveUp::Sent => vec![s("sent")],
+                SendGiveUp::Done => vec![s("done")],
             }
         }
         Call::Loaded(e) => match log.record_loaded(e).await.expect(fail) {
@@ -1208,6 +1247,11 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "FailGeneration:duplicate",
         "FailGeneration:group",
         "FailGeneration:ended",
+        "GiveUpSend:unsent",
+        "GiveUpSend:recalling",
+        "GiveUpSend:unknown",
+        "GiveUpSend:sent",
+        "GiveUpSend:done",
         "Expire:expired",
         "Park:parked",
         "Park:group",

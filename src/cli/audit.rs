@@ -92,15 +92,23 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
         ),
         Event::SendRefused(e) => format!("generation {} send REFUSED: {}", e.gen, e.reason),
         Event::GenerationFailed(e) => format!(
-            "generation {} FAILED: its {} was given up ({}); its chunks end as failed",
-            e.gen, e.op, e.reason
+            "generation {} FAILED: its {} was given up ({}); {}",
+            e.gen,
+            e.op,
+            e.reason,
+            match (e.op.as_str(), e.recall) {
+                ("create", _) => "its chunks end as failed",
+                ("send", false) => "nothing went out: never sent",
+                ("send", true) => "its send was claimed: the provider is asked whether it went out",
+                _ => "its outcome is unknown",
+            }
         ),
         Event::GroupCompleted(e) => format!(
             "generation {} group {} {}: {} delivered, {} failed",
             e.gen, e.group_id, e.status, e.sent_success, e.sent_failed
         ),
         Event::BatchReported(e) => format!(
-            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing{}",
+            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing{}{}",
             e.outcome,
             e.generations,
             e.recipients,
@@ -110,12 +118,17 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.duplicates,
             e.rejected,
             e.missing,
-            match e.outcome.as_str() {
-                "cancelled" => format!(
+            match (e.outcome.as_str(), e.unsent) {
+                ("cancelled", _) => format!(
                     ", {} generation(s) stopped ({} registered, never sent)",
                     e.stopped, e.unsent
                 ),
-                _ => String::new(),
+                (_, 0) => String::new(),
+                (_, n) => format!(", {n} registered never sent (sends given up)"),
+            },
+            match e.unknown {
+                0 => String::new(),
+                n => format!(", {n} registered with an unknown outcome"),
             }
         ),
         Event::BatchClosed(e) => {

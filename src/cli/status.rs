@@ -61,6 +61,7 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
         "cancelled": p.cancelled(),
         "stoppedGenerations": p.int(crate::projection::field::STOPPED),
         "unsentRecipients": p.int(crate::projection::field::UNSENT),
+        "unknownRecipients": p.int(crate::projection::field::UNKNOWN),
         "lastEventMs": p.int("hb"),
         "options": options_json(p),
         "generations": gens,

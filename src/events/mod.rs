@@ -184,11 +184,20 @@ pub struct GenerationFailed {
     /// The generation.
     pub gen: u32,
     /// The operation given up: `create` (its group could never be created:
-    /// its chunks are given up, their recipients failed).
+    /// its chunks are given up, their recipients failed); `send` (the send
+    /// was given up: never claimed again; with [`GenerationFailed::recall`],
+    /// the provider is asked whether it went out, else it did not and the
+    /// generation is done `unsent`); `poll` or `recall` (the group's outcome
+    /// could not be learned: the generation is done `unknown`).
     pub op: String,
     /// Why: the provider's refusal, or the last failure before the retry
     /// budget ran out.
     pub reason: String,
+    /// A send given up while its claim was in place (it may have gone out):
+    /// a `recall` work item deletes the group at the provider, or finds it
+    /// sent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recall: bool,
 }
 
 /// See [`Event::ChunkAssigned`]. Key `assign/<seq>`.
@@ -348,20 +357,27 @@ pub struct SendRefused {
 }
 
 /// See [`Event::GroupCompleted`]. Key `done/<gen>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupCompleted {
     /// The generation.
     pub gen: u32,
     /// The group.
     pub group_id: String,
     /// The provider's final status (`COMPLETE` or `FAILED`); or `empty`
-    /// (nobody registered: never sent) or `cancelled` (stopped by a
-    /// cancel: never sent).
+    /// (nobody registered: never sent), `cancelled` (stopped by a cancel:
+    /// never sent), `unsent` (its send given up before it went out: never
+    /// sent, its group deleted) or `unknown` (given up without learning
+    /// whether, or how, it went out).
     pub status: String,
     /// Messages the provider delivered.
     pub sent_success: u64,
     /// Messages the provider failed to deliver.
     pub sent_failed: u64,
+    /// Status `unsent` or `unknown`: the registered recipients it held,
+    /// counted as such in the report (never sent to; their messages' fate
+    /// unknown). Absent (0) for the other statuses.
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub recipients: u64,
 }
 
 /// See [`Event::BatchReported`]. Key `report`.
@@ -400,11 +416,16 @@ pub struct BatchReported {
     /// A cancelled batch: generations stopped by the cancel (never sent).
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub stopped: u32,
-    /// A cancelled batch: recipients registered in the stopped generations
-    /// (at the provider, in groups deleted unsent). `registered - unsent`
-    /// recipients were in generations that were sent.
+    /// Recipients registered in generations that were never sent: stopped
+    /// by a cancel, or whose send was given up (their groups deleted
+    /// unsent).
     #[serde(default, skip_serializing_if = "is_zero64")]
     pub unsent: u64,
+    /// Recipients registered in generations given up without learning
+    /// whether, or how, their messages went out (a poll or a recall given
+    /// up): neither counted sent nor failed.
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub unknown: u64,
     /// A chunk flagged `last` below a seq that had already arrived: the
     /// batch ended at the highest seq received instead, and this says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -61,7 +61,8 @@ impl ClaimArgs {
 
 /// `claim_send.lua` at Redis time `now` (ms). Returns `claimed, entry id,
 /// until, now, n, new|renewed`, `free, now`, `held, at, reason, now, given back
-/// 0|1`, `stale, now`, `cancelled, reason` or `done`.
+/// 0|1`, `stale, now`, `cancelled, reason` or `done` (sent, done, or its
+/// send given up).
 pub fn claim_send(
     db: &mut Db,
     batch: &str,
@@ -88,7 +89,11 @@ pub fn claim_send(
     if let (false, Some(reason)) = (live, &cancelled) {
         return reply(["cancelled", reason]);
     }
-    if r.get(&format!("k:send/{gen}")).is_some() || r.get(&gk("done")).is_some() {
+    // Sent, done, or its send given up (`give_up_send`): never claimed again.
+    if r.get(&format!("k:send/{gen}")).is_some()
+        || r.get(&gk("done")).is_some()
+        || r.get(&gk("failed")).is_some()
+    {
         return reply(["done"]);
     }
     let until = match hold(now, a.lifetime_ms, &a.schedule) {

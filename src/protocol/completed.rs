@@ -38,6 +38,7 @@ pub fn completed(db: &mut Db, batch: &str, policy: &BatchPolicy, a: &CompletedAr
             status: a.status.to_string(),
             sent_success: a.sent_success,
             sent_failed: a.sent_failed,
+            ..Default::default()
         }),
         true,
     );

@@ -39,6 +39,7 @@ pub fn fail_generation(
             gen,
             op: "create".into(),
             reason: reason.into(),
+            recall: false,
         }),
         true,
     );

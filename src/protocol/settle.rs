@@ -51,6 +51,7 @@ pub(crate) fn make_ready(r: &mut Run, gen: u32, chunks: u32, registered: i64) ->
             status: "empty".into(),
             sent_success: 0,
             sent_failed: 0,
+            ..Default::default()
         }),
         true,
     );
@@ -76,13 +77,17 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     }
     let (registered, failed) = (r.num("registered"), r.num("failed"));
     let (rejected, missing) = (r.num("rejected"), r.num("missing"));
+    let (unsent, unknown) = (r.num("unsent"), r.num("unknown"));
     let outcome = if cancelled {
         "cancelled"
-    } else if registered == 0 {
+    } else if registered == unsent {
+        // Nobody registered, or nothing registered went out (sends given up).
         "failed"
     } else if failed == 0
         && rejected == 0
         && missing == 0
+        && unsent == 0
+        && unknown == 0
         && tonumber(r.get("last").as_deref()).is_some()
     {
         // A batch closed before its last seq was known may have lost chunks
@@ -118,7 +123,8 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
         } else {
             0
         },
-        unsent: if cancelled { r.num("unsent") as u64 } else { 0 },
+        unsent: unsent as u64,
+        unknown: unknown as u64,
         last_conflict: r.get("last_conflict"),
     };
     r.emit("report", Event::BatchReported(report.clone()), true);
@@ -305,6 +311,7 @@ pub(crate) fn stop_generation(
             status: "cancelled".into(),
             sent_success: 0,
             sent_failed: 0,
+            ..Default::default()
         }),
         true,
     );

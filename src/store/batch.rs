@@ -281,6 +281,24 @@ pub enum GenerationFailure {
     Ended,
 }
 
+/// What giving up a generation's send, poll or recall came to (see
+/// [`BatchLog::give_up_send`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendGiveUp {
+    /// Done `unsent`: nothing went out; these many registered recipients
+    /// were never sent to.
+    Unsent(u64),
+    /// The send may have gone out (its claim was in place): a `recall` work
+    /// item asks the provider.
+    Recalling,
+    /// Done `unknown`: these many registered recipients' fate is unknown.
+    Unknown(u64),
+    /// The send was recorded: nothing given up (its poll goes on).
+    Sent,
+    /// The generation was done: nothing recorded.
+    Done,
+}
+
 /// Whether an append happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Appended {
@@ -745,6 +763,37 @@ impl BatchLog {
             [t, id] if t == "group" => Ok(GenerationFailure::HasGroup(id.clone())),
             [t] if t == "ended" => Ok(GenerationFailure::Ended),
             _ => Err(unexpected("fail_generation", &r)),
+        }
+    }
+
+    /// Records that generation `gen`'s send (or its poll, or its recall)
+    /// was given up for `reason`, so that the generation and the batch
+    /// still end (see `give_up_send.lua`); `group`: its group id, '' when
+    /// unknown.
+    pub async fn give_up_send(
+        &self,
+        gen: u32,
+        what: crate::protocol::GivenUp,
+        reason: &str,
+        group: &str,
+    ) -> StoreResult<SendGiveUp> {
+        let v: Value = self
+            .settling(&SCRIPTS.give_up_send)
+            .arg(gen)
+            .arg(what.as_str())
+            .arg(reason)
+            .arg(group)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("give_up_send", v)?;
+        let count = |n: &String| n.parse().map_err(|_| unexpected("give_up_send", &r));
+        match r.as_slice() {
+            [t, n] if t == "unsent" => Ok(SendGiveUp::Unsent(count(n)?)),
+            [t, n] if t == "unknown" => Ok(SendGiveUp::Unknown(count(n)?)),
+            [t] if t == "recalling" => Ok(SendGiveUp::Recalling),
+            [t] if t == "sent" => Ok(SendGiveUp::Sent),
+            [t] if t == "done" => Ok(SendGiveUp::Done),
+            _ => Err(unexpected("give_up_send", &r)),
         }
     }
 

@@ -68,6 +68,8 @@ pub struct Scripts {
     pub ack_recorded: Script,
     /// `fail_generation.lua`.
     pub fail_generation: Script,
+    /// `give_up_send.lua`.
+    pub give_up_send: Script,
 }
 
 /// The scripts.
@@ -97,4 +99,5 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     restore: Script::new(include_str!("../../streams/scripts/restore.lua")),
     ack_recorded: Script::new(include_str!("../../streams/scripts/ack_recorded.lua")),
     fail_generation: settling_script(include_str!("../../streams/scripts/fail_generation.lua")),
+    give_up_send: settling_script(include_str!("../../streams/scripts/give_up_send.lua")),
 });

@@ -13,7 +13,9 @@ use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, Alive, DelayedEntry, Entry, LoadHolds, Rescheduled};
 use crate::store::witness::{self, LastAppended};
-use crate::worker::ops::{create_group, load_chunk, Op, Outcome, RetryCause, WorkItem};
+use crate::worker::ops::{
+    create_group, load_chunk, recall_send, Op, Outcome, RetryCause, WorkItem,
+};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -556,7 +558,9 @@ async fn settle(
 /// that ends in the dead letters also ends its chunk: recorded as given up
 /// (see [`load_chunk::give_up`]) before the entry is dead-lettered, so that
 /// the generation and the batch still end; a create ends its generation
-/// the same way ([`create_group::give_up`]). The dead letter waits on the
+/// the same way ([`create_group::give_up`]), and a send, poll or recall
+/// ends its generation `unsent` or `unknown` ([`recall_send::give_up`]).
+/// The dead letter waits on the
 /// give-up's event, else on `appended` (the handling's last), like an
 /// acknowledgement; a give-up that cannot be recorded leaves the entry
 /// pending.
@@ -575,6 +579,9 @@ async fn dead_letter_giving_up(
                 load_chunk::give_up(ctx, at.lane, item, bytes, reason).await
             }
             Some((Op::Create, item, _)) => create_group::give_up(ctx, at.lane, item, reason).await,
+            Some((op @ (Op::Send | Op::Poll | Op::Recall), item, _)) => {
+                recall_send::give_up(ctx, at.lane, op, item, reason).await
+            }
             _ => Ok(()),
         }
     })

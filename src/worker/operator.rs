@@ -57,6 +57,7 @@ async fn run(
         Op::Send => ops::send_group::run(ctx, lane, &item).await?,
         Op::Poll => ops::poll_group::run(ctx, lane, &mut item).await?,
         Op::Delete => ops::delete_group::run(ctx, lane, &item).await?,
+        Op::Recall => ops::recall_send::run(ctx, lane, &item).await?,
         Op::Report => ops::deliver_report::run(ctx, lane, &item).await?,
         Op::Load => {
             let (Some(seq), Some(group), Some(bytes)) =

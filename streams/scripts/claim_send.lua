@@ -30,7 +30,7 @@
 --      or {'stale', now} (the window given does not cover now: compute again)
 --      or {'cancelled', reason} (cancelled before any claim in place, or a
 --          claim given back in a cancelled batch: its generation stopped)
---      or {'done'} (sent, or done: nothing to claim)
+--      or {'done'} (sent, done, or its send given up: nothing to claim)
 
 -- The schedule at `now` (pure; src/events/options.rs `hold` is its mirror).
 -- Returns 'free', until | 'held', at, reason | 'stale'.
@@ -63,7 +63,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gk = 'g:' .. gen .. ':'
 local f = redis.call('HMGET', STATE, gk .. 'claimed', gk .. 'back', 'cancelled', 'k:send/' .. gen, gk .. 'done',
-  gk .. 'group', 'k:schedule/' .. gen, gk .. 'closed', gk .. 'reg', gk .. 'c', gk .. 'n')
+  gk .. 'group', 'k:schedule/' .. gen, gk .. 'closed', gk .. 'reg', gk .. 'c', gk .. 'n', gk .. 'failed')
 local n = num(f[1])
 local live = n > num(f[2])
 -- The claim in place, by its event's key; a state that lost that key (a
@@ -81,7 +81,9 @@ end
 if not live and f[3] then
   return reply({'cancelled', f[3]})
 end
-if f[4] or f[5] then
+-- Sent, done, or its send given up (give_up_send.lua): a send given up is
+-- never claimed again, so that no retry or redrive sends it after.
+if f[4] or f[5] or f[12] then
   return reply({'done'})
 end
 local decided, a, b = hold(now, lifetime, send_at, from, opens, closes)

@@ -64,7 +64,7 @@ end
 -- what the caller put() is written with the report, in one HSET.
 local REPORT_FIELDS = {'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done', 'recipients', 'registered',
   'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing', 'cancelled', 'stopped', 'unsent',
-  'last_conflict'}
+  'last_conflict', 'unknown'}
 
 local function report_from(f)
   if f[1] or not settled(f[2] or f[16], f[3], f[4], f[5]) then
@@ -77,19 +77,27 @@ local function report_from(f)
     return false
   end
   local registered, failed, rejected, missing = num(f[9]), num(f[10]), num(f[14]), num(f[15])
+  local unsent, unknown = num(f[18]), num(f[20])
   local outcome = 'partial'
   if f[16] then
     outcome = 'cancelled'
-  elseif registered == 0 then
+  elseif registered == unsent then
+    -- Nobody registered, or nothing registered went out (sends given up).
     outcome = 'failed'
-  elseif failed == 0 and rejected == 0 and missing == 0 and tonumber(f[3]) then
+  elseif failed == 0 and rejected == 0 and missing == 0 and unsent == 0 and unknown == 0 and tonumber(f[3]) then
     outcome = 'completed'
   end
   local report = {outcome = outcome, generations = gens, chunks = num(f[4]), recipients = num(f[8]),
     registered = registered, failed = failed, sent_success = num(f[11]), sent_failed = num(f[12]),
     duplicates = num(f[13]), rejected = rejected, missing = missing}
   if f[16] then
-    report.stopped, report.unsent = num(f[17]), num(f[18])
+    report.stopped = num(f[17])
+  end
+  if unsent > 0 then
+    report.unsent = unsent
+  end
+  if unknown > 0 then
+    report.unknown = unknown
   end
   if f[19] then
     report.last_conflict = f[19]

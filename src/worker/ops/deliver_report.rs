@@ -73,6 +73,7 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "cancelled": p.cancelled(),
         "stoppedGenerations": p.int(field::STOPPED),
         "unsentRecipients": p.int(field::UNSENT),
+        "unknownRecipients": p.int(field::UNKNOWN),
         "sentGenerations": sent.len(),
         "sentRecipients": sent_recipients,
         "groups": groups,

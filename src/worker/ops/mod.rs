@@ -10,6 +10,7 @@ pub mod delete_group;
 pub mod deliver_report;
 pub mod load_chunk;
 pub mod poll_group;
+pub mod recall_send;
 pub mod send_group;
 
 use std::time::Duration;
@@ -33,6 +34,9 @@ pub enum Op {
     Poll,
     /// Delete a group that lost the creation race, or one a cancel stopped.
     Delete,
+    /// Ask the provider about a send given up while its claim was in place:
+    /// delete its group so it can never go out, or learn that it went out.
+    Recall,
     /// POST the batch's report to the webhook.
     Report,
 }
@@ -46,6 +50,7 @@ impl Op {
             Op::Send => "send",
             Op::Poll => "poll",
             Op::Delete => "delete",
+            Op::Recall => "recall",
             Op::Report => "report",
         }
     }
@@ -58,6 +63,7 @@ impl Op {
             "send" => Op::Send,
             "poll" => Op::Poll,
             "delete" => Op::Delete,
+            "recall" => Op::Recall,
             "report" => Op::Report,
             _ => return None,
         })

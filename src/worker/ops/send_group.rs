@@ -64,9 +64,16 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             field::OPTIONS.into(),
             field::claimed(gen),
             field::claim_back(gen),
+            field::failed_in(gen),
         ])
         .await?;
     if p.appended(&send_key).is_some() {
+        return Ok(Outcome::Done);
+    }
+    if p.failed_in(gen) == Some("send") {
+        // Given up (`give_up_send.lua`): never claimed again, so a redrive
+        // of this item cannot send it (the claim refuses it too).
+        tracing::info!(batch = %item.batch, gen, "this generation's send was given up: not sent");
         return Ok(Outcome::Done);
     }
     let Some(ready_id) = p.appended(&ready_key) else {
@@ -105,24 +112,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     // before the add failed for good: the provider may hold up to that many
     // more than our events count.
     let unsure = p.unsure_in(gen);
-    // The first read of the group's status, soon after the send.
-    let first_poll = ctx.config.next_poll(std::time::Duration::ZERO);
-    let poll = DelayedEntry {
-        op: Op::Poll.name().into(),
-        d: crate::events::encode_payload(&WorkItem {
-            batch: item.batch.clone(),
-            gen,
-            seq: None,
-            group_id: Some(group_id.clone()),
-            attempt: 0,
-            since: 0,
-            poll_delay_ms: first_poll.as_millis() as u64,
-        }),
-        c: None,
-        lane,
-    }
-    .encode();
-    let poll_ms = first_poll.as_millis() as u64;
+    let (poll, poll_ms) = first_poll(ctx, lane, &item.batch, gen, &group_id);
 
     // The send makes two provider requests: the status read, then the send.
     // A first try books them one by one. A try after a claim (the earlier
@@ -224,6 +214,35 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         tracing::info!(batch = %item.batch, gen, group = %group_id, outcome, "group sent");
     }
     Ok(Outcome::Done)
+}
+
+/// The first read of a sent group's status, soon after the send: its
+/// delayed entry (for `sent.lua`) and its delay in ms.
+pub(crate) fn first_poll(
+    ctx: &Ctx,
+    lane: Priority,
+    batch: &str,
+    gen: u32,
+    group_id: &str,
+) -> (Vec<u8>, u64) {
+    let first = ctx.config.next_poll(Duration::ZERO);
+    let poll_ms = first.as_millis() as u64;
+    let entry = DelayedEntry {
+        op: Op::Poll.name().into(),
+        d: crate::events::encode_payload(&WorkItem {
+            batch: batch.to_string(),
+            gen,
+            seq: None,
+            group_id: Some(group_id.to_string()),
+            attempt: 0,
+            since: 0,
+            poll_delay_ms: poll_ms,
+        }),
+        c: None,
+        lane,
+    }
+    .encode();
+    (entry, poll_ms)
 }
 
 /// The least of a claim's lifetime left for the provider call to start:
