@@ -53,6 +53,48 @@ use std::ops::Bound;
 use crate::events::{Event, Recorded};
 use crate::seq_ranges::{missing_ranges, Missing};
 
+/// The generations of a batch not done yet (see [`Projection::unfinished`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unfinished {
+    /// Chunks still being loaded into them (or their group created).
+    pub loading: Vec<u32>,
+    /// Ready: their send is waiting or under way.
+    pub sending: Vec<u32>,
+    /// Sent: the provider has not finished them yet.
+    pub polling: Vec<u32>,
+    /// Their send was given up under its claim: the provider is asked
+    /// whether it went out.
+    pub recalling: Vec<u32>,
+}
+
+impl Unfinished {
+    /// Whether every generation is done.
+    pub fn is_empty(&self) -> bool {
+        self.loading.is_empty()
+            && self.sending.is_empty()
+            && self.polling.is_empty()
+            && self.recalling.is_empty()
+    }
+
+    /// One line: what remains, by kind (empty when nothing does).
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = [
+            (&self.loading, "loading"),
+            (&self.sending, "ready to send (or sending)"),
+            (&self.polling, "sent, awaiting the provider's result"),
+            (
+                &self.recalling,
+                "send given up, asking the provider whether it went out",
+            ),
+        ]
+        .into_iter()
+        .filter(|(gens, _)| !gens.is_empty())
+        .map(|(gens, what)| format!("{} {what} {gens:?}", gens.len()))
+        .collect();
+        parts.join("; ")
+    }
+}
+
 /// One change to a field of the state hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Update {
@@ -348,7 +390,12 @@ pub fn updates(event: &Event) -> Vec<Update> {
             Incr(field::STOPPED.into(), e.stopped.len() as i64),
             Incr(field::UNSENT.into(), e.unsent as i64),
         ],
-        Event::GenerationFailed(e) => vec![Set(field::failed_in(e.gen), e.op.clone())],
+        // A create or a send given up marks the generation (no create, no
+        // claim any more); a poll or recall given up ends it (`done`).
+        Event::GenerationFailed(e) if e.op == "create" || e.op == "send" => {
+            vec![Set(field::failed_in(e.gen), e.op.clone())]
+        }
+        Event::GenerationFailed(_) => vec![],
         Event::ChunkParked(_)
         | Event::GroupRequested(_)
         | Event::ChunksReleased(_)
@@ -543,6 +590,28 @@ impl Projection {
     /// The report's outcome, once decided.
     pub fn report(&self) -> Option<&str> {
         self.get(field::REPORT)
+    }
+
+    /// The generations not done yet, by what they wait for: what a close or
+    /// a cancel can truthfully say remains before the report.
+    pub fn unfinished(&self) -> Unfinished {
+        let mut u = Unfinished::default();
+        for gen in 0..self.generations() {
+            if self.gen_field(gen, "done").is_some() {
+                continue;
+            }
+            let list = if self.failed_in(gen) == Some("send") {
+                &mut u.recalling
+            } else if self.gen_field(gen, "sent").is_some() {
+                &mut u.polling
+            } else if self.gen_field(gen, "ready").is_some() {
+                &mut u.sending
+            } else {
+                &mut u.loading
+            };
+            list.push(gen);
+        }
+        u
     }
 
     /// Why the batch was cancelled, if it was.

@@ -553,9 +553,14 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
         stdout.contains("cancelled (wrong coupon); 1 generation(s) stopped"),
         "{stdout}"
     );
-    assert!(stdout.contains("go out: [0]"), "{stdout}");
     assert!(
-        stdout.contains("reports `cancelled` once those are done"),
+        stdout.contains("generation(s) [0] had their send claimed before the cancel: they go out"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "it reports `cancelled` once these generations are done: 1 ready to send (or sending) [0]"
+        ),
         "{stdout}"
     );
     let again = groupcast(&url, &["cancel", "promo", "--reason", "twice"]);
@@ -610,6 +615,74 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
 
     let out = groupcast(&url, &["cancel", "a}b"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// `groupcast close` says truthfully what the batch still waits for before
+/// its report: chunks still loading, or a send given up under its claim
+/// that the provider is asked about (not "what was loaded is sent").
+#[tokio::test]
+async fn close_says_what_the_batch_still_waits_for() {
+    use groupcast::events::ChunkLoaded;
+    use groupcast::protocol::GivenUp;
+    use groupcast::store::batch::{Claim, ClaimArgs, SendGiveUp};
+    let (server, store) = common::store(1).await;
+    let url = server.url();
+    let loaded = |seq: u32| ChunkLoaded {
+        gen: 0,
+        seq,
+        group_id: "G0".into(),
+        registered: 2,
+        duplicates: 0,
+        failed: Vec::new(),
+        given_up: None,
+    };
+    // Two chunks, the end unknown, one loaded.
+    let log = store.batch("loading");
+    log.accept(0, false, 2, "d0", 10).await.expect("accept");
+    log.accept(1, false, 2, "d1", 10).await.expect("accept");
+    log.record_group(0, "G0").await.expect("group");
+    log.loaded(&loaded(0)).await.expect("loaded");
+    let out = groupcast(&url, &["close", "loading", "--reason", "late"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("it reports once these generations are done: 1 loading [0]"),
+        "{stdout}"
+    );
+    // One chunk, loaded, its send claimed and then given up.
+    let log = store.batch("recalling");
+    log.accept(0, true, 2, "d0", 10).await.expect("accept");
+    log.record_group(0, "G0").await.expect("group");
+    log.loaded(&loaded(0)).await.expect("loaded");
+    assert!(matches!(
+        log.claim_send(&ClaimArgs::unscheduled(0))
+            .await
+            .expect("claim"),
+        Claim::Claimed { .. }
+    ));
+    assert_eq!(
+        log.give_up_send(0, GivenUp::Send, "send refused: 403", "G0")
+            .await
+            .expect("give up"),
+        SendGiveUp::Recalling
+    );
+    let out = groupcast(&url, &["close", "recalling", "--reason", "stuck"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("1 send given up, asking the provider whether it went out [0]"),
+        "{stdout}"
+    );
+    // The recall finds it deleted: the batch reports, and close says so.
+    assert_eq!(
+        log.give_up_send(0, GivenUp::Unsent, "deleted", "G0")
+            .await
+            .expect("unsent"),
+        SendGiveUp::Unsent(2)
+    );
+    let out = groupcast(&url, &["close", "recalling"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("already reported (failed)"), "{stdout}");
 }
 
 #[tokio::test]

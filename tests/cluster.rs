@@ -14,9 +14,10 @@ use groupcast::cli::{CliError, RedisArgs};
 use groupcast::events::{BatchStalled, ChunkLoaded, Event};
 use groupcast::keys::{Keyspace, ShardCount, LOADERS_GROUP, OPERATORS_GROUP};
 use groupcast::producer::append_chunks;
+use groupcast::protocol::GivenUp;
 use groupcast::redis_cluster::{hash_slot, RedisCluster};
 use groupcast::store::batch::{
-    Accepted, Appended, Completion, GenerationFailure, GroupRecord, Parked,
+    Accepted, Appended, Completion, GenerationFailure, GroupRecord, Parked, SendGiveUp,
 };
 use groupcast::store::queue::{Alive, DelayedEntry};
 use groupcast::store::scripts::SCRIPTS;
@@ -285,6 +286,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("claim_send", settling.clone()),
         ("loaded", settling.clone()),
         ("completed", settling.clone()),
+        ("give_up_send", settling.clone()),
         ("fail_generation", {
             let mut keys = settling;
             keys.push(k.parked(3));
@@ -466,6 +468,13 @@ async fn run_every_script(store: &Store, round: u32) {
             .sent(0, "G1", "sent", 60_000, b"poll")
             .await
             .expect("sent"));
+        // A send given up after it was recorded: nothing given up.
+        assert_eq!(
+            log.give_up_send(0, GivenUp::Send, "send refused: 403", "G1")
+                .await
+                .expect("give_up_send"),
+            SendGiveUp::Sent
+        );
         assert_eq!(
             log.completed(0, "G1", "COMPLETE", 2, 0)
                 .await

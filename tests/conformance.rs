@@ -759,6 +759,7 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 Parked::AlreadyLoaded => vec![s("loaded")],
                 Parked::Unassigned => vec![s("unassigned")],
                 Parked::Failed => vec![s("failed")],
+                Parked::Ended => vec![s("ended")],
             }
         }
         Call::RecordGroup { gen, group } => {
@@ -1243,6 +1244,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "RecordGroup:cancelled",
         "RecordGroup:failed",
         "Park:failed",
+        "Park:ended",
         "FailGeneration:failed",
         "FailGeneration:duplicate",
         "FailGeneration:group",

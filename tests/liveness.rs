@@ -22,3 +22,6 @@ mod claim;
 
 #[path = "liveness/give_up.rs"]
 mod give_up;
+
+#[path = "liveness/send_give_up.rs"]
+mod send_give_up;

@@ -50,30 +50,23 @@ pub async fn run(args: CancelArgs) -> Result<(), CliError> {
             stopped, unsent, ..
         } => {
             let p = log.state().await?;
-            let sending: Vec<u32> = (0..p.generations())
-                .filter(|&g| {
-                    p.gen_field(g, "claimed").is_some() || p.gen_field(g, "sent").is_some()
-                })
-                .collect();
             let reason = p.cancelled().unwrap_or(&args.reason);
             println!(
                 "batch {b}: cancelled ({reason}); {stopped} generation(s) stopped, never sent \
                  ({unsent} registered recipient(s); their groups are deleted at the provider)"
             );
-            if !sending.is_empty() {
+            let u = p.unfinished();
+            if !u.sending.is_empty() || !u.polling.is_empty() {
                 println!(
-                    "batch {b}: {} generation(s) had their send claimed before the cancel and go out: {sending:?}",
-                    sending.len()
+                    "batch {b}: generation(s) {:?} had their send claimed before the cancel: they go out (or went out) and are counted",
+                    [u.sending.as_slice(), u.polling.as_slice()].concat()
                 );
             }
-            match p.report() {
-                Some(outcome) => println!("batch {b}: reported ({outcome})"),
-                None => println!("batch {b}: it reports `cancelled` once those are done"),
-            }
+            println!("batch {b}: {}", super::close::what_remains(&p));
             Ok(())
         }
         Cancelling::AlreadyReported(outcome) => Err(CliError::Failed(format!(
-            "batch {b}: already reported ({outcome}): everything it had was sent; nothing to cancel"
+            "batch {b}: already reported ({outcome}): nothing more of it is sent; nothing to cancel"
         ))),
         Cancelling::Forgotten => Err(CliError::Failed(format!(
             "batch {b}: already reported, and its events have expired: nothing to cancel"

@@ -52,10 +52,13 @@ pub async fn run(args: CloseArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     match log.close(&args.reason).await? {
         Closing::Closed { missing } => {
+            let b = &args.batch;
             println!(
-                "batch {}: closed ({}); {missing} missing seq(s) given up on; what was loaded is sent, then it reports",
-                args.batch, args.reason
+                "batch {b}: closed ({}); {missing} missing seq(s) given up on",
+                args.reason
             );
+            let p = log.state().await?;
+            println!("batch {b}: {}", what_remains(&p));
             Ok(())
         }
         Closing::AlreadyReported(outcome) => {
@@ -70,4 +73,26 @@ pub async fn run(args: CloseArgs) -> Result<(), CliError> {
             args.batch
         ))),
     }
+}
+
+/// What a batch that takes no more chunks still waits for before its
+/// report, truthfully: a generation whose provider operation fails for good
+/// is given up and counted (unsent, unknown or failed), so each of these
+/// ends either way.
+pub fn what_remains(p: &crate::projection::Projection) -> String {
+    if let Some(outcome) = p.report() {
+        return format!("reported ({outcome})");
+    }
+    let reports = match p.cancelled() {
+        Some(_) => "it reports `cancelled`",
+        None => "it reports",
+    };
+    let u = p.unfinished();
+    if u.is_empty() {
+        return format!("every generation is done: {reports} now");
+    }
+    format!(
+        "{reports} once these generations are done: {} (a provider operation that fails for good is given up and counted, so each ends either way)",
+        u.describe()
+    )
 }

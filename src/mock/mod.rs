@@ -69,6 +69,21 @@ pub(crate) struct MockState {
     /// A test hook: adds holding a message to this number are refused
     /// (`400`), before they take effect.
     refused_number: Mutex<Option<String>>,
+    /// A test hook: every request to an endpoint (by its index in
+    /// `routes::ENDPOINTS`) fails this way.
+    endpoint_faults: Mutex<[Option<EndpointFault>; routes::ENDPOINTS.len()]>,
+}
+
+/// How every request to one endpoint fails (a test hook, see
+/// [`MockHandle::fail_endpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointFault {
+    /// The status answered: 403 (`Forbidden`), 404 (`ResourceNotFound`),
+    /// 400 (`ValidationError`) or any other (`InternalError`).
+    pub status: u16,
+    /// Whether the request takes effect first (its answer is then the
+    /// error: an answer lost), or is refused before it has any effect.
+    pub after_effect: bool,
 }
 
 impl MockState {
@@ -84,6 +99,7 @@ impl MockState {
             complete_after: config.complete_after,
             error_count_as_string: config.error_count_as_string,
             refused_number: Mutex::new(None),
+            endpoint_faults: Mutex::new(Default::default()),
             initial_faults: config.faults,
             ledger: Mutex::new(Ledger::new(nonce.clone())),
             nonce,
@@ -239,6 +255,16 @@ impl MockHandle {
     /// permanent refusal of one chunk's adds, for tests.
     pub fn refuse_adds_with(&self, to: Option<&str>) {
         *lock(&self.state.refused_number) = to.map(str::to_string);
+    }
+
+    /// From now on, every request to `endpoint` (`create`, `add`, `send`,
+    /// `get` or `delete`) fails as `fault` says (None: stop). For tests: a
+    /// provider that refuses one operation for good, or loses its answers.
+    /// An unknown endpoint name is ignored.
+    pub fn fail_endpoint(&self, endpoint: &str, fault: Option<EndpointFault>) {
+        if let Some(i) = routes::ENDPOINTS.iter().position(|e| *e == endpoint) {
+            lock(&self.state.endpoint_faults)[i] = fault;
+        }
     }
 
     /// As `POST /_mock/reset`: forgets groups and counters, restores the

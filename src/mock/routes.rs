@@ -20,7 +20,7 @@ use serde::Deserialize;
 use super::config::Faults;
 use super::faults::Verdict;
 use super::ledger::{self, Code, MockError};
-use super::{lock, MockState};
+use super::{lock, EndpointFault, MockState};
 use crate::provider::auth::{self, AuthError};
 use crate::provider::model::{CreateGroupRequest, ErrorBody};
 use crate::provider::MAX_MESSAGES_PER_REQUEST;
@@ -100,17 +100,34 @@ async fn guard(State(s): State<Arc<MockState>>, req: Request, next: Next) -> Res
         tokio::time::sleep(plan.delay).await;
     }
     let verdict = s.faults.verdict();
-    let refusal = match verdict {
-        Verdict::RateLimited { retry_after_secs } => {
-            let mut r = error(429, "TooManyRequests", "request rate limit exceeded");
-            r.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
-            Some(r)
-        }
-        Verdict::Error => Some(error(500, "InternalError", "injected server error")),
-        Verdict::Proceed { .. } => match s.authenticate(req.headers()) {
-            Ok(()) => None,
-            Err(e) => Some(error(403, e.error_code(), e.to_string())),
+    let injected = lock(&s.endpoint_faults)[ep];
+    let injected_error = |f: EndpointFault| {
+        let code = match f.status {
+            400 => "ValidationError",
+            403 => "Forbidden",
+            404 => "ResourceNotFound",
+            _ => "InternalError",
+        };
+        error(
+            f.status,
+            code,
+            format!("injected {} failure", ENDPOINTS[ep]),
+        )
+    };
+    let refusal = match (verdict, injected) {
+        (Verdict::Proceed { .. }, Some(f)) if !f.after_effect => Some(injected_error(f)),
+        (verdict, _) => match verdict {
+            Verdict::RateLimited { retry_after_secs } => {
+                let mut r = error(429, "TooManyRequests", "request rate limit exceeded");
+                r.headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+                Some(r)
+            }
+            Verdict::Error => Some(error(500, "InternalError", "injected server error")),
+            Verdict::Proceed { .. } => match s.authenticate(req.headers()) {
+                Ok(()) => None,
+                Err(e) => Some(error(403, e.error_code(), e.to_string())),
+            },
         },
     };
     if let Some(refusal) = refusal {
@@ -122,6 +139,10 @@ async fn guard(State(s): State<Arc<MockState>>, req: Request, next: Next) -> Res
         return refusal;
     }
     let resp = next.run(req).await;
+    if let Some(f) = injected {
+        // It took effect; its answer is the error.
+        return injected_error(f);
+    }
     if verdict == (Verdict::Proceed { drop: true }) {
         s.faults.drops.fetch_add(1, Ordering::Relaxed);
         return dropped(resp);

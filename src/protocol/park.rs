@@ -7,13 +7,17 @@ use crate::events::{ChunkParked, Event, GroupRequested};
 /// `park.lua`. Returns `parked`, `group, id` (load now), `loaded`,
 /// `unassigned` (the chunk is not assigned to `gen`, its assignment lost
 /// with Redis's unsynced writes: nothing parked, the caller accepts again),
-/// or `failed` (the generation's creation was given up: nothing parked, the
-/// caller records the chunk as given up).
+/// `failed` (the generation's creation was given up: nothing parked, the
+/// caller records the chunk as given up), or `ended` (the batch was
+/// cancelled or reported: nothing parked, appended or enqueued).
 pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let assigned = r.get(&format!("s:{seq}"));
     if assigned.as_deref().and_then(|s| s.split('|').next()) != Some(gen.to_string().as_str()) {
         return reply(["unassigned"]);
+    }
+    if r.get("cancelled").is_some() || r.get("report").is_some() {
+        return reply(["ended"]);
     }
     if let Some(g) = r.get(&format!("g:{gen}:group")) {
         return reply(["group", &g]);

@@ -243,6 +243,9 @@ pub enum Parked {
     /// up, see [`BatchLog::fail_generation`]): nothing parked; record the
     /// chunk as given up.
     Failed,
+    /// The batch was cancelled or reported: nothing parked, nothing asked
+    /// of the provider; the chunk ends here.
+    Ended,
 }
 
 /// What `record_group` decided.
@@ -711,6 +714,7 @@ impl BatchLog {
             [t] if t == "loaded" => Ok(Parked::AlreadyLoaded),
             [t] if t == "unassigned" => Ok(Parked::Unassigned),
             [t] if t == "failed" => Ok(Parked::Failed),
+            [t] if t == "ended" => Ok(Parked::Ended),
             [t, id] if t == "group" => Ok(Parked::Group(id.clone())),
             _ => Err(unexpected("park", &r)),
         }

@@ -233,6 +233,13 @@ async fn accept_and_load(
                         return done();
                     }
                     Parked::AlreadyLoaded => return done(),
+                    Parked::Ended => {
+                        if let Some(lead) = lead {
+                            lead.found(None);
+                        }
+                        tracing::info!(batch = %chunk.batch, gen, seq = chunk.seq, "the batch was cancelled or reported: chunk not parked");
+                        return done();
+                    }
                     Parked::Unassigned => return Ok(None),
                     Parked::Failed => {
                         if let Some(lead) = lead {

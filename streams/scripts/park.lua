@@ -10,12 +10,17 @@
 --      or {'failed'}: the generation's group can never be created
 --         (fail_generation.lua): nothing parked; the caller records the
 --         chunk as given up.
+--      or {'ended'}: the batch was cancelled or reported: nothing parked,
+--         appended or enqueued (nothing happens after the end).
 local PARKED, WORK = KEYS[3], KEYS[4]
 local seq, gen = ARGV[2], ARGV[3]
 local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'k:park/' .. seq, 'k:create/' .. gen,
-  'k:loaded/' .. gen .. '/' .. seq, 's:' .. seq, 'g:' .. gen .. ':failed')
+  'k:loaded/' .. gen .. '/' .. seq, 's:' .. seq, 'g:' .. gen .. ':failed', 'cancelled', 'report')
 if not f[5] or string.match(f[5], '^(%d+)|') ~= gen then
   return reply({'unassigned'})
+end
+if f[7] or f[8] then
+  return reply({'ended'})
 end
 if f[1] then
   return reply({'group', f[1]})
