@@ -138,6 +138,10 @@ struct Tally {
     /// Where the `batch_cancelled` stands in the log, if the batch was
     /// cancelled.
     cancelled: Option<usize>,
+    /// Events appended after the report other than what may follow it
+    /// (the report's delivery, the deletion of a group a cancel or a
+    /// give-up stopped): (key, type).
+    after_report: Vec<(String, &'static str)>,
 }
 
 impl Tally {
@@ -145,6 +149,13 @@ impl Tally {
     fn of(events: &[Recorded]) -> Tally {
         let mut t = Tally::default();
         for (i, r) in events.iter().enumerate() {
+            let may_follow = matches!(
+                r.event,
+                Event::ReportDelivered(_) | Event::GroupDiscarded(_) | Event::BatchReported(_)
+            );
+            if t.reported() && !may_follow {
+                t.after_report.push((r.key.clone(), r.event.type_name()));
+            }
             match &r.event {
                 Event::ChunkAssigned(e) => {
                     t.gen(e.gen).assigned.insert(e.seq, e.count);
@@ -625,6 +636,17 @@ fn batch_checks(
             );
         }
         c.check(7, tombstoned, "a reported batch is remembered (tombstone)");
+        // Nothing after the end: no chunk, park, create, send or other
+        // record of work follows the report.
+        c.check(
+            7,
+            t.after_report.is_empty(),
+            if t.after_report.is_empty() {
+                "no event after the report but its delivery".to_string()
+            } else {
+                format!("events after the report: {:?}", t.after_report)
+            },
+        );
     }
     c.check(
         5,
@@ -672,6 +694,18 @@ pub async fn verify_batch(
         0
     };
     let dead = count_dead_letters(store, batch).await?;
+    if tally.reported() {
+        // Recipient data lives in the events (which expire with the batch)
+        // and, while a generation waits for its group, in its parked hash:
+        // none may outlive the report.
+        let gens = tally.gens.keys().max().map_or(0, |g| g + 1);
+        let left = log.parked_left(gens).await?;
+        c.check(
+            7,
+            left.is_empty(),
+            format!("no chunk left parked after the report (generations {left:?})"),
+        );
+    }
     let tombstoned = tally.reported() && store.is_tombstoned(batch).await?;
     batch_checks(
         &mut c,
@@ -852,6 +886,35 @@ mod tests {
     }
 
     #[test]
+    fn an_event_after_the_report_breaks_invariant_7() {
+        let mut e = good();
+        e.push(rec(
+            "report",
+            Event::BatchReported(crate::events::BatchReported {
+                outcome: "completed".into(),
+                generations: 1,
+                chunks: 2,
+                recipients: 5,
+                registered: 5,
+                sent_success: 5,
+                ..Default::default()
+            }),
+        ));
+        // Its delivery, and a deletion, may follow it.
+        e.push(rec(
+            "delivered",
+            Event::ReportDelivered(crate::events::ReportDelivered { status: 200 }),
+        ));
+        assert_eq!(failing(&e, 5, true, Some(1)), Vec::<u8>::new());
+        // A chunk parked (work asked of the provider) after it may not.
+        e.push(rec(
+            "park/2",
+            Event::ChunkParked(crate::events::ChunkParked { seq: 2, gen: 1 }),
+        ));
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![7]);
+    }
+
+    #[test]
     fn a_clean_generation_passes() {
         assert_eq!(failing(&good(), 5, true, Some(1)), Vec::<u8>::new());
     }
@@ -951,8 +1014,9 @@ mod tests {
         e.push(report("completed", 0));
         assert_eq!(failing(&e, 5, true, Some(1)), Vec::<u8>::new());
         e.push(refused.clone());
-        // `failing` counts no dead letter: the refusal's own check fails too.
-        assert_eq!(failing(&e, 5, true, Some(1)), vec![7, 7, 5]);
+        // `failing` counts no dead letter: the refusal's own check fails too;
+        // and a refusal recorded after the report is an event after the end.
+        assert_eq!(failing(&e, 5, true, Some(1)), vec![7, 7, 7, 5]);
         let mut e = good();
         e.extend([refused, report("partial", 1)]);
         assert_eq!(failing(&e, 5, true, Some(1)), vec![5]);

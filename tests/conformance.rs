@@ -329,10 +329,10 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         .field(batch, &format!("g:{sgen}:group"))
         .map(str::to_string)
         .unwrap_or_else(|| format!("G{sgen}-0"));
-    let choice = match rng.random_range(0..118) {
+    let choice = match rng.random_range(0..120) {
         // A clean run has no rejections, no close, no cancel and no
         // generation given up.
-        100..=105 | 111..=117 if chunks.clean => rng.random_range(0..30),
+        100..=105 | 111..=119 if chunks.clean => rng.random_range(0..30),
         n => n,
     };
     match choice {
@@ -426,19 +426,54 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
             reason: "wrong campaign".into(),
         },
         112..=113 => Call::FailGeneration { gen },
-        114..=117 => Call::GiveUpSend {
-            gen,
-            what: match rng.random_range(0..6) {
-                0..=2 => GivenUp::Send,
-                3 => GivenUp::Unsent,
-                4 => GivenUp::Poll,
-                _ => GivenUp::Recall,
-            },
-            group: db
-                .field(batch, &format!("g:{gen}:group"))
-                .unwrap_or("")
-                .to_string(),
-        },
+        114..=119 => {
+            // Mostly a generation ready and not done (claimed, often): the
+            // give-up's cases, rare otherwise.
+            let open: Vec<u32> = (0..GENS)
+                .filter(|g| {
+                    db.field(batch, &format!("g:{g}:ready")).is_some()
+                        && db.field(batch, &format!("g:{g}:done")).is_none()
+                })
+                .collect();
+            let gen = match open.len() {
+                0 => gen,
+                n if rng.random_bool(0.8) => open[rng.random_range(0..n)],
+                _ => gen,
+            };
+            Call::GiveUpSend {
+                gen,
+                // Mostly what the generation's state calls for: a send
+                // while it is not sent, a recall's findings once its send
+                // was given up, a poll once sent.
+                what: {
+                    let f = |n: &str| db.field(batch, &format!("g:{gen}:{n}"));
+                    let directed = if f("failed") == Some("send") {
+                        Some(if rng.random_bool(0.5) {
+                            GivenUp::Unsent
+                        } else {
+                            GivenUp::Recall
+                        })
+                    } else if f("sent").is_some() {
+                        Some(GivenUp::Poll)
+                    } else if f("ready").is_some() {
+                        Some(GivenUp::Send)
+                    } else {
+                        None
+                    };
+                    match (directed, rng.random_range(0..10)) {
+                        (Some(w), 0..=7) => w,
+                        (_, 0..=3) => GivenUp::Send,
+                        (_, 4..=5) => GivenUp::Unsent,
+                        (_, 6..=7) => GivenUp::Poll,
+                        _ => GivenUp::Recall,
+                    }
+                },
+                group: db
+                    .field(batch, &format!("g:{gen}:group"))
+                    .unwrap_or("")
+                    .to_string(),
+            }
+        }
         30..=42 => Call::Park {
             seq,
             gen: sgen,
@@ -793,6 +828,7 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 SendGiveUp::Recalling => vec![s("recalling")],
                 SendGiveUp::Sent => vec![s("sent")],
                 SendGiveUp::Done => vec![s("done")],
+                SendGiveUp::Stale => vec![s("stale")],
             }
         }
         Call::Loaded(e) => match log.record_loaded(e).await.expect(fail) {
@@ -1249,11 +1285,10 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "FailGeneration:duplicate",
         "FailGeneration:group",
         "FailGeneration:ended",
-        "GiveUpSend:unsent",
-        "GiveUpSend:recalling",
+        // (Its rarer paths: `every_send_give_up_decides_as_its_mirror`.)
         "GiveUpSend:unknown",
-        "GiveUpSend:sent",
         "GiveUpSend:done",
+        "GiveUpSend:stale",
         "Expire:expired",
         "Park:parked",
         "Park:group",
@@ -1773,4 +1808,127 @@ async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
         .map(|w| w.item.gen)
         .collect();
     assert_eq!(deletes, vec![0]);
+}
+
+/// Every path of `give_up_send`, scripted (the random walk above reaches
+/// them only now and then: a generation is ready and not yet sent for a
+/// short while), each call decided alike by the script and its mirror: a
+/// send given up with no claim (unsent at once, its group deleted); under a
+/// claim (recalling; no claim taken after; the recall's findings: deleted,
+/// or sent and then its poll given up, or the recall given up), with a
+/// cancel meanwhile; and items resting on facts not recorded (stale).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_send_give_up_decides_as_its_mirror() {
+    let server = common::redis();
+    let store = Store::connect(&server.url(), Keyspace::new("giveup", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(BatchPolicy::default());
+    let mut db = Db::default();
+    let ready = |seq_digest: &str| {
+        vec![
+            Call::Accept {
+                seq: 0,
+                last: true,
+                records: dedupe_records(["07000000001", "07000000002"]),
+                digest: seq_digest.into(),
+                opts: "|normal|".into(),
+                hint: 0,
+            },
+            Call::RecordGroup {
+                gen: 0,
+                group: "G0".into(),
+            },
+            Call::Loaded(ChunkLoaded {
+                gen: 0,
+                seq: 0,
+                group_id: "G0".into(),
+                registered: 2,
+                duplicates: 0,
+                failed: Vec::new(),
+                given_up: None,
+            }),
+        ]
+    };
+    let give_up = |what| Call::GiveUpSend {
+        gen: 0,
+        what,
+        group: "G0".into(),
+    };
+    let sent = Call::Sent {
+        gen: 0,
+        group: "G0".into(),
+        outcome: "sent_before_give_up".into(),
+        poll: b"poll|0".to_vec(),
+    };
+    let cancel = Call::Cancel {
+        reason: "wrong campaign".into(),
+    };
+    use GivenUp::*;
+    let scripts: Vec<(&str, Vec<Call>, &str, &str)> = vec![
+        // Stale items first, then no claim: unsent at once.
+        (
+            "no-claim",
+            [
+                vec![give_up(Send), give_up(Poll), give_up(Unsent)],
+                ready("d1"),
+                vec![give_up(Send), give_up(Send), claim(0)],
+            ]
+            .concat(),
+            "unsent",
+            "failed",
+        ),
+        // Under a claim: recalling, no claim after, then deleted.
+        (
+            "recalled",
+            [
+                ready("d2"),
+                vec![claim(0), give_up(Send), give_up(Send), claim(0)],
+                vec![give_up(Unsent), give_up(Recall)],
+            ]
+            .concat(),
+            "unsent",
+            "failed",
+        ),
+        // Found sent: polled; the poll given up.
+        (
+            "found-sent",
+            [
+                ready("d3"),
+                vec![claim(0), give_up(Send), sent, give_up(Send), give_up(Poll)],
+            ]
+            .concat(),
+            "unknown",
+            "partial",
+        ),
+        // A cancel while recalling; the recall given up.
+        (
+            "cancelled",
+            [
+                ready("d4"),
+                vec![claim(0), give_up(Send), cancel, give_up(Recall)],
+            ]
+            .concat(),
+            "unknown",
+            "cancelled",
+        ),
+    ];
+    for (batch, calls, done, report) in scripts {
+        replay_both(&store, &mut db, batch, 10, &calls).await;
+        assert_eq!(db.field(batch, "g:0:done"), Some(done), "{batch}");
+        assert_eq!(db.field(batch, "report"), Some(report), "{batch}");
+    }
+    assert_eq!(db.field("no-claim", "unsent"), Some("2"));
+    assert_eq!(db.field("recalled", "unsent"), Some("2"));
+    assert_eq!(db.field("found-sent", "unknown"), Some("2"));
+    let work = |op: &str| -> Vec<&str> {
+        (db.work.iter())
+            .filter(|w| w.op == op)
+            .map(|w| w.item.batch.as_str())
+            .collect()
+    };
+    // The group of a send given up with no claim is deleted; a recall is
+    // asked for each send given up under its claim, once.
+    assert_eq!(work("delete"), vec!["no-claim"]);
+    assert_eq!(work("recall"), vec!["recalled", "found-sent", "cancelled"]);
 }

@@ -49,6 +49,7 @@ fn base(name: &'static str) -> Config {
         steals: 0,
         failures: 0,
         lost_answers: 0,
+        refusals: 0,
         redis_losses: 0,
         everysec: false,
         webhook: false,
@@ -394,6 +395,20 @@ fn configurations() -> Vec<Exhaustive> {
             },
             mutants: &[RefusedLastIgnored],
         },
+        // A send, its poll or its recall refused for good, once; an answer
+        // lost (a send that went out unheard), a cancel: every give-up
+        // ends the batch, and a generation counted unsent was never sent.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, false, &[1, 2]), chunk(1, true, &[3])],
+                cap: 2,
+                lost_answers: 1,
+                refusals: 1,
+                cancels: 1,
+                ..base("send-given-up-cancel")
+            },
+            mutants: &[GiveUpIgnoresClaim, SendWithoutClaim],
+        },
     ]
 }
 
@@ -473,6 +488,18 @@ fn mutant_send_without_its_claim_is_caught() {
         Mutant::SendWithoutClaim,
         Config {
             cancels: 1,
+            ..small()
+        },
+    );
+}
+
+#[test]
+fn mutant_give_up_ignoring_the_claim_is_caught() {
+    caught(
+        Mutant::GiveUpIgnoresClaim,
+        Config {
+            lost_answers: 1,
+            refusals: 1,
             ..small()
         },
     );

@@ -38,8 +38,11 @@ impl GivenUp {
 
 /// `give_up_send.lua` for generation `gen` (its group `group`, '' when
 /// unknown). Returns `unsent, <recipients>`, `recalling`, `unknown,
-/// <recipients>`, `sent` (the send was recorded: nothing given up) or
-/// `done` (the generation is done: nothing recorded).
+/// <recipients>`, `sent` (the send was recorded: nothing given up), `done`
+/// (the generation is done: nothing recorded) or `stale` (what the item
+/// rested on is not recorded, lost with Redis's unsynced writes: a send of
+/// a generation not ready, a poll of one not sent, a recall of one whose
+/// send was not given up; nothing given up).
 pub fn give_up_send(
     db: &mut Db,
     batch: &str,
@@ -53,6 +56,14 @@ pub fn give_up_send(
     let gk = |f: &str| format!("g:{gen}:{f}");
     if r.get(&gk("done")).is_some() {
         return reply(["done"]);
+    }
+    let rests_on = match what {
+        GivenUp::Send => r.get(&gk("ready")).is_some(),
+        GivenUp::Poll => r.get(&format!("k:send/{gen}")).is_some(),
+        GivenUp::Unsent | GivenUp::Recall => r.get(&gk("failed")).as_deref() == Some("send"),
+    };
+    if !rests_on {
+        return reply(["stale"]);
     }
     let registered = r.num(&gk("reg"));
     let finish = |r: &mut Run, status: &str| {

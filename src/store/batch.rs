@@ -300,6 +300,9 @@ pub enum SendGiveUp {
     Sent,
     /// The generation was done: nothing recorded.
     Done,
+    /// What the item rested on is not recorded (lost with Redis's unsynced
+    /// writes): nothing given up; the generation gets its own items again.
+    Stale,
 }
 
 /// Whether an append happened.
@@ -797,6 +800,7 @@ impl BatchLog {
             [t] if t == "recalling" => Ok(SendGiveUp::Recalling),
             [t] if t == "sent" => Ok(SendGiveUp::Sent),
             [t] if t == "done" => Ok(SendGiveUp::Done),
+            [t] if t == "stale" => Ok(SendGiveUp::Stale),
             _ => Err(unexpected("give_up_send", &r)),
         }
     }
@@ -1009,6 +1013,33 @@ impl BatchLog {
     /// Whether chunk `seq` is recorded loaded into generation `gen` (one read).
     pub async fn is_loaded(&self, gen: u32, seq: u32) -> StoreResult<bool> {
         Ok(self.appended(&event_key::loaded(gen, seq)).await?.is_some())
+    }
+
+    /// Drops the chunks parked for generation `gen` (their recipient data):
+    /// for a generation that will never have a group because the batch
+    /// ended (cancelled or reported) before it was created.
+    pub async fn drop_parked(&self, gen: u32) -> StoreResult<()> {
+        let _: i64 = redis::cmd("DEL")
+            .arg(self.keys.parked(gen))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// The generations among `0..gens` with chunks still parked (recipient
+    /// data outside the events): none once the batch has reported.
+    pub async fn parked_left(&self, gens: u32) -> StoreResult<Vec<u32>> {
+        let mut left = Vec::new();
+        for gen in 0..gens {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(self.keys.parked(gen))
+                .query_async(&mut self.conn.clone())
+                .await?;
+            if n > 0 {
+                left.push(gen);
+            }
+        }
+        Ok(left)
     }
 
     /// Generation `gen`'s provider group, once recorded (one read).

@@ -27,12 +27,20 @@
 -- Returns {'unsent', recipients} or {'recalling'} or {'unknown', recipients}
 --      or {'sent'} (the send was recorded: nothing to give up; its poll goes on)
 --      or {'done'} (the generation is done: nothing to record)
+--      or {'stale'} (what the item rested on is not recorded: a send of a
+--         generation not ready, a poll of one not sent, a recall of one whose
+--         send was not given up; writes Redis lost: nothing given up, the
+--         generation gets its own items again when it gets there)
 local gen, what, reason, group = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local gk = 'g:' .. gen .. ':'
 local f = redis.call('HMGET', STATE, gk .. 'done', 'k:send/' .. gen, gk .. 'failed', gk .. 'claimed', gk .. 'back',
-  gk .. 'reg')
+  gk .. 'reg', gk .. 'ready')
 if f[1] then
   return reply({'done'})
+end
+local rests_on = {send = f[7], poll = f[2], unsent = f[3] == 'send', recall = f[3] == 'send'}
+if not rests_on[what] then
+  return reply({'stale'})
 end
 local registered = num(f[6])
 

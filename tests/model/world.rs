@@ -44,6 +44,10 @@ pub enum Mutant {
     /// the batch its end): an invalid last chunk, or a `last` contradicting
     /// a higher seq already received, leaves the batch without an end.
     RefusedLastIgnored,
+    /// A send given up counts its generation `unsent` even with its claim
+    /// in place (no recall): a send that went out with its answer lost is
+    /// reported as never sent.
+    GiveUpIgnoresClaim,
 }
 
 /// One ingest entry: a chunk as the producer wrote it.
@@ -85,6 +89,9 @@ pub struct Config {
     pub failures: u8,
     /// Provider calls whose answer is lost (the effect happened).
     pub lost_answers: u8,
+    /// Provider calls refused for good (no effect): a send's status read
+    /// or send, a poll, a recall; the op is given up (`give_up_send`).
+    pub refusals: u8,
     /// Redis restarts losing every write since the last fsync (everysec).
     pub redis_losses: u8,
     /// Workers wait for the facts an add or a send rests on to be on disk.
@@ -196,6 +203,8 @@ pub enum Answer {
     Fail,
     /// The effect happened; the answer never came back.
     Lost,
+    /// Refused for good (no effect): the op is given up.
+    Refused,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -236,6 +245,7 @@ pub struct World {
     pub steals: u8,
     pub failures: u8,
     pub lost_answers: u8,
+    pub refusals: u8,
     pub redis_losses: u8,
     pub watchdog: u8,
     pub closes: u8,
@@ -277,6 +287,7 @@ impl World {
             steals: cfg.steals,
             failures: cfg.failures,
             lost_answers: cfg.lost_answers,
+            refusals: cfg.refusals,
             redis_losses: cfg.redis_losses,
             watchdog: cfg.watchdog,
             closes: cfg.closes,

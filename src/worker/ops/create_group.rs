@@ -22,7 +22,13 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             field::failed_in(gen),
         ])
         .await?;
-    if p.group_of(gen).is_some() || p.cancelled().is_some() || p.failed_in(gen).is_some() {
+    if p.cancelled().is_some() && p.group_of(gen).is_none() {
+        // Never created now: the chunks parked for it (recipient data) have
+        // no reason to outlive the batch.
+        log.drop_parked(gen).await?;
+        return Ok(Outcome::Done);
+    }
+    if p.group_of(gen).is_some() || p.failed_in(gen).is_some() {
         return Ok(Outcome::Done);
     }
     if let Some(back) = provider_slots(ctx, lane, 1).await? {

@@ -139,6 +139,9 @@ async fn record(
         SendGiveUp::Recalling => {
             tracing::warn!(batch = %item.batch, gen, %reason, "send given up with its claim in place: the provider is asked whether it went out");
         }
+        SendGiveUp::Stale => {
+            tracing::warn!(batch = %item.batch, gen, %reason, "given up, but what the item rested on is not recorded (lost Redis writes?): nothing given up");
+        }
         SendGiveUp::Sent | SendGiveUp::Done => {}
     }
     Ok(Outcome::Done)

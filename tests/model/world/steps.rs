@@ -4,7 +4,7 @@
 use groupcast::events::{
     ChunkLoaded, Event, GroupDiscarded, RegistrationFailure, ReportDelivered, SendRefused,
 };
-use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs};
+use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, GivenUp};
 
 use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS, DEAD};
 
@@ -28,6 +28,7 @@ impl World {
         match answer {
             Answer::Fail => self.failures -= 1,
             Answer::Lost => self.lost_answers -= 1,
+            Answer::Refused => self.refusals -= 1,
             Answer::Ok => {}
         }
         let cap = self.cfg.cap;
@@ -169,7 +170,8 @@ impl World {
                     }
                 }
                 let result = match answer {
-                    Answer::Fail => Err(true),
+                    // (An add is never refused this way: see `may_refuse`.)
+                    Answer::Fail | Answer::Refused => Err(true),
                     Answer::Ok => self.add(&group, &job.to),
                     Answer::Lost => self.add(&group, &job.to).and(Err(true)),
                 };
@@ -299,6 +301,9 @@ impl World {
             ("send", 1) => {
                 // GET the group: not pending means sent; then the count check.
                 let group = job.group.clone().unwrap_or_default();
+                if answer == Answer::Refused {
+                    return self.give_up_send(w, &job, GivenUp::Send);
+                }
                 if answer != Answer::Ok {
                     let item = self.item(&job);
                     return self.retry(w, "send", item, None);
@@ -328,7 +333,7 @@ impl World {
                             &format!("refused/{}", job.gen),
                             &e,
                         );
-                        return self.dead(w, format!("send of {group} refused: counts differ"));
+                        return self.give_up_send(w, &job, GivenUp::Send);
                     }
                     job.pc = 4;
                 }
@@ -356,6 +361,9 @@ impl World {
                 let group = job.group.clone().unwrap_or_default();
                 let gi = Self::group_index(&group).unwrap_or(0);
                 let resend = self.cfg.mutant == Some(Mutant::SendWithoutMarker);
+                if answer == Answer::Refused {
+                    return self.give_up_send(w, &job, GivenUp::Send);
+                }
                 if answer != Answer::Fail {
                     if self.groups[gi].status == GroupStatus::Pending || resend {
                         if let Some(claimed) = &self.cancelled {
@@ -396,6 +404,9 @@ impl World {
             ("poll", 0) => {
                 if self.field(&format!("k:done/{}", job.gen)).is_some() {
                     return self.ack(w);
+                }
+                if answer == Answer::Refused {
+                    return self.give_up_send(w, &job, GivenUp::Poll);
                 }
                 if answer != Answer::Ok {
                     let item = self.item(&job);
@@ -449,6 +460,61 @@ impl World {
                 });
                 protocol::append(&mut self.redis.db, BATCH, &format!("discard/{group}"), &e);
                 return self.ack(w);
+            }
+            // A send given up under its claim: delete its group (it can
+            // never go out), or find it sent.
+            ("recall", 0) => {
+                let g = job.gen;
+                if self.field(&format!("k:done/{g}")).is_some()
+                    || self.field(&format!("k:send/{g}")).is_some()
+                {
+                    return self.ack(w);
+                }
+                if answer == Answer::Refused {
+                    return self.give_up_send(w, &job, GivenUp::Recall);
+                }
+                let group = job.group.clone().unwrap_or_default();
+                let gi = Self::group_index(&group).unwrap_or(0);
+                if answer != Answer::Fail && self.groups[gi].status == GroupStatus::Pending {
+                    self.groups[gi].status = GroupStatus::Deleted;
+                }
+                if answer != Answer::Ok {
+                    let item = self.item(&job);
+                    return self.retry(w, "recall", item, None);
+                }
+                job.pc = if self.groups[gi].status == GroupStatus::Sent {
+                    2
+                } else {
+                    1
+                };
+            }
+            ("recall", 1) => {
+                let policy = self.policy();
+                let group = job.group.clone().unwrap_or_default();
+                protocol::give_up_send(
+                    &mut self.redis.db,
+                    BATCH,
+                    &policy,
+                    job.gen,
+                    GivenUp::Unsent,
+                    "deleted",
+                    &group,
+                );
+                self.sync_work();
+                job.pc = ACK;
+            }
+            ("recall", 2) => {
+                let group = job.group.clone().unwrap_or_default();
+                let poll = format!("{}|{group}", job.gen).into_bytes();
+                protocol::sent(
+                    &mut self.redis.db,
+                    BATCH,
+                    job.gen,
+                    &group,
+                    "sent_before_give_up",
+                    &poll,
+                );
+                job.pc = ACK;
             }
             ("report", 0) => {
                 if self.field("k:delivered").is_some() {
@@ -505,8 +571,53 @@ impl World {
                 | ("send", 2)
                 | ("poll", 0)
                 | ("delete", 0)
+                | ("recall", 0)
                 | ("report", 0)
         )
+    }
+
+    /// Whether a provider call of this step may be refused for good (the
+    /// ops whose give-up `give_up_send` records).
+    pub(super) fn may_refuse(&self, job: &Job) -> bool {
+        matches!(
+            (job.op, job.pc),
+            ("send", 1) | ("send", 2) | ("poll", 0) | ("recall", 0)
+        )
+    }
+
+    /// The consumer's give-up of a send, poll or recall item: recorded
+    /// (`give_up_send`), then dead-lettered.
+    fn give_up_send(&mut self, w: usize, job: &Job, what: GivenUp) {
+        let policy = self.policy();
+        let gen = job.gen;
+        let group = (job.group.clone())
+            .or_else(|| self.field(&format!("g:{gen}:group")).map(str::to_string))
+            .unwrap_or_default();
+        // The mutant: the claim in place is not looked at.
+        let claimed = format!("g:{gen}:claimed");
+        let hidden = match (self.cfg.mutant, what) {
+            (Some(Mutant::GiveUpIgnoresClaim), GivenUp::Send) => self
+                .redis
+                .db
+                .batches
+                .get_mut(BATCH)
+                .and_then(|b| b.state.remove(&claimed)),
+            _ => None,
+        };
+        protocol::give_up_send(
+            &mut self.redis.db,
+            BATCH,
+            &policy,
+            gen,
+            what,
+            "refused",
+            &group,
+        );
+        if let (Some(v), Some(b)) = (hidden, self.redis.db.batches.get_mut(BATCH)) {
+            b.state.insert(claimed, v);
+        }
+        self.sync_work();
+        self.dead(w, format!("{} of generation {gen} given up", what.as_str()));
     }
 
     pub(super) fn job_for(&self, held: Held) -> Job {
@@ -534,6 +645,7 @@ impl World {
                 "send" => "send",
                 "poll" => "poll",
                 "delete" => "delete",
+                "recall" => "recall",
                 _ => "report",
             };
             job.gen = e.item.gen;

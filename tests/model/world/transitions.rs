@@ -50,6 +50,9 @@ impl Model for World {
                 if self.lost_answers > 0 {
                     out.push(Action::Step(w, Answer::Lost));
                 }
+                if self.refusals > 0 && self.may_refuse(job) {
+                    out.push(Action::Step(w, Answer::Refused));
+                }
             }
         }
         for (h, d) in &deliveries {
@@ -267,6 +270,7 @@ impl Model for World {
                 self.steals,
                 self.failures,
                 self.lost_answers,
+                self.refusals,
                 self.redis_losses,
                 self.watchdog,
                 self.closes,
@@ -332,6 +336,18 @@ impl Model for World {
                 }
             }
         }
+        // 12. A generation counted `unsent` (its send given up) was never
+        // sent: the report's `unsent` is the truth.
+        for (i, g) in self.groups.iter().enumerate() {
+            let done = self.field(&format!("g:{}:done", g.gen));
+            let kept = self.field(&format!("g:{}:group", g.gen)) == Some(&format!("P{i}"));
+            if kept && done == Some("unsent") && g.status == GroupStatus::Sent {
+                return Some(format!(
+                    "generation {} is counted unsent, but its group P{i} was sent",
+                    g.gen
+                ));
+            }
+        }
         // 10. Nothing is sent after a cancel unless its send was claimed
         // before it.
         if let Some(v) = &self.late_send {
@@ -370,7 +386,8 @@ impl Model for World {
                 return Some(format!("cancelled, but the report says {report:?}"));
             }
             for (i, g) in self.groups.iter().enumerate() {
-                if g.status == GroupStatus::Pending && !g.members.is_empty() {
+                let unknown = self.field(&format!("g:{}:done", g.gen)) == Some("unknown");
+                if g.status == GroupStatus::Pending && !g.members.is_empty() && !unknown {
                     return Some(format!(
                         "cancelled: group P{i} holds recipients, neither sent nor deleted"
                     ));
@@ -442,9 +459,11 @@ impl Model for World {
                 "the report says {report:?}, but every recipient was sent"
             ));
         }
-        // Losing racers' groups hold nobody and are never sent.
+        // Losing racers' groups hold nobody and are never sent. (A group
+        // whose recall was given up stays as it is: counted `unknown`.)
         for (i, g) in self.groups.iter().enumerate() {
-            if g.status == GroupStatus::Pending && !g.members.is_empty() {
+            let unknown = self.field(&format!("g:{}:done", g.gen)) == Some("unknown");
+            if g.status == GroupStatus::Pending && !g.members.is_empty() && !unknown {
                 return Some(format!("group P{i} holds recipients but was never sent"));
             }
         }
@@ -545,6 +564,7 @@ impl Model for World {
                     Answer::Ok => "",
                     Answer::Fail => " [provider fails]",
                     Answer::Lost => " [provider answer lost]",
+                    Answer::Refused => " [provider refuses for good]",
                 };
                 format!("worker {w} {what}{ans}")
             }
