@@ -1738,39 +1738,22 @@ async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
         at: 0,
         now: 0,
     };
-    let calls = vec![
-        Call::Accept {
-            seq: 0,
-            last: true,
-            records: dedupe_records(["07000000001", "07000000002"]),
-            digest: "d0".into(),
-            opts: "|normal|".into(),
-            hint: 0,
-        },
-        Call::RecordGroup {
-            gen: 0,
-            group: "G0".into(),
-        },
-        Call::Loaded(ChunkLoaded {
-            gen: 0,
-            seq: 0,
-            group_id: "G0".into(),
-            registered: 2,
-            duplicates: 0,
-            failed: Vec::new(),
-            given_up: None,
-        }),
-        claim(0),
-        claim(0),
-        held(ClaimMode::Check),
-        held(ClaimMode::Claim),
-        claim(0),
-        Call::Cancel {
-            reason: "wrong campaign".into(),
-        },
-        held(ClaimMode::Claim),
-        claim(0),
-    ];
+    let calls = [
+        ready_generation("d0"),
+        vec![
+            claim(0),
+            claim(0),
+            held(ClaimMode::Check),
+            held(ClaimMode::Claim),
+            claim(0),
+            Call::Cancel {
+                reason: "wrong campaign".into(),
+            },
+            held(ClaimMode::Claim),
+            claim(0),
+        ],
+    ]
+    .concat();
     replay_both(&store, &mut db, batch, 10, &calls).await;
     let kinds: Vec<&str> = db
         .batch(batch)
@@ -1810,6 +1793,34 @@ async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
     assert_eq!(deletes, vec![0]);
 }
 
+/// A batch of one chunk (two recipients), its generation `G0` loaded and
+/// ready: the start of the scripted sequences below.
+fn ready_generation(digest: &str) -> Vec<Call> {
+    vec![
+        Call::Accept {
+            seq: 0,
+            last: true,
+            records: dedupe_records(["07000000001", "07000000002"]),
+            digest: digest.into(),
+            opts: "|normal|".into(),
+            hint: 0,
+        },
+        Call::RecordGroup {
+            gen: 0,
+            group: "G0".into(),
+        },
+        Call::Loaded(ChunkLoaded {
+            gen: 0,
+            seq: 0,
+            group_id: "G0".into(),
+            registered: 2,
+            duplicates: 0,
+            failed: Vec::new(),
+            given_up: None,
+        }),
+    ]
+}
+
 /// Every path of `give_up_send`, scripted (the random walk above reaches
 /// them only now and then: a generation is ready and not yet sent for a
 /// short while), each call decided alike by the script and its mirror: a
@@ -1825,31 +1836,6 @@ async fn every_send_give_up_decides_as_its_mirror() {
         .expect("connect to the private redis-server")
         .with_policy(BatchPolicy::default());
     let mut db = Db::default();
-    let ready = |seq_digest: &str| {
-        vec![
-            Call::Accept {
-                seq: 0,
-                last: true,
-                records: dedupe_records(["07000000001", "07000000002"]),
-                digest: seq_digest.into(),
-                opts: "|normal|".into(),
-                hint: 0,
-            },
-            Call::RecordGroup {
-                gen: 0,
-                group: "G0".into(),
-            },
-            Call::Loaded(ChunkLoaded {
-                gen: 0,
-                seq: 0,
-                group_id: "G0".into(),
-                registered: 2,
-                duplicates: 0,
-                failed: Vec::new(),
-                given_up: None,
-            }),
-        ]
-    };
     let give_up = |what| Call::GiveUpSend {
         gen: 0,
         what,
@@ -1871,7 +1857,7 @@ async fn every_send_give_up_decides_as_its_mirror() {
             "no-claim",
             [
                 vec![give_up(Send), give_up(Poll), give_up(Unsent)],
-                ready("d1"),
+                ready_generation("d1"),
                 vec![give_up(Send), give_up(Send), claim(0)],
             ]
             .concat(),
@@ -1882,7 +1868,7 @@ async fn every_send_give_up_decides_as_its_mirror() {
         (
             "recalled",
             [
-                ready("d2"),
+                ready_generation("d2"),
                 vec![claim(0), give_up(Send), give_up(Send), claim(0)],
                 vec![give_up(Unsent), give_up(Recall)],
             ]
@@ -1894,7 +1880,7 @@ async fn every_send_give_up_decides_as_its_mirror() {
         (
             "found-sent",
             [
-                ready("d3"),
+                ready_generation("d3"),
                 vec![claim(0), give_up(Send), sent, give_up(Send), give_up(Poll)],
             ]
             .concat(),
@@ -1905,7 +1891,7 @@ async fn every_send_give_up_decides_as_its_mirror() {
         (
             "cancelled",
             [
-                ready("d4"),
+                ready_generation("d4"),
                 vec![claim(0), give_up(Send), cancel, give_up(Recall)],
             ]
             .concat(),

@@ -388,7 +388,8 @@ impl World {
                 }
                 job.pc = 3;
             }
-            ("send", 3) => {
+            // sent.lua: after the send, or a recall that found it sent.
+            ("send", 3) | ("recall", 2) => {
                 let group = job.group.clone().unwrap_or_default();
                 let poll = format!("{}|{group}", job.gen).into_bytes();
                 protocol::sent(
@@ -483,6 +484,7 @@ impl World {
                     return self.retry(w, "recall", item, None);
                 }
                 job.pc = if self.groups[gi].status == GroupStatus::Sent {
+                    job.outcome = "sent_before_give_up";
                     2
                 } else {
                     1
@@ -501,19 +503,6 @@ impl World {
                     &group,
                 );
                 self.sync_work();
-                job.pc = ACK;
-            }
-            ("recall", 2) => {
-                let group = job.group.clone().unwrap_or_default();
-                let poll = format!("{}|{group}", job.gen).into_bytes();
-                protocol::sent(
-                    &mut self.redis.db,
-                    BATCH,
-                    job.gen,
-                    &group,
-                    "sent_before_give_up",
-                    &poll,
-                );
                 job.pc = ACK;
             }
             ("report", 0) => {
