@@ -79,11 +79,6 @@ impl RedisClock {
         self.reading = Some(r);
         Ok((server_ms, r.taken))
     }
-
-    /// The last reading, if any.
-    pub fn reading(&self) -> Option<Reading> {
-        self.reading
-    }
 }
 
 impl Store {
