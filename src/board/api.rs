@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::auth::authorize;
 use super::Board;
-use crate::cli::status::{generations_json, now_ms, queued_json};
+use crate::cli::status::{generations_json, queued_json};
 use crate::events::{entry_millis, Event};
 use crate::keys::validate_batch_id;
 use crate::projection::Projection;
@@ -83,6 +83,19 @@ fn row(board: &Board, batch: &str, shard: u32, p: &Projection, now: u64, queued:
     })
 }
 
+/// Shard `shard`'s clock in `times` (from [`Store::shard_times_ms`]): ages
+/// and quiet times are measured on the clock that stamped the heartbeats
+/// and entry ids, the shard's server's, never this machine's.
+///
+/// [`Store::shard_times_ms`]: crate::store::Store::shard_times_ms
+fn clock_of(times: &[u64], shard: u32) -> u64 {
+    usize::try_from(shard)
+        .ok()
+        .and_then(|s| times.get(s))
+        .copied()
+        .unwrap_or_default()
+}
+
 fn queued_chunks(queued: &[Queued], batch: &str) -> u64 {
     queued
         .iter()
@@ -94,7 +107,7 @@ fn queued_chunks(queued: &[Queued], batch: &str) -> u64 {
 /// and the newest reported), the streams' health, the dead-letter count.
 pub async fn overview(State(board): State<Arc<Board>>) -> ApiResult {
     let store = &board.store;
-    let now = now_ms();
+    let times = store.shard_times_ms().await?;
     let streams = store.stream_health().await?;
     let queued = store.queued_all().await?;
     let mut rows = Vec::new();
@@ -116,13 +129,14 @@ pub async fn overview(State(board): State<Arc<Board>>) -> ApiResult {
             if p.fields.is_empty() {
                 continue; // past its retention
             }
+            let now = clock_of(&times, shard);
             rows.push(row(&board, &b, shard, &p, now, queued_chunks(&queued, &b)));
         }
     }
     for q in &queued {
         for w in q.batches.iter().filter(|w| !seen.contains(&w.batch)) {
             let mut v = queued_json(&w.batch, w, q);
-            v["ageMs"] = json!(now.saturating_sub(w.since_ms));
+            v["ageMs"] = json!(clock_of(&times, w.shard).saturating_sub(w.since_ms));
             v["recipients"] = json!(w.recipients);
             v["generations"] = json!([]);
             rows.push(v);
@@ -134,7 +148,7 @@ pub async fn overview(State(board): State<Arc<Board>>) -> ApiResult {
         .map(|s| s.length)
         .sum();
     Ok(Json(json!({
-        "now": now,
+        "now": clock_of(&times, 0),
         "readOnly": board.token.is_none(),
         "stallAfterMs": board.stall_after.as_millis() as u64,
         "batches": rows,
@@ -165,7 +179,6 @@ pub fn set_missing_seqs(v: &mut Value, p: &Projection) {
 pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> ApiResult {
     check_batch(&id)?;
     let store = &board.store;
-    let now = now_ms();
     let shard = store.keys.shard_of(&id);
     let queued = store.queued(shard).await?;
     let p = store.batch(&id).state().await?;
@@ -187,6 +200,8 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
         };
     }
     let events = store.batch(&id).events().await?;
+    // The clock that stamped the batch's heartbeat and entry ids.
+    let now = store.batch(&id).server_time_ms().await?;
     let mut rejected = Vec::new();
     let mut report = Value::Null;
     for r in events.iter().flatten() {
@@ -255,7 +270,7 @@ pub async fn events(
 
 /// `GET /api/dlq`: every dead letter with its reason, source and age.
 pub async fn dead_letters(State(board): State<Arc<Board>>) -> ApiResult {
-    let now = now_ms();
+    let times = board.store.shard_times_ms().await?;
     let letters: Vec<Value> = board
         .store
         .dead_letter_entries()
@@ -265,7 +280,7 @@ pub async fn dead_letters(State(board): State<Arc<Board>>) -> ApiResult {
             let mut v = crate::cli::dlq::describe(e);
             v["shard"] = json!(shard);
             v["kind"] = json!(e.text("f:op").unwrap_or_else(|| "chunk".into()));
-            v["ageMs"] = json!(now.saturating_sub(entry_millis(&e.id)));
+            v["ageMs"] = json!(clock_of(&times, *shard).saturating_sub(entry_millis(&e.id)));
             v
         })
         .collect();

@@ -158,7 +158,8 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         }
         let hb = p.int("hb") as u64;
         if hb > 0 {
-            let now = now_ms().max(hb);
+            // The clock that stamped the heartbeat: the batch's server's.
+            let now = store.batch(batch).server_time_ms().await?.max(hb);
             outln!(
                 "last event {} ({} ago)",
                 human_time(hb),
@@ -226,7 +227,6 @@ pub fn queued_json(batch: &str, w: &QueuedBatch, q: &Queued) -> serde_json::Valu
 /// count and lag, the delayed retries, the batches queued in the ingest
 /// streams, and the batches in flight with how long each has been quiet.
 async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
-    let now = now_ms();
     let health = store.stream_health().await?;
     let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     let rows: Vec<Vec<String>> = health
@@ -247,6 +247,9 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
     let mut batch_rows = Vec::new();
     let mut batches = Vec::new();
     for shard in 0..store.keys.shards() {
+        // How long a batch is quiet, on the clock that stamped its
+        // heartbeat: its shard's server's.
+        let now = store.shard_time_ms(shard).await?;
         let mut active = store.active_batches(shard).await?;
         active.sort();
         for b in active {
@@ -332,12 +335,4 @@ fn sent_count(p: &Projection) -> u32 {
     (0..p.generations())
         .filter(|g| p.gen_field(*g, "sent").is_some())
         .count() as u32
-}
-
-/// Now, in ms since the epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

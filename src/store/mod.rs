@@ -14,9 +14,12 @@
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
 //! - [`aof`]: waiting until events are on disk (`WAITAOF`, group-committed).
 //! - [`shards`]: the deployment's shard count, recorded in Redis.
+//! - [`clock`]: the Redis clock, against which every instant Redis stamped
+//!   is compared.
 
 pub mod aof;
 pub mod batch;
+pub mod clock;
 pub mod coord;
 pub mod info;
 pub mod overview;
