@@ -686,6 +686,22 @@ mod tests {
     }
 
     #[test]
+    fn the_claim_lifetime_is_a_flag_of_at_least_a_second() {
+        let config = |lifetime: &str| {
+            let cli = Cli::try_parse_from(["groupcast", "worker", "--claim-lifetime", lifetime])
+                .expect("parse");
+            let Command::Worker(a) = cli.command else {
+                panic!("not the worker")
+            };
+            a.worker.config()
+        };
+        let c = config("3s").expect("3s is fine");
+        assert_eq!(c.claim_lifetime, std::time::Duration::from_secs(3));
+        let e = config("400ms").expect_err("too short").to_string();
+        assert!(e.contains("--claim-lifetime 400ms is too short"), "{e}");
+    }
+
+    #[test]
     fn the_connection_flags_also_go_before_a_subcommand() {
         let cli = Cli::try_parse_from([
             "groupcast",

@@ -90,6 +90,12 @@ pub struct WorkerFlags {
     /// dead-lettered, counted from its first failure.
     #[arg(long, env = "GROUPCAST_RETRY_FOR", default_value_t = WorkerConfig::RETRY_FOR.into(), value_parser = duration)]
     pub retry_for: humantime::Duration,
+    /// How long a send claim lets the provider call start: a send that
+    /// cannot start within it (a limiter or durability wait, a crash)
+    /// claims again, checking `--send-at` and quiet hours anew, so that a
+    /// cancel or quiet hours can still stop it. At least 1s.
+    #[arg(long, env = "GROUPCAST_CLAIM_LIFETIME", default_value_t = WorkerConfig::CLAIM_LIFETIME.into(), value_parser = duration)]
+    pub claim_lifetime: humantime::Duration,
     /// How long delivering a decided report retries a failing webhook.
     #[arg(long, env = "GROUPCAST_REPORT_RETRY_FOR", default_value_t = WorkerConfig::REPORT_RETRY_FOR.into(), value_parser = duration)]
     pub report_retry_for: humantime::Duration,
@@ -191,6 +197,13 @@ impl WorkerFlags {
                     .into(),
             ));
         }
+        if Duration::from(self.claim_lifetime) < 2 * crate::worker::ops::send_group::SEND_MARGIN {
+            return Err(CliError::Usage(format!(
+                "--claim-lifetime {} is too short: a send needs {} of it to reach the provider; use at least 1s",
+                self.claim_lifetime,
+                humantime::format_duration(crate::worker::ops::send_group::SEND_MARGIN)
+            )));
+        }
         if self.provider_timeout.is_zero() {
             return Err(CliError::Usage(
                 "--provider-timeout must be longer than 0".into(),
@@ -218,6 +231,7 @@ impl WorkerFlags {
             stall_after: self.stall_after.into(),
             watchdog_interval: self.watchdog_interval.into(),
             gauge_interval: self.gauge_interval.into(),
+            claim_lifetime: self.claim_lifetime.into(),
             ..WorkerConfig::default()
         })
     }

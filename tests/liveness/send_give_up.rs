@@ -293,3 +293,44 @@ async fn a_poll_refused_for_good_ends_with_the_outcome_unknown() {
     assert_eq!(hook.receipts().len(), 1, "one report");
     rig.stop().await;
 }
+
+/// The generation's group is deleted at the provider with no cancel on
+/// record (a cancel Redis lost after its delete went out, or a deletion by
+/// hand in the provider's console): the send finds it deleted and gives up;
+/// the generation ends `unsent` and the batch reports `failed`, where it
+/// used to wait for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_deleted_behind_our_back_ends_unsent() {
+    let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
+    // The send's first step is reading the group: held back until the
+    // group is deleted.
+    rig.mock.fail_endpoint(
+        "get",
+        Some(EndpointFault {
+            status: 500,
+            after_effect: false,
+        }),
+    );
+    let batch = "deleted-behind";
+    one_generation(&rig, batch, 30).await;
+    let log = rig.store.batch(batch);
+    wait_for_field(&log, "g:0:ready").await;
+    let group = log.group_of(0).await.expect("state").expect("a group");
+    rig.provider.delete_group(&group).await.expect("delete");
+    rig.mock.fail_endpoint("get", None);
+    let report = the_report(&rig, &hook, batch).await;
+    assert_eq!(report["outcome"], "failed", "{report}");
+    assert_eq!(report["unsentRecipients"], 30, "{report}");
+    assert_eq!(
+        give_ups(&rig, batch).await,
+        vec![("send".to_string(), false)]
+    );
+    let letters = wait_dead_letters(&rig, 1).await;
+    assert!(
+        letters[0].1.contains("no cancel is on record"),
+        "{letters:?}"
+    );
+    assert_eq!(groups_of(&rig, batch), vec![(GroupStatus::Deleted, 0)]);
+    rig.verify(&[batch.to_string()]).await;
+    rig.stop().await;
+}

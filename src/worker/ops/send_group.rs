@@ -132,10 +132,23 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         Err(e) => return Ok(Outcome::from_provider(&e)),
     };
     if group.status == GroupStatus::Deleted {
-        // Only a cancel deletes a generation's own group, and only one whose
-        // send was not claimed: this item is stale.
-        tracing::info!(batch = %item.batch, gen, group = %group_id, "group deleted by a cancel: not sent");
-        return Ok(Outcome::Done);
+        // A cancel deletes a generation's own group, and only one whose
+        // send was not claimed: then this item is stale. With no cancel on
+        // record (one Redis lost after its delete went out, or a deletion
+        // made at the provider by hand), the generation can never be sent:
+        // given up (counted unsent), so that the batch still ends.
+        if log
+            .read(&[field::CANCELLED.into()])
+            .await?
+            .cancelled()
+            .is_some()
+        {
+            tracing::info!(batch = %item.batch, gen, group = %group_id, "group deleted by a cancel: not sent");
+            return Ok(Outcome::Done);
+        }
+        return Ok(Outcome::Dead(format!(
+            "group {group_id} was deleted at the provider, and no cancel is on record: generation {gen} can never be sent"
+        )));
     }
     if group.status != GroupStatus::Pending {
         log.sent(gen, &group_id, "already_sent", poll_ms, &poll)
