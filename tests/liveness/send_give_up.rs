@@ -63,6 +63,23 @@ fn groups_of(rig: &Rig, batch: &str) -> Vec<(GroupStatus, usize)> {
         .collect()
 }
 
+/// One generation of `n` recipients, ready, its send held at its first
+/// step (every read of a group fails, 500) until the caller lets the reads
+/// through (`fail_endpoint("get", None)`); returns the generation's group.
+async fn ready_with_reads_held(rig: &Rig, batch: &str, n: usize) -> String {
+    rig.mock.fail_endpoint(
+        "get",
+        Some(EndpointFault {
+            status: 500,
+            after_effect: false,
+        }),
+    );
+    one_generation(rig, batch, n).await;
+    let log = rig.store.batch(batch);
+    wait_for_field(&log, "g:0:ready").await;
+    log.group_of(0).await.expect("state").expect("a group")
+}
+
 /// Waits until the batch's state has `field`.
 async fn wait_for_field(log: &BatchLog, field: &str) {
     wait_until(field, Duration::from_secs(20), || {
@@ -203,20 +220,8 @@ async fn a_send_given_up_after_it_went_out_is_found_sent_by_its_recall() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_send_refused_by_the_count_check_ends_unsent() {
     let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
-    // The send's first step is reading the group: held back until the
-    // foreign message is in.
-    rig.mock.fail_endpoint(
-        "get",
-        Some(EndpointFault {
-            status: 500,
-            after_effect: false,
-        }),
-    );
     let batch = "count-refused";
-    one_generation(&rig, batch, 50).await;
-    let log = rig.store.batch(batch);
-    wait_for_field(&log, "g:0:ready").await;
-    let group = log.group_of(0).await.expect("state").expect("a group");
+    let group = ready_with_reads_held(&rig, batch, 50).await;
     let foreign = Message {
         to: "01099990000".into(),
         from: "0212345678".into(),
@@ -302,20 +307,8 @@ async fn a_poll_refused_for_good_ends_with_the_outcome_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_deleted_behind_our_back_ends_unsent() {
     let (rig, hook) = rig_with_hook(2, test_config(), mock_config()).await;
-    // The send's first step is reading the group: held back until the
-    // group is deleted.
-    rig.mock.fail_endpoint(
-        "get",
-        Some(EndpointFault {
-            status: 500,
-            after_effect: false,
-        }),
-    );
     let batch = "deleted-behind";
-    one_generation(&rig, batch, 30).await;
-    let log = rig.store.batch(batch);
-    wait_for_field(&log, "g:0:ready").await;
-    let group = log.group_of(0).await.expect("state").expect("a group");
+    let group = ready_with_reads_held(&rig, batch, 30).await;
     rig.provider.delete_group(&group).await.expect("delete");
     rig.mock.fail_endpoint("get", None);
     let report = the_report(&rig, &hook, batch).await;
