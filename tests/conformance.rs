@@ -25,7 +25,7 @@ use groupcast::protocol::{
 use groupcast::store::batch::{
     dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs,
     ClaimMode, Closing, Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
-    SendGiveUp,
+    SendGiveUp, SendRecord,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -842,11 +842,15 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             outcome,
             poll,
         } => {
-            let new = log
-                .sent(*gen, group, outcome, 1000, poll)
+            match log
+                .record_sent(*gen, group, outcome, 1000, poll)
                 .await
-                .expect(fail);
-            vec![s(if new { "recorded" } else { "duplicate" })]
+                .expect(fail)
+            {
+                SendRecord::Recorded => vec![s("recorded")],
+                SendRecord::Duplicate => vec![s("duplicate")],
+                SendRecord::Done => vec![s("done")],
+            }
         }
         Call::Completed {
             gen,
@@ -1299,6 +1303,7 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Loaded:duplicate",
         "Sent:recorded",
         "Sent:duplicate",
+        "Sent:done",
         "Completed:completed",
         "Completed:reported",
         "Completed:duplicate",

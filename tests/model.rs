@@ -344,7 +344,7 @@ fn configurations() -> Vec<Exhaustive> {
                 crashes: 1,
                 ..base("cancel-racing-sends-crash")
             },
-            mutants: &[SendWithoutClaim, SendWithoutMarker],
+            mutants: &[SendWithoutClaim, SendWithoutMarker, ParkAfterTheEnd],
         },
         // Three workers, a wrong `last` (seqs 1 and 2 both flagged last):
         // whichever comes first ends the batch, or the operator's close
@@ -501,6 +501,19 @@ fn mutant_give_up_ignoring_the_claim_is_caught() {
             lost_answers: 1,
             refusals: 1,
             ..small()
+        },
+    );
+}
+
+#[test]
+fn mutant_park_after_the_end_is_caught() {
+    caught(
+        Mutant::ParkAfterTheEnd,
+        Config {
+            workers: 1,
+            ingest: vec![chunk(0, true, &[1])],
+            cancels: 1,
+            ..base("cancel-before-park")
         },
     );
 }

@@ -5,7 +5,8 @@ use super::{reply, Db, Run};
 use crate::events::{Event, SendTriggered};
 
 /// `sent.lua`; `poll_entry` is the delayed entry of the first poll. Returns
-/// `recorded` or `duplicate`.
+/// `recorded`, `duplicate`, or `done` (the generation is done, its send
+/// record lost with Redis's unsynced writes: nothing recorded).
 pub fn sent(
     db: &mut Db,
     batch: &str,
@@ -17,6 +18,9 @@ pub fn sent(
     let mut r = Run::new(db, batch);
     if r.get(&format!("k:send/{gen}")).is_some() {
         return reply(["duplicate"]);
+    }
+    if r.get(&format!("g:{gen}:done")).is_some() {
+        return reply(["done"]);
     }
     r.emit(
         &format!("send/{gen}"),

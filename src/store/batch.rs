@@ -284,6 +284,18 @@ pub enum GenerationFailure {
     Ended,
 }
 
+/// What recording a send came to (see [`BatchLog::record_sent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendRecord {
+    /// Recorded now; its first poll scheduled.
+    Recorded,
+    /// Recorded before.
+    Duplicate,
+    /// The generation is done (its send record lost with Redis's unsynced
+    /// writes while its poll went on): nothing recorded, no poll.
+    Done,
+}
+
 /// What giving up a generation's send, poll or recall came to (see
 /// [`BatchLog::give_up_send`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -851,7 +863,7 @@ impl BatchLog {
     }
 
     /// Records a send and schedules its first poll (see `sent.lua`).
-    /// Returns whether it was newly recorded.
+    /// Returns whether it was recorded now (see [`BatchLog::record_sent`]).
     pub async fn sent(
         &self,
         gen: u32,
@@ -860,6 +872,22 @@ impl BatchLog {
         poll_delay_ms: u64,
         poll_entry: &[u8],
     ) -> StoreResult<bool> {
+        Ok(self
+            .record_sent(gen, group_id, outcome, poll_delay_ms, poll_entry)
+            .await?
+            == SendRecord::Recorded)
+    }
+
+    /// Records a send and schedules its first poll (see `sent.lua`).
+    /// Returns whether it was newly recorded.
+    pub async fn record_sent(
+        &self,
+        gen: u32,
+        group_id: &str,
+        outcome: &str,
+        poll_delay_ms: u64,
+        poll_entry: &[u8],
+    ) -> StoreResult<SendRecord> {
         let k = &self.keys;
         let v: Value = SCRIPTS
             .sent
@@ -876,8 +904,9 @@ impl BatchLog {
             .await?;
         let r = self.reply("sent", v)?;
         match r.as_slice() {
-            [t] if t == "recorded" => Ok(true),
-            [t] if t == "duplicate" => Ok(false),
+            [t] if t == "recorded" => Ok(SendRecord::Recorded),
+            [t] if t == "duplicate" => Ok(SendRecord::Duplicate),
+            [t] if t == "done" => Ok(SendRecord::Done),
             _ => Err(unexpected("sent", &r)),
         }
     }

@@ -48,6 +48,9 @@ pub enum Mutant {
     /// in place (no recall): a send that went out with its answer lost is
     /// reported as never sent.
     GiveUpIgnoresClaim,
+    /// `park.lua` without its check of the end: a chunk accepted before a
+    /// cancel parks after it, asking for a group (events after the report).
+    ParkAfterTheEnd,
 }
 
 /// One ingest entry: a chunk as the producer wrote it.
@@ -296,6 +299,24 @@ impl World {
             late_send: None,
             cfg: std::rc::Rc::new(cfg),
         }
+    }
+
+    /// The keys of events appended after the report, other than its
+    /// delivery and the deletion of groups (entry ids only grow, even
+    /// across lost writes).
+    pub(crate) fn after_the_report(&self) -> Vec<&str> {
+        let Some(b) = self.redis.db.batch(BATCH) else {
+            return vec![];
+        };
+        let id = |v: &str| v.split('-').next().and_then(|n| n.parse::<u64>().ok());
+        let Some(report) = b.state.get("k:report").and_then(|v| id(v)) else {
+            return vec![];
+        };
+        (b.state.iter())
+            .filter(|(k, v)| k.starts_with("k:") && id(v).is_some_and(|i| i > report))
+            .map(|(k, _)| &k[2..])
+            .filter(|k| *k != "delivered" && !k.starts_with("discard/"))
+            .collect()
     }
 
     fn field(&self, f: &str) -> Option<&str> {

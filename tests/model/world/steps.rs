@@ -130,6 +130,17 @@ impl World {
                 }
             }
             (CHUNK_OPS, 1) => {
+                // The mutant: park.lua without its check of the end (it
+                // writes neither field, so they are put back as they were).
+                let ended = match self.cfg.mutant {
+                    Some(Mutant::ParkAfterTheEnd) => ["cancelled", "report"]
+                        .map(|f| {
+                            let b = self.redis.db.batches.get_mut(BATCH);
+                            (f, b.and_then(|b| b.state.remove(f)))
+                        })
+                        .to_vec(),
+                    _ => vec![],
+                };
                 let r = protocol::park(
                     &mut self.redis.db,
                     BATCH,
@@ -137,6 +148,11 @@ impl World {
                     job.gen,
                     &Self::payload(&job),
                 );
+                for (f, v) in ended {
+                    if let (Some(v), Some(b)) = (v, self.redis.db.batches.get_mut(BATCH)) {
+                        b.state.insert(f.to_string(), v);
+                    }
+                }
                 self.sync_work();
                 match r[0].as_str() {
                     "group" => {

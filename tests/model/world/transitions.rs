@@ -249,6 +249,9 @@ impl Model for World {
             put(h, &r.dead);
         };
         id_free(&self.redis, h);
+        // Ids only order events, but whether one came after the report is
+        // part of a state's identity (property 13).
+        put(h, &self.after_the_report());
         if self.tracking() {
             id_free(&self.synced, h);
         }
@@ -347,6 +350,12 @@ impl Model for World {
                     g.gen
                 ));
             }
+        }
+        // 13. Nothing after the end: no event is appended after the report
+        // but its delivery and the deletion of groups.
+        let late = self.after_the_report();
+        if !late.is_empty() {
+            return Some(format!("events after the report: {late:?}"));
         }
         // 10. Nothing is sent after a cancel unless its send was claimed
         // before it.
