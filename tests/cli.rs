@@ -161,6 +161,34 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     assert_eq!(v["chunks"], 2);
     let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
     assert_eq!(n, 2);
+
+    // A batch that takes no more chunks (here cancelled) is refused before
+    // anything is appended, rather than "submitted" into the dead letters.
+    store
+        .batch("b2")
+        .cancel("wrong list")
+        .await
+        .expect("cancel");
+    let out = groupcast(
+        &server.url(),
+        &[
+            "submit",
+            "--batch",
+            "b2",
+            "--template",
+            &template,
+            "--recipients",
+            &good,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("batch b2 was cancelled (wrong list): it takes no more chunks"),
+        "{stderr}"
+    );
+    let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
+    assert_eq!(n, 2, "nothing appended to an ended batch");
 }
 
 fn worker_process(
@@ -279,6 +307,14 @@ async fn a_worker_stops_on_sigterm_and_another_finishes_the_batch() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+    // A batch id nothing is recorded for is not "every invariant holds".
+    let out = groupcast(&url, &["verify", "nobody"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("batch nobody: nothing of it is recorded: check the batch id and --prefix"),
+        "{stderr}"
     );
 }
 

@@ -829,6 +829,30 @@ fn cut_recipients(
     }
 }
 
+/// Refuses to submit to a batch that takes no more chunks (reported,
+/// cancelled, or reported with its events expired): its chunks would only
+/// be refused by the workers and end in the dead letters, while `submit`
+/// said it submitted them.
+async fn refuse_an_ended_batch(store: &crate::store::Store, b: &str) -> Result<(), CliError> {
+    use crate::projection::field;
+    let p = store
+        .batch(b)
+        .read(&[field::REPORT.into(), field::CANCELLED.into()])
+        .await?;
+    let ended = if let Some(why) = p.cancelled() {
+        format!("was cancelled ({why})")
+    } else if let Some(outcome) = p.report() {
+        format!("was already reported ({outcome})")
+    } else if store.is_tombstoned(b).await? {
+        "was already reported (its events have expired)".into()
+    } else {
+        return Ok(());
+    };
+    Err(CliError::Failed(format!(
+        "batch {b} {ended}: it takes no more chunks; submit them under a new batch id"
+    )))
+}
+
 /// Runs submit.
 pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     validate_batch_id(&args.batch).map_err(|e| usage(format!("--batch {:?}: {e}", args.batch)))?;
@@ -851,6 +875,7 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     let stamp = input.stamp();
 
     let store = args.redis.connect().await?;
+    refuse_an_ended_batch(&store, &args.batch).await?;
     let shard = store.keys.shard_of(&args.batch);
     let lane = options.priority();
     let stream = store.keys.ingest_in(shard, lane);

@@ -48,6 +48,16 @@ pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
         ),
         _ => None,
     };
+    // A batch with nothing recorded would pass every check vacuously: say
+    // what it is instead (a mistyped id, another --prefix, or expired).
+    let b = &args.batch;
+    if store.batch(b).state().await?.fields.is_empty() {
+        return Err(CliError::Failed(if store.is_tombstoned(b).await? {
+            format!("batch {b}: reported, and its events have expired (--retention): nothing left to verify")
+        } else {
+            format!("batch {b}: nothing of it is recorded: check the batch id and --prefix")
+        }));
+    }
     let v = verify_batch(&store, provider.as_ref(), &args.batch, args.group_cap).await?;
     if args.json {
         println!("{}", serde_json::to_string(&v).unwrap_or_default());
