@@ -1058,17 +1058,20 @@ impl BatchLog {
     /// The generations among `0..gens` with chunks still parked (recipient
     /// data outside the events): none once the batch has reported.
     pub async fn parked_left(&self, gens: u32) -> StoreResult<Vec<u32>> {
-        let mut left = Vec::new();
-        for gen in 0..gens {
-            let n: i64 = redis::cmd("EXISTS")
-                .arg(self.keys.parked(gen))
-                .query_async(&mut self.conn.clone())
-                .await?;
-            if n > 0 {
-                left.push(gen);
-            }
+        if gens == 0 {
+            return Ok(vec![]);
         }
-        Ok(left)
+        // One round trip, however many generations.
+        let mut pipe = redis::pipe();
+        for gen in 0..gens {
+            pipe.exists(self.keys.parked(gen));
+        }
+        let found: Vec<bool> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok((0..gens)
+            .zip(found)
+            .filter(|(_, f)| *f)
+            .map(|(g, _)| g)
+            .collect())
     }
 
     /// Generation `gen`'s provider group, once recorded (one read).

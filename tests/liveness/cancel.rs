@@ -16,7 +16,7 @@ use groupcast::store::batch::{BatchLog, BatchPolicy, Cancelling, Claim, ClaimArg
 use groupcast::worker::WorkerConfig;
 
 use super::input::{registrations, the_report, wait_dead_letters};
-use super::retry::{rig_with_hook, wait_until};
+use super::retry::{rig_with_hook, wait_state, wait_until};
 use crate::common::*;
 
 /// The batch's groups at the provider, by generation.
@@ -68,17 +68,29 @@ pub(crate) async fn wait_deleted<R>(rig: &Rig<R>, batch: &str, gens: &[u32]) {
     .await;
 }
 
-/// Waits until the batch's state satisfies `ok`.
-pub(crate) async fn wait_state(
-    log: &BatchLog,
-    what: &str,
-    ok: impl Fn(&groupcast::projection::Projection) -> bool,
-) {
-    let ok = &ok;
-    wait_until(what, Duration::from_secs(30), || {
-        let log = log.clone();
-        async move { log.state().await.map(|s| ok(&s)).unwrap_or(false) }
-    })
+/// Waits until every work item is handled: none pending or unread, none
+/// waiting in the delayed set for a retry.
+pub(crate) async fn wait_work_handled<R>(rig: &Rig<R>) {
+    wait_until(
+        "every work item is handled",
+        Duration::from_secs(30),
+        || {
+            let store = rig.store.clone();
+            async move {
+                store
+                    .stream_health()
+                    .await
+                    .map(|h| {
+                        h.iter().all(|s| match s.what {
+                            "work" => s.pending == Some(0) && s.lag == Some(0),
+                            "delayed retries" => s.length == 0,
+                            _ => true,
+                        })
+                    })
+                    .unwrap_or(false)
+            }
+        },
+    )
     .await;
 }
 
@@ -282,27 +294,7 @@ async fn a_claimed_send_goes_out_and_an_unclaimed_one_never_does() {
     wait_deleted(&rig, unclaimed, &[0]).await;
     // The unclaimed generation's send item ran and never reached the
     // provider's send: every work item is handled, none waits for a retry.
-    wait_until(
-        "every work item is handled",
-        Duration::from_secs(30),
-        || {
-            let store = rig.store.clone();
-            async move {
-                store
-                    .stream_health()
-                    .await
-                    .map(|h| {
-                        h.iter().all(|s| match s.what {
-                            "work" => s.pending == Some(0) && s.lag == Some(0),
-                            "delayed retries" => s.length == 0,
-                            _ => true,
-                        })
-                    })
-                    .unwrap_or(false)
-            }
-        },
-    )
-    .await;
+    wait_work_handled(&rig).await;
     let sent = |b: &str| -> usize { groups_of(&rig, b).values().flatten().map(sends).sum() };
     assert_eq!(sent(claimed), 1);
     assert_eq!(sent(unclaimed), 0);

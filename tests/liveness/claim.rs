@@ -18,9 +18,10 @@ use groupcast::store::batch::{BatchLog, Cancelling};
 use groupcast::worker::{DurableWait, WorkerConfig};
 use jiff::Timestamp;
 
-use super::cancel::{groups_of, operator, sends, wait_deleted, wait_state};
+use super::cancel::{groups_of, operator, sends, wait_deleted};
 use super::input::the_report;
 use super::retry::rig_with_hook;
+use super::retry::wait_state;
 use crate::common::*;
 
 /// `HH:MM:SS` of the instant `ms` in zone `tz`.

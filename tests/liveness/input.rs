@@ -12,7 +12,7 @@ use groupcast::producer::append_chunks;
 use groupcast::store::batch::{dedupe_records, Accepted, Closing, GroupRecord, Parked, Rejection};
 use groupcast::worker::WorkerConfig;
 
-use super::retry::{rig_with_hook, wait_delivered, wait_until, Hook};
+use super::retry::{rig_with_hook, wait_delivered, wait_state, wait_until, Hook};
 use crate::common::*;
 
 /// Every number registered at the provider for `batch`, with how many times
@@ -117,14 +117,8 @@ async fn a_number_in_several_chunks_is_sent_once_and_counted_as_a_duplicate() {
             .expect("append");
         let log = rig.store.batch(batch);
         let seq = c.seq;
-        wait_until("the chunk is accepted", Duration::from_secs(20), || {
-            let log = log.clone();
-            async move {
-                log.state()
-                    .await
-                    .map(|s| s.assignment(seq).is_some())
-                    .unwrap_or(false)
-            }
+        wait_state(&log, "the chunk is accepted", |s| {
+            s.assignment(seq).is_some()
         })
         .await;
     }
@@ -214,16 +208,7 @@ async fn a_seq_that_never_comes_is_given_up_by_close() {
     let arrived: Vec<Chunk> = chunks.iter().filter(|c| c.seq != 2).cloned().collect();
     append_chunks(&rig.store, &arrived).await.expect("append");
     let log = rig.store.batch(batch);
-    wait_until("three chunks are loaded", Duration::from_secs(30), || {
-        let log = log.clone();
-        async move {
-            log.state()
-                .await
-                .map(|s| s.int("g:0:l") == 3)
-                .unwrap_or(false)
-        }
-    })
-    .await;
+    wait_state(&log, "three chunks are loaded", |s| s.int("g:0:l") == 3).await;
     assert!(log.state().await.expect("state").report().is_none());
     // The command, as an operator runs it.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_groupcast"))
@@ -318,16 +303,7 @@ async fn a_last_flag_on_too_low_a_seq_reports_partial_with_the_refused_chunks() 
         .await
         .expect("append");
     let log = rig.store.batch(batch);
-    wait_until("the last seq is known", Duration::from_secs(20), || {
-        let log = log.clone();
-        async move {
-            log.state()
-                .await
-                .map(|s| s.last_seq() == Some(1))
-                .unwrap_or(false)
-        }
-    })
-    .await;
+    wait_state(&log, "the last seq is known", |s| s.last_seq() == Some(1)).await;
     append_chunks(&rig.store, &chunks[2..])
         .await
         .expect("append");
@@ -613,19 +589,9 @@ async fn a_batch_holding_seq_four_billion_closes_at_once_and_reports_small() {
     ];
     append_chunks(&rig.store, &chunks).await.expect("append");
     let log = rig.store.batch(batch);
-    wait_until(
-        "the three chunks are loaded",
-        Duration::from_secs(30),
-        || {
-            let log = log.clone();
-            async move {
-                log.state()
-                    .await
-                    .map(|s| s.int("seqs") == 3 && s.int("g:0:l") == 3)
-                    .unwrap_or(false)
-            }
-        },
-    )
+    wait_state(&log, "the three chunks are loaded", |s| {
+        s.int("seqs") == 3 && s.int("g:0:l") == 3
+    })
     .await;
 
     // Another client PINGs the same server while the close runs.

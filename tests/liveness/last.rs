@@ -5,12 +5,11 @@
 //! needs an operator's `close`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use groupcast::producer::append_chunks;
 
 use super::input::{chunk, registrations, the_report, wait_dead_letters};
-use super::retry::{rig_with_hook, wait_until};
+use super::retry::{rig_with_hook, wait_state};
 use crate::common::*;
 
 /// A batch of one chunk, flagged last, with an unusable number: refused,
@@ -84,20 +83,7 @@ async fn a_last_flag_below_a_seq_received_ends_the_batch_at_the_highest() {
     ];
     append_chunks(&rig.store, &early).await.expect("append");
     let log = rig.store.batch(batch);
-    wait_until(
-        "seqs 0, 2 and 3 are accepted",
-        Duration::from_secs(20),
-        || {
-            let log = log.clone();
-            async move {
-                log.state()
-                    .await
-                    .map(|s| s.int("seqs") == 3)
-                    .unwrap_or(false)
-            }
-        },
-    )
-    .await;
+    wait_state(&log, "seqs 0, 2 and 3 are accepted", |s| s.int("seqs") == 3).await;
     append_chunks(&rig.store, &[chunk(batch, 1, true, part(1))])
         .await
         .expect("append");

@@ -65,6 +65,20 @@ impl Hook {
     }
 }
 
+/// Waits until the batch's state satisfies `ok`.
+pub(crate) async fn wait_state(
+    log: &groupcast::store::batch::BatchLog,
+    what: &str,
+    ok: impl Fn(&groupcast::projection::Projection) -> bool,
+) {
+    let ok = &ok;
+    wait_until(what, Duration::from_secs(30), || {
+        let log = log.clone();
+        async move { log.state().await.map(|s| ok(&s)).unwrap_or(false) }
+    })
+    .await;
+}
+
 /// Waits (bounded) until `ok` holds, panicking with `what` otherwise.
 pub(crate) async fn wait_until<F, Fut>(what: &str, limit: Duration, mut ok: F)
 where
@@ -182,19 +196,9 @@ async fn a_provider_outage_longer_than_the_old_retry_budget_still_ends_in_one_re
     let (first, rest) = chunks.split_at(chunks.len() / 2);
     append_chunks(&rig.store, first).await.expect("append");
     let log = rig.store.batch(batch);
-    wait_until(
-        "the first group is created",
-        Duration::from_secs(30),
-        || {
-            let log = log.clone();
-            async move {
-                log.state()
-                    .await
-                    .map(|s| s.gen_field(0, "group").is_some())
-                    .unwrap_or(false)
-            }
-        },
-    )
+    wait_state(&log, "the first group is created", |s| {
+        s.gen_field(0, "group").is_some()
+    })
     .await;
     rig.mock.set_faults(faults(1.0, 0.0));
     append_chunks(&rig.store, rest).await.expect("append");

@@ -6,21 +6,19 @@
 //! asserts from the mock's ledger and the webhook: one report, the outcome
 //! and counts, nothing sent twice, and no send after a redrive.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use groupcast::events::Event;
-use groupcast::keys::OPERATORS_GROUP;
 use groupcast::mock::EndpointFault;
 use groupcast::producer::append_chunks;
 use groupcast::provider::GroupStatus;
 use groupcast::provider::{Message, MessageType};
-use groupcast::store::batch::BatchLog;
 use groupcast::verify::verify_batch;
 use groupcast::worker::WorkerConfig;
 
+use super::cancel::wait_work_handled;
 use super::input::{chunk, the_report, wait_dead_letters};
-use super::retry::{rig_with_hook, wait_until};
+use super::retry::{rig_with_hook, wait_state, wait_until};
 use crate::common::*;
 
 const REFUSED: EndpointFault = EndpointFault {
@@ -76,44 +74,8 @@ async fn ready_with_reads_held(rig: &Rig, batch: &str, n: usize) -> String {
     );
     one_generation(rig, batch, n).await;
     let log = rig.store.batch(batch);
-    wait_for_field(&log, "g:0:ready").await;
+    wait_state(&log, "g:0:ready", |s| s.get("g:0:ready").is_some()).await;
     log.group_of(0).await.expect("state").expect("a group")
-}
-
-/// Waits until the batch's state has `field`.
-async fn wait_for_field(log: &BatchLog, field: &str) {
-    wait_until(field, Duration::from_secs(20), || {
-        let log = log.clone();
-        async move {
-            let p = log.state().await.unwrap_or_default();
-            p.get(field).is_some()
-        }
-    })
-    .await;
-}
-
-/// Whether every entry of the (normal lane's) work stream was read and
-/// acknowledged by the operators.
-async fn work_drained(rig: &Rig) -> bool {
-    let mut conn = rig.store.raw_conn();
-    let groups: Vec<HashMap<String, redis::Value>> = match redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(rig.store.keys.work(0))
-        .query_async(&mut conn)
-        .await
-    {
-        Ok(v) => v,
-        Err(_) => return false,
-    };
-    let int = |g: &HashMap<String, redis::Value>, f: &str| match g.get(f) {
-        Some(redis::Value::Int(n)) => Some(*n),
-        _ => None,
-    };
-    groups.iter().any(|g| {
-        g.get("name") == Some(&redis::Value::BulkString(OPERATORS_GROUP.into()))
-            && int(g, "pending") == Some(0)
-            && int(g, "lag") == Some(0)
-    })
 }
 
 /// Redrives every dead letter, waits until the work they became is
@@ -126,12 +88,7 @@ async fn redrive_all(rig: &Rig) -> usize {
             .await
             .expect("redrive");
     }
-    wait_until(
-        "the redriven items are handled",
-        Duration::from_secs(20),
-        || work_drained(rig),
-    )
-    .await;
+    wait_work_handled(rig).await;
     letters.len()
 }
 
@@ -273,7 +230,7 @@ async fn a_poll_refused_for_good_ends_with_the_outcome_unknown() {
     let batch = "poll-404";
     one_generation(&rig, batch, 100).await;
     let log = rig.store.batch(batch);
-    wait_for_field(&log, "g:0:sent").await;
+    wait_state(&log, "g:0:sent", |s| s.get("g:0:sent").is_some()).await;
     rig.mock.fail_endpoint(
         "get",
         Some(EndpointFault {
