@@ -31,6 +31,7 @@
 //! | `fr:<code>` | recipients refused for that reason (a provider code, or `given_up`) |
 //! | `closed`, `missing` | why the batch was closed; how many seqs it gave up on (their ranges are in its `batch_closed`) |
 //! | `g:<g>:claimed`, `g:<g>:back` | the number of generation g's last send claim, and of the last one given back: claimed while `claimed > back` (a cancel leaves it alone) |
+//! | `g:<g>:until` | the end of the lifetime its last claim was granted (ms): after a cancel, never renewed past it |
 //! | `cancelled`, `stopped` | why the batch was cancelled; generations it stopped (done with status `cancelled`) |
 //! | `unsent`, `unknown` | registered recipients never sent to (in generations a cancel stopped, or whose send was given up); registered recipients whose messages' fate is unknown (a poll or recall given up) |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
@@ -214,6 +215,11 @@ pub mod field {
     pub fn claim_back(gen: u32) -> String {
         self::gen(gen, "back")
     }
+
+    /// `g:<gen>:until`: the end of the lifetime its last claim was granted.
+    pub fn claim_until(gen: u32) -> String {
+        self::gen(gen, "until")
+    }
 }
 
 /// The idempotency keys of the events appended outside the batch scripts,
@@ -376,7 +382,13 @@ pub fn updates(event: &Event) -> Vec<Update> {
             u
         }
         Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
-        Event::SendClaimed(e) => vec![Max(field::claimed(e.gen), u64::from(e.n.unwrap_or(1)))],
+        Event::SendClaimed(e) => {
+            let mut u = vec![Max(field::claimed(e.gen), u64::from(e.n.unwrap_or(1)))];
+            if let Some(until) = e.until_ms {
+                u.push(Max(field::claim_until(e.gen), until));
+            }
+            u
+        }
         Event::ClaimGivenBack(e) => {
             let mut u = vec![Max(g(e.gen, "back"), u64::from(e.n))];
             if e.stopped {

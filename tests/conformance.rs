@@ -412,10 +412,12 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
                 } else {
                     ClaimMode::Check
                 },
-                lifetime_ms: if rng.random_bool(0.7) {
-                    5_000
-                } else {
-                    2 * HOUR
+                // 0: a claim that ends as it is taken (after a cancel, the
+                // next call finds it over).
+                lifetime_ms: match rng.random_range(0..10) {
+                    0..=5 => 5_000,
+                    6..=7 => 0,
+                    _ => 2 * HOUR,
                 },
                 sched,
                 at: 0,
@@ -1209,7 +1211,16 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
                     kind = "Claim:given_back".into()
                 }
                 (Call::Claim { .. }, [t, ..]) if t == "cancelled" && stopped => {
-                    kind = "Claim:given_back_stopped".into()
+                    let expired = db.batch(batch).is_some_and(|b| {
+                        b.events[events.min(b.events.len())..].iter().any(|e| {
+                            matches!(&e.event, Event::ClaimGivenBack(c) if c.reason == "expired")
+                        })
+                    });
+                    kind = if expired {
+                        "Claim:expired_stopped".into()
+                    } else {
+                        "Claim:given_back_stopped".into()
+                    }
                 }
                 _ => {}
             }
@@ -1718,6 +1729,104 @@ async fn a_large_batch_dedupes_its_mobile_numbers_in_a_bitmap() {
     assert_eq!(m.dedupe_mobile.len(), given.len() - non_mobile);
 }
 
+/// The idempotency keys of a batch's events in the model, in order.
+fn event_keys<'a>(db: &'a Db, batch: &str) -> Vec<&'a str> {
+    let events = db.batch(batch).map_or(&[][..], |b| b.events.as_slice());
+    events.iter().map(|e| e.key.as_str()).collect()
+}
+
+/// A claim in place at a cancel lives no longer than it was given: a
+/// renewal after the cancel keeps its end (a long lifetime asked, the
+/// recorded end answered), and a call past the end gives the claim back
+/// (`expired`) and stops the generation, where it used to renew it and
+/// send. (Lifetime 0: the claim ends at the instant it is taken, so the
+/// next call, at that instant or later, finds it over.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_past_its_end_after_a_cancel_stops_its_generation() {
+    let server = common::redis();
+    let store = Store::connect(&server.url(), Keyspace::new("claims", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(BatchPolicy::default());
+    let lasting = |gen, lifetime_ms| Call::Claim {
+        gen,
+        mode: ClaimMode::Claim,
+        lifetime_ms,
+        sched: Sched::None,
+        at: 0,
+        now: 0,
+    };
+    let cancel = Call::Cancel {
+        reason: "wrong campaign".into(),
+    };
+    // Renewed after the cancel: never past the end given before it.
+    let mut db = Db::default();
+    let calls = [
+        ready_generation("d0"),
+        vec![lasting(0, 60_000), cancel.clone(), lasting(0, 3_600_000)],
+    ]
+    .concat();
+    replay_both(&store, &mut db, "renewed", 10, &calls).await;
+    let after = (store.batch("renewed").server_time_ms().await).expect("the Redis clock");
+    let until = |db: &Db, b| db.field(b, "g:0:until").and_then(|v| v.parse::<u64>().ok());
+    let granted = until(&db, "renewed").expect("the claim's end recorded");
+    assert!(
+        granted <= after + 60_000,
+        "renewed after the cancel: its end {granted} is past the minute given before it (now {after})"
+    );
+    assert_eq!(
+        db.field("renewed", "report"),
+        None,
+        "a claim in place: nothing reported yet"
+    );
+    // Past its end after the cancel: given back, the generation stopped
+    // (another key space: the first batch's work stays in its own).
+    let store = Store::connect(&server.url(), Keyspace::new("claims-expired", 1))
+        .await
+        .expect("connect to the private redis-server")
+        .with_policy(BatchPolicy::default());
+    let mut db = Db::default();
+    let calls = [
+        ready_generation("d0"),
+        vec![lasting(0, 0), cancel, lasting(0, 60_000)],
+    ]
+    .concat();
+    replay_both(&store, &mut db, "expired", 10, &calls).await;
+    let kinds = event_keys(&db, "expired");
+    assert_eq!(
+        kinds,
+        [
+            "assign/0",
+            "close/0",
+            "group/0",
+            "loaded/0/0",
+            "ready/0",
+            "claim/0",
+            "cancelled",
+            "back/0/1",
+            "done/0",
+            "report",
+        ],
+        "{kinds:?}"
+    );
+    assert_eq!(db.field("expired", "report"), Some("cancelled"));
+    assert_eq!(db.field("expired", "stopped"), Some("1"));
+    let back = (db.batch("expired").expect("the batch").events.iter())
+        .find(|e| e.key == "back/0/1")
+        .map(|e| e.event.clone());
+    match back {
+        Some(Event::ClaimGivenBack(b)) => {
+            assert_eq!((b.reason.as_str(), b.stopped), ("expired", true), "{b:?}");
+            assert_eq!(
+                Some(b.at_ms),
+                until(&db, "expired"),
+                "given back at the claim's end"
+            );
+        }
+        other => panic!("claim_given_back expected, got {other:?}"),
+    }
+}
+
 /// A claim's lifetime, step by step, on one generation (each step compared
 /// with the script): taken, renewed, a check inside quiet hours leaves it in
 /// place (it comes before the provider's status is read), a claim inside
@@ -1760,13 +1869,7 @@ async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
     ]
     .concat();
     replay_both(&store, &mut db, batch, 10, &calls).await;
-    let kinds: Vec<&str> = db
-        .batch(batch)
-        .expect("the batch")
-        .events
-        .iter()
-        .map(|e| e.key.as_str())
-        .collect();
+    let kinds = event_keys(&db, batch);
     assert_eq!(
         kinds,
         [

@@ -17,7 +17,7 @@ mod checker;
 mod world;
 
 use checker::{check, Report};
-use world::{ChunkSpec, Config, Mutant, World};
+use world::{ChunkSpec, Config, Mutant, Schedule, World};
 
 /// A configuration larger than this is an error, not a silent cut.
 const LIMIT: usize = 3_000_000;
@@ -57,7 +57,18 @@ fn base(name: &'static str) -> Config {
         retention: false,
         closes: 0,
         cancels: 0,
+        schedule: None,
         mutant: None,
+    }
+}
+
+/// Quiet hours 01:00-02:00 on a clock that runs from 00:00 to 02:00; a
+/// claim lives 90 minutes, cut where quiet hours begin.
+fn quiet_hours() -> Schedule {
+    Schedule {
+        hours: 2,
+        send_at: None,
+        quiet: Some((1, 2)),
     }
 }
 
@@ -409,6 +420,34 @@ fn configurations() -> Vec<Exhaustive> {
             },
             mutants: &[GiveUpIgnoresClaim, SendWithoutClaim],
         },
+        // Time passes: a send held by quiet hours, claimed before them,
+        // its worker slow or crashed across them, a cancel at any hour.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, true, &[1, 2])],
+                crashes: 1,
+                cancels: 1,
+                schedule: Some(quiet_hours()),
+                ..base("quiet-hours-cancel")
+            },
+            mutants: &[ScheduleNotInClaim, SendPastClaim, CancelledClaimRenewed],
+        },
+        // `send_at` at 01:00 and quiet hours 02:00-03:00: the first hour
+        // the send may go is 01:00; a send failed once is retried.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, true, &[1, 2])],
+                failures: 1,
+                lost_answers: 1,
+                schedule: Some(Schedule {
+                    hours: 4,
+                    send_at: Some(1),
+                    quiet: Some((2, 3)),
+                }),
+                ..base("send-at-and-quiet-hours")
+            },
+            mutants: &[ScheduleNotInClaim, SendPastClaim],
+        },
     ]
 }
 
@@ -569,4 +608,31 @@ fn copies_across_chunks_are_sent_once() {
     let text = show("copies", &r);
     shout(&text);
     assert!(r.violation.is_none(), "{text}");
+}
+
+/// One worker, one chunk, quiet hours 01:00-02:00 on a clock that runs to
+/// 02:00, a cancel.
+fn night() -> Config {
+    Config {
+        workers: 1,
+        ingest: vec![chunk(0, true, &[1])],
+        cancels: 1,
+        schedule: Some(quiet_hours()),
+        ..base("night")
+    }
+}
+
+#[test]
+fn mutant_a_claim_deciding_no_schedule_is_caught() {
+    caught(Mutant::ScheduleNotInClaim, night());
+}
+
+#[test]
+fn mutant_a_send_past_its_claim_is_caught() {
+    caught(Mutant::SendPastClaim, night());
+}
+
+#[test]
+fn mutant_a_cancelled_claim_renewed_past_its_end_is_caught() {
+    caught(Mutant::CancelledClaimRenewed, night());
 }

@@ -449,6 +449,11 @@ pub struct SendClaimed {
     /// The claim's number, from 1 (absent: 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
+    /// The end of the lifetime it was granted (Unix ms, the shard's clock):
+    /// once the batch is cancelled, the claim is never renewed past it
+    /// (absent in events written before it was recorded: no bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
 }
 
 /// See [`Event::ClaimGivenBack`]. Key `back/<gen>/<n>`.
@@ -459,9 +464,10 @@ pub struct ClaimGivenBack {
     /// The number of the claim given back.
     pub n: u32,
     /// When the batch's schedule lets the send go (Unix ms, the shard's
-    /// clock).
+    /// clock); for `expired`, when the claim ended.
     pub at_ms: u64,
-    /// `send_at` or `quiet_hours`.
+    /// `send_at` or `quiet_hours`; `expired`: the batch was cancelled and
+    /// the claim's lifetime ended before its send started.
     pub reason: String,
     /// The batch was cancelled while the claim was in place: the
     /// generation is stopped (done with status `cancelled`), as the cancel

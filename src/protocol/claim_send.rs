@@ -6,12 +6,17 @@
 //! batch held gives a claim in place back (`claim_given_back`), so that a
 //! cancel stops the generation; in a cancelled batch (the cancel saw the
 //! claim) it stops the generation itself. A claim answer grants the send
-//! until `until`: `now + lifetime`, cut where quiet hours begin.
+//! until `until`: `now + lifetime`, cut where quiet hours begin. A new
+//! claim records its end (`send_claimed.until_ms`, `g:<gen>:until`); in a
+//! cancelled batch a claim is never renewed past it: a renewal answers no
+//! later end, and a call after it gives the claim back (`expired`) and stops
+//! the generation.
 
 use super::settle::{stop_generation, try_report};
 use super::{entry_id, reply, BatchPolicy, Db, Run};
 use crate::events::options::{hold, HoldDecision, ScheduleArgs};
 use crate::events::{ClaimGivenBack, Event, SendClaimed, SendScheduled};
+use crate::projection::field;
 
 /// What a claim call asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,12 +101,28 @@ pub fn claim_send(
     {
         return reply(["done"]);
     }
-    let until = match hold(now, a.lifetime_ms, &a.schedule) {
+    // A claim in place in a cancelled batch lives no longer than it was
+    // given: past its end its send never started (a send starts within its
+    // claim's lifetime, and the caller has just read the group unsent), so
+    // it is given back and its generation stopped, as the cancel would
+    // have; before its end a renewal does not extend it.
+    let granted = r
+        .get(&field::claim_until(gen))
+        .and_then(|v| v.parse::<u64>().ok());
+    let bound = granted.filter(|_| live && cancelled.is_some() && a.mode == ClaimMode::Claim);
+    let decision = match bound {
+        Some(end) if now >= end => HoldDecision::Held {
+            at: end,
+            reason: "expired",
+        },
+        _ => hold(now, a.lifetime_ms, &a.schedule),
+    };
+    let until = match decision {
         HoldDecision::Stale => return reply(["stale", &now.to_string()]),
-        HoldDecision::Free { until } => until,
+        HoldDecision::Free { until } => bound.map_or(until, |end| until.min(end)),
         HoldDecision::Held { at, reason } => {
             let group = r.get(&gk("group"));
-            if r.get(&format!("k:schedule/{gen}")).is_none() {
+            if reason != "expired" && r.get(&format!("k:schedule/{gen}")).is_none() {
                 r.emit(
                     &format!("schedule/{gen}"),
                     Event::SendScheduled(SendScheduled {
@@ -156,6 +177,7 @@ pub fn claim_send(
     if a.mode != ClaimMode::Claim {
         return reply(["free", &now.to_string()]);
     }
+    let until_ms = until;
     let (until, now) = (until.to_string(), now.to_string());
     if let (true, Some(id)) = (live, &claim_id) {
         return reply(["claimed", id, &until, &now, &n.to_string(), "renewed"]);
@@ -166,9 +188,11 @@ pub fn claim_send(
         Event::SendClaimed(SendClaimed {
             gen,
             n: (n > 1).then_some(n as u32),
+            until_ms: Some(until_ms),
         }),
         true,
     );
+    r.put(field::claim_until(gen), until_ms);
     r.put(gk("claimed"), n);
     r.flush();
     reply([

@@ -14,9 +14,13 @@
 --
 -- Every call decides the schedule again: a claim answer grants the send
 -- until `until` (Redis ms): `now + lifetime`, cut where the next quiet window
--- opens. The provider call must start before it; a worker that cannot
--- (a limiter wait, a durability wait, a crash) calls again, which re-checks
--- the schedule and either renews the claim or gives it back.
+-- opens; a new claim records it (`send_claimed.until_ms`, `g:<gen>:until`).
+-- The provider call must start before it; a worker that cannot (a limiter
+-- wait, a durability wait, a crash) calls again, which re-checks the
+-- schedule and either renews the claim or gives it back. In a cancelled
+-- batch a claim is never renewed past its recorded end: a renewal answers
+-- no later end, and a call after it gives the claim back (reason
+-- `expired`) and stops the generation.
 --
 -- KEYS, ARGV[1..2]: see settle.lua
 -- ARGV: 3 gen, 4 mode (`claim`, or `check`: decide the schedule and record
@@ -63,7 +67,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gk = 'g:' .. gen .. ':'
 local f = redis.call('HMGET', STATE, gk .. 'claimed', gk .. 'back', 'cancelled', 'k:send/' .. gen, gk .. 'done',
-  gk .. 'group', 'k:schedule/' .. gen, gk .. 'closed', gk .. 'reg', gk .. 'c', gk .. 'n', gk .. 'failed')
+  gk .. 'group', 'k:schedule/' .. gen, gk .. 'closed', gk .. 'reg', gk .. 'c', gk .. 'n', gk .. 'failed',
+  gk .. 'until')
 local n = num(f[1])
 local live = n > num(f[2])
 -- The claim in place, by its event's key; a state that lost that key (a
@@ -86,12 +91,26 @@ end
 if f[4] or f[5] or f[12] then
   return reply({'done'})
 end
-local decided, a, b = hold(now, lifetime, send_at, from, opens, closes)
+-- A claim in place in a cancelled batch lives no longer than it was given:
+-- past its end its send never started (a send starts within its claim's
+-- lifetime, and the caller has just read the group unsent), so it is given
+-- back and its generation stopped, as the cancel would have; before its end
+-- a renewal does not extend it.
+local bound = nil
+if live and f[3] and mode == 'claim' then
+  bound = tonumber(f[13])
+end
+local decided, a, b
+if bound and now >= bound then
+  decided, a, b = 'held', bound, 'expired'
+else
+  decided, a, b = hold(now, lifetime, send_at, from, opens, closes)
+end
 if decided == 'stale' then
   return reply({'stale', tostring(now)})
 end
 if decided == 'held' then
-  if not f[7] then
+  if b ~= 'expired' and not f[7] then
     emit('schedule/' .. gen, 'send_scheduled', cmsgpack.pack({gen = gen, group_id = f[6] or '', at_ms = a, reason = b}))
     put(gk .. 'at', a)
   end
@@ -124,15 +143,19 @@ end
 if mode ~= 'claim' then
   return reply({'free', tostring(now)})
 end
+if bound then
+  a = math.min(a, bound)
+end
 if live then
   return reply({'claimed', claim_id, tostring(a), tostring(now), tostring(n), 'renewed'})
 end
 n = n + 1
-local data = {gen = gen}
+local data = {gen = gen, until_ms = a}
 if n > 1 then
   data.n = n
 end
 local id = emit(claim_key(n), 'send_claimed', cmsgpack.pack(data))
 put(gk .. 'claimed', n)
+put(gk .. 'until', a)
 flush()
 return reply({'claimed', id, tostring(a), tostring(now), tostring(n), 'new'})

@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use super::cancel::{groups_of, operator, sends, wait_deleted};
 use super::input::the_report;
 use super::retry::rig_with_hook;
-use super::retry::wait_state;
+use super::retry::{self, wait_state};
 use crate::common::*;
 
 /// `HH:MM:SS` of the instant `ms` in zone `tz`.
@@ -169,6 +169,98 @@ async fn a_claim_retried_into_quiet_hours_is_given_back_and_a_cancel_stops_the_s
             );
         }
     }
+    rig.check_ledger(&BTreeMap::from([(batch.to_string(), 0)]));
+    rig.verify(&[batch.to_string()]).await;
+    rig.stop().await;
+}
+
+/// A worker claims the send at `send_at`, two seconds before quiet hours
+/// of three seconds open, then stalls in its durability wait (8 s) past
+/// the whole quiet window. An operator's cancel inside the quiet hours finds
+/// the claim in place and leaves the generation alone (`stopped` 0). When
+/// the worker wakes, the quiet hours are over: its claim's lifetime (cut
+/// where they opened) is long gone, and in a cancelled batch a claim is never
+/// renewed past its recorded end: the retry gives it back (`expired`) and
+/// stops the generation. Nothing is sent, the report says `cancelled`.
+/// (Before the end was recorded, the retry renewed the claim and sent the
+/// batch after the quiet hours, long after the cancel.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_that_outlives_quiet_hours_after_a_cancel_is_not_renewed() {
+    let config = WorkerConfig {
+        durable: DurableWait::Window(Duration::from_secs(8)),
+        claim_lifetime: Duration::from_secs(1),
+        visibility_timeout: Duration::from_secs(30),
+        ..test_config()
+    };
+    let (rig, hook) = rig_with_hook(2, config, mock_config()).await;
+    let batch = "stalled-through-the-night";
+    let log = operator(&rig, batch);
+    let send_at = second_from_now(&log, 12).await;
+    let (opens, closes) = (send_at + 2_000, send_at + 5_000);
+    let options = options(send_at, opens, closes, "Asia/Seoul");
+    append_chunks(&rig.store, &chunks(batch, 96, 50, 50, &options))
+        .await
+        .expect("append");
+
+    wait_state(&log, "the send claimed", |s| {
+        s.gen_field(0, "claimed").is_some()
+    })
+    .await;
+    let claims = claim_events(&log).await;
+    let [(claimed_ms, Event::SendClaimed(c))] = claims.as_slice() else {
+        panic!("one claim: {claims:?}");
+    };
+    assert!(
+        *claimed_ms < opens,
+        "the test was too slow: the claim came at {claimed_ms}, after quiet hours opened at {opens}"
+    );
+    let until = c.until_ms.expect("the claim's end recorded");
+    assert!(
+        until <= opens,
+        "the claim's end {until} is past the opening {opens}"
+    );
+    // Inside the quiet hours, the worker still in its wait: the cancel
+    // leaves the claimed generation alone.
+    retry::wait_until("quiet hours open", Duration::from_secs(10), || async {
+        log.server_time_ms().await.expect("clock") >= opens
+    })
+    .await;
+    assert_eq!(
+        log.cancel("not tonight").await.expect("cancel"),
+        Cancelling::Cancelled {
+            stopped: 0,
+            unsent: 0,
+            seen: true
+        }
+    );
+    let report = the_report(&rig, &hook, batch).await;
+    assert_eq!(report["outcome"], "cancelled", "{report}");
+    assert_eq!(report["sentGenerations"], 0, "{report}");
+    assert_eq!(report["stoppedGenerations"], 1, "{report}");
+    assert_eq!(report["unsentRecipients"], 50, "{report}");
+    let claims = claim_events(&log).await;
+    let Some((back_ms, Event::ClaimGivenBack(b))) = claims.get(1) else {
+        panic!("the claim given back: {claims:?}");
+    };
+    assert!(
+        *back_ms >= closes,
+        "given back at {back_ms}, inside the quiet hours"
+    );
+    assert_eq!(
+        (b.reason.as_str(), b.stopped, b.at_ms),
+        ("expired", true, until),
+        "{b:?}"
+    );
+    for (gen, gs) in groups_of(&rig, batch) {
+        for g in gs {
+            assert!(
+                g.send_calls.is_empty() && g.sent_at_ms.is_none(),
+                "gen {gen}: group {} was sent after the cancel",
+                g.group_id
+            );
+        }
+    }
+    wait_deleted(&rig, batch, &[0]).await;
     rig.check_ledger(&BTreeMap::from([(batch.to_string(), 0)]));
     rig.verify(&[batch.to_string()]).await;
     rig.stop().await;

@@ -11,11 +11,13 @@ mod steps;
 #[path = "world/transitions.rs"]
 mod transitions;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hash;
 
 use std::time::Duration;
 
+use groupcast::events::options::{BatchOptions, QuietHours, ScheduleArgs, SendWindow};
+use groupcast::protocol::claim_send::{ClaimArgs, ClaimMode};
 use groupcast::protocol::{self, BatchPolicy, Db};
 use groupcast::store::batch::dedupe_records;
 use groupcast::worker::ops::WorkItem;
@@ -51,7 +53,39 @@ pub enum Mutant {
     /// `park.lua` without its check of the end: a chunk accepted before a
     /// cancel parks after it, asking for a group (events after the report).
     ParkAfterTheEnd,
+    /// The claim decides no schedule (the rule before it did): the
+    /// schedule is checked before the provider is read, then a claim taken
+    /// later, with time passed in between, lets the send go.
+    ScheduleNotInClaim,
+    /// The send op starts the provider call whatever is left of its claim's
+    /// lifetime (the claim's end, cut where quiet hours begin, ignored).
+    SendPastClaim,
+    /// `claim_send.lua` renews a claim in a cancelled batch whatever its
+    /// lifetime (the rule before claims recorded their end): a send claimed
+    /// before a cancel, its worker slow past its lifetime and past quiet
+    /// hours, goes out long after the cancel.
+    CancelledClaimRenewed,
 }
+
+/// The batch's schedule on an abstract clock of whole hours: hour `h` is
+/// the Redis time [`BASE_MS`] + `h` hours (UTC). Time passes an hour per
+/// `Tick`, up to `hours`.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// The last hour the clock reaches.
+    pub hours: u8,
+    /// `send_at`, an hour.
+    pub send_at: Option<u8>,
+    /// Quiet hours `opens..closes`, hours of the day (UTC).
+    pub quiet: Option<(u8, u8)>,
+}
+
+/// Hour 0 of the model's clock: 2026-01-01T00:00:00Z.
+pub const BASE_MS: u64 = 1_767_225_600_000;
+const HOUR_MS: u64 = 3_600_000;
+/// A claim's lifetime: an hour and a half (so that a claim outlives a tick
+/// unless quiet hours cut it).
+const CLAIM_LIFETIME_MS: u64 = 90 * 60 * 1000;
 
 /// One ingest entry: a chunk as the producer wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -74,6 +108,7 @@ type WorkKey<'a> = (
     Option<&'a str>,
     Option<&'a Vec<u8>>,
     Delivery,
+    Option<u8>,
 );
 
 /// A configuration to explore.
@@ -111,7 +146,54 @@ pub struct Config {
     /// Operator cancels (`groupcast cancel`), each at any time before the
     /// batch reports.
     pub cancels: u8,
+    /// A `send_at` and quiet hours, on a clock that runs (none: the clock
+    /// stands still and nothing holds the send).
+    pub schedule: Option<Schedule>,
     pub mutant: Option<Mutant>,
+}
+
+impl Schedule {
+    /// The options a producer would write, resolved by the product (UTC).
+    fn window(&self) -> SendWindow {
+        let hm = |h: u8| format!("{:02}:00", h % 24);
+        let options = BatchOptions {
+            send_at: self.send_at.map(|h| {
+                jiff::Timestamp::from_millisecond(hour_ms(h) as i64)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            }),
+            priority: None,
+            quiet_hours: self.quiet.map(|(o, c)| QuietHours {
+                start: hm(o),
+                end: hm(c),
+                tz: "UTC".into(),
+            }),
+        };
+        options
+            .resolve()
+            .unwrap_or_else(|e| panic!("the model's schedule {self:?}: {e}"))
+    }
+
+    /// Why nothing may be sent at hour `h` (told apart from the product's
+    /// own decision, which the property checks).
+    pub fn holds_at(&self, h: u8) -> Option<&'static str> {
+        if self.send_at.is_some_and(|s| h < s) {
+            return Some("before send_at");
+        }
+        let (o, c) = self.quiet?;
+        let d = h % 24;
+        let inside = if o <= c {
+            o <= d && d < c
+        } else {
+            d >= o || d < c
+        };
+        inside.then_some("inside quiet hours")
+    }
+}
+
+/// Redis time at hour `h` of the model's clock.
+pub fn hour_ms(h: u8) -> u64 {
+    BASE_MS + u64::from(h) * HOUR_MS
 }
 
 impl Config {
@@ -196,6 +278,9 @@ pub struct Job {
     pub appended: Option<(String, String)>,
     /// The reason of the dead letter its next step writes (`DEAD`).
     pub dead: Option<String>,
+    /// The end of the claim the send holds (Redis ms): the provider call
+    /// must start before it.
+    pub until: Option<u64>,
 }
 
 /// How a provider call turned out.
@@ -231,6 +316,8 @@ pub enum Action {
     Close,
     /// An operator cancels the batch.
     Cancel,
+    /// An hour passes.
+    Tick,
 }
 
 #[derive(Debug, Clone)]
@@ -254,10 +341,25 @@ pub struct World {
     pub closes: u8,
     pub cancels: u8,
     /// Once a cancel took effect: the generations whose send was claimed
-    /// then (the only ones that may still be sent).
-    pub cancelled: Option<BTreeSet<u32>>,
-    /// A send the provider made after the cancel without a claim before it.
+    /// then (the only ones that may still be sent), with the end of the
+    /// lifetime granted to that claim before the cancel.
+    pub cancelled: Option<BTreeMap<u32, u64>>,
+    /// A send the provider made after the cancel without a claim before it,
+    /// or past that claim's lifetime.
     pub late_send: Option<String>,
+    /// The hour (see [`Schedule`]).
+    pub clock: u8,
+    /// The latest end of a claim granted, by generation (what the workers
+    /// were told, whatever Redis kept).
+    pub granted: BTreeMap<u32, u64>,
+    /// A send the provider made inside quiet hours or before `send_at`.
+    pub off_schedule_send: Option<String>,
+    /// The batch's options, resolved by the product's own code.
+    pub window: Option<std::rc::Rc<SendWindow>>,
+    /// Work entries retried for later (a send held by its schedule): the
+    /// hour before which nobody reads them (`retry_later.lua`, then
+    /// `promote.lua` when due).
+    pub due: BTreeMap<u64, u8>,
 }
 
 const CHUNK_OPS: &str = "chunk";
@@ -297,8 +399,64 @@ impl World {
             cancels: cfg.cancels,
             cancelled: None,
             late_send: None,
+            clock: 0,
+            granted: BTreeMap::new(),
+            off_schedule_send: None,
+            due: BTreeMap::new(),
+            window: cfg.schedule.as_ref().map(|s| std::rc::Rc::new(s.window())),
             cfg: std::rc::Rc::new(cfg),
         }
+    }
+
+    /// Redis time now.
+    pub(crate) fn now_ms(&self) -> u64 {
+        hour_ms(self.clock)
+    }
+
+    /// Whether generation `gen` holds a claim not given back.
+    fn claim_live(&self, gen: u32) -> bool {
+        protocol::num(self.field(&format!("g:{gen}:claimed")))
+            > protocol::num(self.field(&format!("g:{gen}:back")))
+    }
+
+    /// `claim_send.lua` now, with the batch's schedule as the worker
+    /// computes it from a clock reading (none for the mutant's claim).
+    fn claim_call(&mut self, gen: u32, mode: ClaimMode) -> Vec<String> {
+        let now = self.now_ms();
+        let schedule = match (&self.window, self.cfg.mutant) {
+            (Some(_), Some(Mutant::ScheduleNotInClaim)) if mode == ClaimMode::Claim => {
+                ScheduleArgs::default()
+            }
+            (Some(w), _) => w.schedule_args(now),
+            (None, _) => ScheduleArgs::default(),
+        };
+        let args = ClaimArgs {
+            gen,
+            mode,
+            lifetime_ms: CLAIM_LIFETIME_MS,
+            schedule,
+        };
+        let policy = self.policy();
+        // The mutant: the end recorded with the claim is not looked at.
+        let until = format!("g:{gen}:until");
+        let hidden = match self.cfg.mutant {
+            Some(Mutant::CancelledClaimRenewed) => {
+                (self.redis.db.batches.get_mut(BATCH)).and_then(|b| b.state.remove(&until))
+            }
+            _ => None,
+        };
+        let r = protocol::claim_send(&mut self.redis.db, BATCH, &policy, &args, now);
+        // A generation stopped here has its group's delete enqueued.
+        self.sync_work();
+        if let (Some(v), Some(b)) = (hidden, self.redis.db.batches.get_mut(BATCH)) {
+            b.state.entry(until).or_insert(v);
+        }
+        if r[0] == "claimed" {
+            let end = r[2].parse().unwrap_or(0);
+            let e = self.granted.entry(gen).or_insert(end);
+            *e = (*e).max(end);
+        }
+        r
     }
 
     /// The keys of events appended after the report, other than its
@@ -377,7 +535,7 @@ impl World {
                     .map(|(k, _)| (k, self.recorded(&j.appended))),
             )
                 .hash(&mut h);
-            j.dead.hash(&mut h);
+            (&j.dead, j.until).hash(&mut h);
         }
         let mine = Delivery::Pending(Some(w as u8));
         let pending = |r: &Redis, h: &mut crate::checker::Fx| {
@@ -564,6 +722,23 @@ impl World {
 
     /// The retry a failed handler schedules (acknowledged, back later as a
     /// new entry: retry_later.lua, then promote.lua).
+    /// A send held by its schedule until `at` (Redis ms, a script's
+    /// answer): retried then, not before.
+    fn retry_at(&mut self, w: usize, item: WorkItem, at: Option<u64>) {
+        self.retry(w, "send", item, None);
+        let hour = at.map(|at| (0..=u8::MAX).find(|h| hour_ms(*h) >= at).unwrap_or(u8::MAX));
+        if let (Some(h), Some(e)) = (hour, self.redis.db.work.last()) {
+            if h > self.clock {
+                self.due.insert(e.id, h);
+            }
+        }
+    }
+
+    /// The hour before which work entry `id` is not read, if still ahead.
+    fn due_after(&self, id: u64) -> Option<u8> {
+        self.due.get(&id).copied().filter(|h| *h > self.clock)
+    }
+
     fn retry(&mut self, w: usize, op: &str, item: WorkItem, chunk: Option<Vec<u8>>) {
         if self.cfg.mutant == Some(Mutant::GiveBackApproval) && op == "load" {
             let f = format!("g:{}:n", item.gen);

@@ -4,6 +4,7 @@
 use groupcast::events::{
     ChunkLoaded, Event, GroupDiscarded, RegistrationFailure, ReportDelivered, SendRefused,
 };
+use groupcast::protocol::claim_send::ClaimMode;
 use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, GivenUp};
 
 use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS, DEAD};
@@ -312,6 +313,19 @@ impl World {
                     return self.dead(w, format!("generation {g} ready without a group"));
                 };
                 job.group = Some(group);
+                // The schedule, checked before the provider is read (unless
+                // a claim is in place: its send may have gone out).
+                if self.window.is_some() && !self.claim_live(g) {
+                    let r = self.claim_call(g, ClaimMode::Check);
+                    match r[0].as_str() {
+                        "free" => {}
+                        "held" | "stale" => {
+                            let item = self.item(&job);
+                            return self.retry_at(w, item, r[1].parse().ok());
+                        }
+                        _ => return self.ack(w),
+                    }
+                }
                 job.pc = 1;
             }
             ("send", 1) => {
@@ -357,11 +371,16 @@ impl World {
             ("send", 4) => {
                 // The claim, linearized with a cancel on the batch's state.
                 if self.cfg.mutant != Some(Mutant::SendWithoutClaim) {
-                    let policy = self.policy();
-                    let args = protocol::claim_send::ClaimArgs::unscheduled(job.gen);
-                    let r = protocol::claim_send(&mut self.redis.db, BATCH, &policy, &args, 0);
-                    if r[0] == "cancelled" || r[0] == "done" {
-                        return self.ack(w);
+                    let r = self.claim_call(job.gen, ClaimMode::Claim);
+                    match r[0].as_str() {
+                        "claimed" => job.until = r[2].parse().ok(),
+                        // Held: the claim given back; a retry at the end
+                        // of the hold claims again.
+                        "held" | "stale" => {
+                            let item = self.item(&job);
+                            return self.retry_at(w, item, r[1].parse().ok());
+                        }
+                        _ => return self.ack(w),
                     }
                 }
                 job.pc = 2;
@@ -374,6 +393,13 @@ impl World {
                     self.workers[w] = Some(job);
                     return;
                 }
+                // The provider call starts within the claim's lifetime, or
+                // the item runs again, claiming again.
+                let expired = job.until.is_some_and(|u| self.now_ms() >= u);
+                if expired && self.cfg.mutant != Some(Mutant::SendPastClaim) {
+                    let item = self.item(&job);
+                    return self.retry(w, "send", item, None);
+                }
                 let group = job.group.clone().unwrap_or_default();
                 let gi = Self::group_index(&group).unwrap_or(0);
                 let resend = self.cfg.mutant == Some(Mutant::SendWithoutMarker);
@@ -382,14 +408,7 @@ impl World {
                 }
                 if answer != Answer::Fail {
                     if self.groups[gi].status == GroupStatus::Pending || resend {
-                        if let Some(claimed) = &self.cancelled {
-                            if !claimed.contains(&job.gen) {
-                                self.late_send = Some(format!(
-                                    "group {group} (generation {}) was sent after the cancel, its send not claimed before it",
-                                    job.gen
-                                ));
-                            }
-                        }
+                        self.sent_now(job.gen, &group);
                         self.groups[gi].status = GroupStatus::Sent;
                         self.groups[gi].sends += 1;
                         self.groups[gi].complete_when_sent = self.complete(job.gen, gi);
@@ -592,6 +611,35 @@ impl World {
 
     /// The consumer's give-up of a send, poll or recall item: recorded
     /// (`give_up_send`), then dead-lettered.
+    /// The provider sends generation `gen`'s group now: what the properties
+    /// of the schedule and of a cancel must know (10, 14).
+    fn sent_now(&mut self, gen: u32, group: &str) {
+        let now = self.now_ms();
+        if let Some(claimed) = &self.cancelled {
+            match claimed.get(&gen) {
+                None => {
+                    self.late_send = Some(format!(
+                        "group {group} (generation {gen}) was sent after the cancel, its send not claimed before it"
+                    ))
+                }
+                Some(&until) if now >= until => {
+                    self.late_send = Some(format!(
+                        "group {group} (generation {gen}) was sent after the cancel at {:02}:00, past the lifetime of the claim taken before it",
+                        self.clock
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let why = (self.cfg.schedule.as_ref()).and_then(|s| s.holds_at(self.clock));
+        if let Some(why) = why {
+            self.off_schedule_send = Some(format!(
+                "group {group} (generation {gen}) was sent at {:02}:00, {why}",
+                self.clock
+            ));
+        }
+    }
+
     fn give_up_send(&mut self, w: usize, job: &Job, what: GivenUp) {
         let policy = self.policy();
         let gen = job.gen;
@@ -639,6 +687,7 @@ impl World {
             outcome: "",
             appended: None,
             dead: None,
+            until: None,
         };
         if let Some(e) = match held {
             Held::Work(id) => self.redis.db.work.iter().find(|e| e.id == id),

@@ -29,7 +29,8 @@ impl Model for World {
         // Identical free workers: only the first free one reads.
         if let Some(w) = self.workers.iter().position(Option::is_none) {
             for (h, d) in &deliveries {
-                if *d == Delivery::New {
+                let due = matches!(h, Held::Work(id) if self.due_after(*id).is_some());
+                if *d == Delivery::New && !due {
                     out.push(Action::Read(w, *h));
                 }
             }
@@ -84,6 +85,14 @@ impl Model for World {
         }
         if self.cancels > 0 && !reported {
             out.push(Action::Cancel);
+        }
+        if self
+            .cfg
+            .schedule
+            .as_ref()
+            .is_some_and(|c| self.clock < c.hours)
+        {
+            out.push(Action::Tick);
         }
         let quiet = deliveries.iter().all(|(_, d)| *d == Delivery::Acked)
             && self.workers.iter().all(Option::is_none);
@@ -165,11 +174,13 @@ impl Model for World {
                     let top = protocol::num(s.field("gen"));
                     s.cancelled = Some(
                         (0..=top as u32)
-                            .filter(|g| s.field(&format!("k:claim/{g}")).is_some())
+                            .filter(|g| s.claim_live(*g))
+                            .map(|g| (g, s.granted.get(&g).copied().unwrap_or(u64::MAX)))
                             .collect(),
                     );
                 }
             }
+            Action::Tick => s.clock += 1,
         }
         // A report decided by this step (whichever script decided it).
         if s.redis.db.reports.len() > self.redis.db.reports.len() {
@@ -236,6 +247,7 @@ impl Model for World {
                             e.item.group_id.as_deref(),
                             e.chunk.as_ref(),
                             canon(*d),
+                            self.due_after(e.id),
                         )
                     })
                     .collect();
@@ -281,6 +293,7 @@ impl Model for World {
             ),
         );
         put(h, &(&self.cancelled, &self.late_send));
+        put(h, &(self.clock, &self.granted, &self.off_schedule_send));
     }
 
     fn always(&self) -> Option<String> {
@@ -358,8 +371,12 @@ impl Model for World {
             return Some(format!("events after the report: {late:?}"));
         }
         // 10. Nothing is sent after a cancel unless its send was claimed
-        // before it.
+        // before it, and started within the lifetime that claim was given.
         if let Some(v) = &self.late_send {
+            return Some(v.clone());
+        }
+        // 14. Nothing is sent inside quiet hours or before `send_at`.
+        if let Some(v) = &self.off_schedule_send {
             return Some(v.clone());
         }
         // 4. The report decided once.
@@ -482,6 +499,7 @@ impl Model for World {
     fn fair(&self, a: &Action) -> bool {
         match a {
             Action::Read(..) | Action::Promote | Action::Sync | Action::Watchdog => true,
+            Action::Tick => true,
             Action::Expire => true,
             Action::Step(_, answer) => *answer == Answer::Ok,
             // A redelivery of an entry nobody is on is the system's own
@@ -557,6 +575,12 @@ impl Model for World {
                         ("create", 2) => "enqueue delete of the losing group".into(),
                         ("send", 0) => "send: read marker, ready, group".into(),
                         ("send", 1) => format!("provider GET {:?} + count check", j.group),
+                        ("send", 2)
+                            if j.until.is_some_and(|u| self.now_ms() >= u)
+                                && self.cfg.mutant != Some(super::Mutant::SendPastClaim) =>
+                        {
+                            "the claim's lifetime is over: the item runs again".into()
+                        }
                         ("send", 2) => format!("provider send {:?}", j.group),
                         ("send", 3) => "sent.lua".into(),
                         ("send", 4) => "claim_send.lua".into(),
@@ -586,6 +610,7 @@ impl Model for World {
             Action::Expire => "retention expires the batch's keys".into(),
             Action::Close => "an operator closes the batch".into(),
             Action::Cancel => "an operator cancels the batch".into(),
+            Action::Tick => format!("an hour passes: {:02}:00", self.clock + 1),
         }
     }
 }
