@@ -444,6 +444,8 @@ async fn cancel_of_an_id_never_seen_needs_force() {
         stdout.contains("batch queued: cancelled before any worker read it (1 chunk(s) queued)"),
         "{stdout}"
     );
+    let again = ok_stdout(&groupcast(&url, &["cancel", "queued"]));
+    assert_eq!(again, stdout, "the same answer again");
 }
 
 fn worker_process(

@@ -111,9 +111,21 @@ struct Known {
 /// the cancel, not atomically with it: a chunk read in between only makes
 /// the answer stale (at worst a refusal: the operator runs it again).
 async fn what_is_known(redis: &super::RedisArgs, b: &str) -> Result<Known, CliError> {
+    use crate::projection::field;
     let store = redis.connect().await?;
-    let recorded =
-        !store.batch(b).state().await?.fields.is_empty() || store.is_tombstoned(b).await?;
+    let state = store.batch(b).state().await?;
+    // A chunk of it was recorded (what `cancel.lua` calls seen): known,
+    // and no need to read the ingest streams' backlog, chunks and all.
+    if ["seqs", field::HOLES, field::REJECTED]
+        .iter()
+        .any(|f| state.get(f).is_some())
+    {
+        return Ok(Known {
+            recorded: true,
+            queued: None,
+        });
+    }
+    let recorded = !state.fields.is_empty() || store.is_tombstoned(b).await?;
     let queued = store.queued(store.keys.shard_of(b)).await?;
     Ok(Known {
         recorded,
