@@ -13,7 +13,9 @@
 //! as problems with `--duplicates fail`).
 //!
 //! Memory stays flat whatever the file's size: the file is read twice, one
-//! row at a time. The first reading checks every row and every chunk; the
+//! row at a time (a file not known to be EUC-KR is first validated as UTF-8
+//! in one streaming pass; one that is not is transcoded once, see
+//! [`decode`]). The first reading checks every row and every chunk; the
 //! second cuts and encodes the chunks on a thread of its own while the
 //! previous ones are appended, several per round trip, with backpressure
 //! ([`Producer`]). The batch-wide duplicate check keeps one `u64` per row
