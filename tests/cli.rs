@@ -23,6 +23,19 @@ fn groupcast(redis_url: &str, args: &[&str]) -> Output {
         .expect("run groupcast")
 }
 
+/// The stdout of a command that must have succeeded (else a panic with
+/// its output).
+fn ok_stdout(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write");
@@ -68,12 +81,15 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
             "novar.jsonl:2: field `name`",
         ),
         (
-            vec![write(
-                dir.path(),
-                "dup.csv",
-                "to,name\n01012345678,Kim\n010-1234-5678,Lee\n",
-            )],
-            "repeats line 2",
+            vec![
+                write(
+                    dir.path(),
+                    "dup.csv",
+                    "to,name\n01012345678,Kim\n010-1234-5678,Lee\n",
+                ),
+                "--duplicates=fail".into(),
+            ],
+            "dup.csv:3: field `to`: 01012345678 repeats line 2",
         ),
         (
             vec![good.clone(), "--chunk-size".into(), "0".into()],
@@ -189,6 +205,247 @@ async fn submit_refuses_bad_input_with_exit_2_and_appends_nothing() {
     );
     let n: u64 = store.stream_len(&store.keys.ingest(0)).await.expect("xlen");
     assert_eq!(n, 2, "nothing appended to an ended batch");
+}
+
+/// Every chunk appended to shard 0's normal lane, decoded, in order.
+async fn ingested(store: &groupcast::store::Store) -> Vec<groupcast::events::Chunk> {
+    let v: redis::Value = redis::cmd("XRANGE")
+        .arg(store.keys.ingest(0))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("xrange");
+    groupcast::store::queue::parse_entries(&v)
+        .iter()
+        .map(|e| groupcast::events::Chunk::decode(e.get("d").expect("d")).expect("a chunk"))
+        .collect()
+}
+
+fn submit_args<'a>(batch: &'a str, template: &'a str, recipients: &'a str) -> Vec<&'a str> {
+    vec![
+        "submit",
+        "--batch",
+        batch,
+        "--template",
+        template,
+        "--recipients",
+        recipients,
+    ]
+}
+
+/// A CRM's export as it comes: EUC-KR, Korean names and other columns, the
+/// numbers as an Excel sheet had them (a lost leading 0, +82, spaces,
+/// hyphens), a customer twice. Submitted as it is: the numbers are stored
+/// normalised, the repeat dropped and counted, the names arrive as UTF-8.
+#[tokio::test]
+async fn submit_takes_an_euc_kr_crm_export_with_excel_numbers_as_it_is() {
+    let (server, store) = common::store(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = write(dir.path(), "t.json", TEMPLATE);
+    let rows = [
+        ("김민지", "1012345678", "01012345678"),
+        ("이서준", "+82 10-2345-6789", "01023456789"),
+        ("박똠양", "010 3456 7890", "01034567890"),
+        ("최지우", "(010) 4567-8901", "01045678901"),
+        ("정하늘", "+821056789012", "01056789012"),
+        ("김민지", "010-1234-5678", "01012345678"),
+        ("한가람", "010.6789.0123", "01067890123"),
+    ];
+    let mut csv = String::from("고객번호,이름 ,name,to,가입일\r\n");
+    for (i, (name, to, _)) in rows.iter().enumerate() {
+        csv.push_str(&format!(
+            "C{i:03},{name},{name},{to},2026-01-0{}\r\n",
+            i + 1
+        ));
+    }
+    let (bytes, _, unmappable) = encoding_rs::EUC_KR.encode(&csv);
+    assert!(!unmappable && std::str::from_utf8(&bytes).is_err());
+    let path = dir.path().join("crm export.csv");
+    std::fs::write(&path, &bytes).expect("write");
+    let path = path.display().to_string();
+
+    let mut args = submit_args("crm", &template, &path);
+    args.push("--json");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok_stdout(&groupcast(&server.url(), &args))).expect("json");
+    assert_eq!(v["encoding"], "EUC-KR", "{v}");
+    assert_eq!(v["rows"], 7, "{v}");
+    assert_eq!(v["recipients"], 6, "{v}");
+    assert_eq!(v["duplicatesDropped"], 1, "{v}");
+    assert_eq!(
+        v["duplicateLines"],
+        serde_json::json!([{"kept": 2, "dropped": 7}]),
+        "{v}"
+    );
+    assert_eq!(v["leadingZerosRestored"], 1, "{v}");
+
+    let chunks = ingested(&store).await;
+    let stored: Vec<(String, String, String)> = chunks
+        .iter()
+        .flat_map(|c| c.recipients.iter())
+        .map(|r| (r.to.clone(), r.vars["name"].clone(), r.vars["이름"].clone()))
+        .collect();
+    let expected: Vec<(String, String, String)> = rows
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 5)
+        .map(|(_, (name, _, to))| (to.to_string(), name.to_string(), name.to_string()))
+        .collect();
+    assert_eq!(stored, expected);
+
+    // The human summary says the same.
+    let text = ok_stdout(&groupcast(
+        &server.url(),
+        &submit_args("crm-2", &template, &path),
+    ));
+    assert!(
+        text.contains("6 recipients in 1 chunks")
+            && text.contains("crm export.csv as EUC-KR")
+            && text.contains(
+                "1 duplicate row(s) dropped, their number sent once (line 7 repeats line 2"
+            )
+            && text.contains("1 mobile number(s) had lost their leading 0"),
+        "{text}"
+    );
+    // Duplicates can be made fatal: nothing appended then.
+    let mut args = submit_args("crm-3", &template, &path);
+    args.extend(["--duplicates", "fail"]);
+    let out = groupcast(&server.url(), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("crm export.csv:7: field `to`: 01012345678 repeats line 2"),
+        "{stderr}"
+    );
+    assert_eq!(ingested(&store).await.len(), 2, "nothing more appended");
+}
+
+/// A file with 40 bad rows scattered through 2,000: one run lists all 40
+/// (line, field, what to do), sums them up, exits 2, appends nothing.
+#[tokio::test]
+async fn submit_lists_all_40_bad_rows_of_a_file_in_one_run() {
+    let (server, store) = common::store(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = write(dir.path(), "t.json", TEMPLATE);
+    let mut csv = String::from("to,name\n");
+    let mut bad = Vec::new();
+    for i in 0..2_000usize {
+        if i % 50 == 13 {
+            bad.push(i + 2);
+            csv.push_str(&match i % 3 {
+                0 => format!("010-{i:04},n\n"),
+                1 => format!("1.01E+10,n{i}\n"),
+                _ => format!("010{i:08},\"Kim, {i}\",extra\n"),
+            });
+        } else {
+            csv.push_str(&format!("010{i:08},n{i}\n"));
+        }
+    }
+    assert_eq!(bad.len(), 40);
+    let path = write(dir.path(), "forty.csv", &csv);
+    let out = groupcast(&server.url(), &submit_args("forty", &template, &path));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let listed: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| {
+            l.split_once("forty.csv:")?
+                .1
+                .split(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(listed, bad, "{stderr}");
+    assert!(
+        stderr.contains("forty.csv: 2000 row(s), 40 bad, 40 problem(s): ")
+            && stderr.contains("format the column as Text")
+            && stderr.contains("nothing was appended"),
+        "{stderr}"
+    );
+    assert_eq!(ingested(&store).await.len(), 0);
+}
+
+/// `--send-at` beyond a small grace in the past, or beyond the horizon
+/// ahead, is refused (exit 2) with the bound, before anything is appended.
+#[tokio::test]
+async fn submit_refuses_a_send_at_in_the_past_or_too_far_ahead() {
+    let (server, store) = common::store(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = write(dir.path(), "t.json", TEMPLATE);
+    let good = write(dir.path(), "good.csv", "to,name\n01012345678,Kim\n");
+    for (at, bound, said) in [
+        (
+            "2020-01-01T09:00:00+09:00",
+            "is in the past",
+            "more than the 5 minutes allowed",
+        ),
+        (
+            "2099-01-01T09:00:00+09:00",
+            "is more than 90 days ahead",
+            "the furthest allowed",
+        ),
+    ] {
+        let mut args = submit_args("later", &template, &good);
+        args.extend(["--send-at", at]);
+        let out = groupcast(&server.url(), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{at}: {stderr}");
+        assert!(
+            stderr.contains(&format!("--send-at {at} {bound}")) && stderr.contains(said),
+            "{at}: {stderr}"
+        );
+    }
+    assert_eq!(ingested(&store).await.len(), 0, "nothing appended");
+}
+
+/// `cancel` of an id of which nothing is known (a typo) is refused, exit 1,
+/// and blocks nothing; `--force` cancels it; a batch whose chunks wait
+/// unread (no worker yet) is known, and cancelled without `--force`.
+#[tokio::test]
+async fn cancel_of_an_id_never_seen_needs_force() {
+    let (server, store) = common::store(1).await;
+    let url = server.url();
+    let out = groupcast(&url, &["cancel", "sprnig-sale"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("batch sprnig-sale: never seen")
+            && stderr.contains("check the batch id and --prefix")
+            && stderr.contains("pass --force"),
+        "{stderr}"
+    );
+    assert!(
+        store
+            .batch("sprnig-sale")
+            .state()
+            .await
+            .expect("state")
+            .fields
+            .is_empty(),
+        "nothing recorded for the refused id"
+    );
+    assert!(!store.is_tombstoned("sprnig-sale").await.expect("tombstone"));
+
+    let out = groupcast(&url, &["cancel", "sprnig-sale", "--force"]);
+    assert!(ok_stdout(&out).contains("never seen"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = write(dir.path(), "t.json", TEMPLATE);
+    let good = write(dir.path(), "good.csv", "to,name\n01012345678,Kim\n");
+    ok_stdout(&groupcast(&url, &submit_args("queued", &template, &good)));
+    let stdout = ok_stdout(&groupcast(
+        &url,
+        &["cancel", "queued", "--reason", "wrong list"],
+    ));
+    assert!(
+        stdout.contains("batch queued: cancelled before any worker read it (1 chunk(s) queued)"),
+        "{stdout}"
+    );
+    let again = ok_stdout(&groupcast(&url, &["cancel", "queued"]));
+    assert_eq!(again, stdout, "the same answer again");
 }
 
 fn worker_process(
@@ -577,14 +834,10 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
             .expect("claim"),
         Claim::Claimed { .. }
     ));
-    let out = groupcast(&url, &["cancel", "promo", "--reason", "wrong coupon"]);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok_stdout(&groupcast(
+        &url,
+        &["cancel", "promo", "--reason", "wrong coupon"],
+    ));
     assert!(
         stdout.contains("cancelled (wrong coupon); 1 generation(s) stopped"),
         "{stdout}"
@@ -619,8 +872,9 @@ async fn cancel_says_what_it_stopped_with_its_exit_codes() {
     assert_eq!(v["generations"][1]["done"], "cancelled", "{v}");
     assert_eq!(v["generations"][0]["claimed"], true, "{v}");
 
-    // Never seen: remembered, said so; its chunk is refused when it comes.
-    let out = groupcast(&url, &["cancel", "ghost"]);
+    // Never seen: with --force, remembered, said so; its chunk is refused
+    // when it comes (without --force: see cancel_of_an_id_never_seen_needs_force).
+    let out = groupcast(&url, &["cancel", "ghost", "--force"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("never seen"), "{stdout}");

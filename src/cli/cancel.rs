@@ -5,10 +5,16 @@
 //! refused, and the batch reports `cancelled` with the counts of what was
 //! sent. Running it again changes nothing and answers the same.
 //!
-//! Exit codes: 0 when the batch is cancelled (now or before, or never seen:
-//! then it is remembered as cancelled, so that its chunks are refused when
-//! they come); 1 when it had already reported otherwise (nothing to stop)
-//! or Redis failed; 2 for a bad batch id.
+//! A batch id never seen (nothing recorded for it, no chunk of it waiting
+//! in the ingest stream, no tombstone) is most likely mistyped, and a cancel
+//! would block that id for the retention: it is refused unless `--force`
+//! says the batch is to come (then it is remembered as cancelled, so that
+//! its chunks are refused when they come).
+//!
+//! Exit codes: 0 when the batch is cancelled (now or before, or never seen
+//! with `--force`); 1 when it had already reported otherwise (nothing to
+//! stop), was never seen (without `--force`) or Redis failed; 2 for a bad
+//! batch id.
 
 use clap::Args;
 
@@ -32,18 +38,35 @@ pub struct CancelArgs {
     /// workers' `--retention`).
     #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = super::worker::duration)]
     pub retention: humantime::Duration,
+    /// Cancel a batch id never seen too (nothing recorded, no chunk
+    /// queued): its chunks, when they come, are refused.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Runs `groupcast cancel`.
 pub async fn run(args: CancelArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     let b = &args.batch;
+    let known = what_is_known(&args.redis, b).await?;
+    if !known.recorded && known.queued.is_none() && !args.force {
+        return Err(CliError::Failed(format!(
+            "batch {b}: never seen: nothing of it is recorded and no chunk of it is queued \
+             (check the batch id and --prefix); to cancel it before its chunks come, pass --force"
+        )));
+    }
     match log.cancel(&args.reason).await? {
         Cancelling::Cancelled { seen: false, .. } => {
-            println!(
-                "batch {b}: cancelled, never seen: no chunk of it was recorded (check the batch id and --prefix); \
-                 it is remembered as cancelled and reported so, and its chunks are refused when they come"
-            );
+            match known.queued {
+                Some(chunks) => println!(
+                    "batch {b}: cancelled before any worker read it ({chunks} chunk(s) queued): nothing of it is sent, \
+                     and its chunks are refused when they are read"
+                ),
+                None => println!(
+                    "batch {b}: cancelled, never seen: no chunk of it was recorded (check the batch id and --prefix); \
+                     it is remembered as cancelled and reported so, and its chunks are refused when they come"
+                ),
+            }
             Ok(())
         }
         Cancelling::Cancelled {
@@ -72,4 +95,40 @@ pub async fn run(args: CancelArgs) -> Result<(), CliError> {
             "batch {b}: already reported, and its events have expired: nothing to cancel"
         ))),
     }
+}
+
+/// What is known of a batch before it is cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Known {
+    /// Its state, or the tombstone of its report, is there.
+    recorded: bool,
+    /// How many chunks of it wait unread in its shard's ingest streams
+    /// (submitted, not read by a worker yet), if any.
+    queued: Option<u64>,
+}
+
+/// Looks for the batch's state, tombstone and queued chunks. Read before
+/// the cancel, not atomically with it: a chunk read in between only makes
+/// the answer stale (at worst a refusal: the operator runs it again).
+async fn what_is_known(redis: &super::RedisArgs, b: &str) -> Result<Known, CliError> {
+    use crate::projection::field;
+    let store = redis.connect().await?;
+    let state = store.batch(b).state().await?;
+    // A chunk of it was recorded (what `cancel.lua` calls seen): known,
+    // and no need to read the ingest streams' backlog, chunks and all.
+    if ["seqs", field::HOLES, field::REJECTED]
+        .iter()
+        .any(|f| state.get(f).is_some())
+    {
+        return Ok(Known {
+            recorded: true,
+            queued: None,
+        });
+    }
+    let recorded = !state.fields.is_empty() || store.is_tombstoned(b).await?;
+    let queued = store.queued(store.keys.shard_of(b)).await?;
+    Ok(Known {
+        recorded,
+        queued: queued.of(b).map(|w| w.chunks),
+    })
 }

@@ -176,7 +176,7 @@ async fn every_limit_is_enforced_by_submit() {
             100,
             tpl.to_vec(),
             format!("to,name\n{},Kim\n", "0".repeat(10_000)).into_bytes(),
-            "not a valid phone number",
+            "has 10000 digits: a Korean number has 9 to 11",
         ),
         (
             "chunk bytes",
