@@ -432,6 +432,20 @@ fn configurations() -> Vec<Exhaustive> {
             },
             mutants: &[ScheduleNotInClaim, SendPastClaim, CancelledClaimRenewed],
         },
+        // A group creation refused for good, and a send, poll or recall:
+        // chunks parked for the generation and those arriving after the
+        // give-up end given up, a crash anywhere, a cancel.
+        Exhaustive {
+            cfg: Config {
+                ingest: vec![chunk(0, false, &[1]), chunk(1, true, &[2])],
+                cap: 2,
+                refusals: 1,
+                crashes: 1,
+                cancels: 1,
+                ..base("create-given-up")
+            },
+            mutants: &[CreateGivenUpUnrecorded],
+        },
         // `send_at` at 01:00 and quiet hours 02:00-03:00: the first hour
         // the send may go is 01:00; a send failed once is retried.
         Exhaustive {
@@ -635,4 +649,17 @@ fn mutant_a_send_past_its_claim_is_caught() {
 #[test]
 fn mutant_a_cancelled_claim_renewed_past_its_end_is_caught() {
     caught(Mutant::CancelledClaimRenewed, night());
+}
+
+#[test]
+fn mutant_a_create_given_up_unrecorded_is_caught() {
+    caught(
+        Mutant::CreateGivenUpUnrecorded,
+        Config {
+            workers: 1,
+            ingest: vec![chunk(0, true, &[1])],
+            refusals: 1,
+            ..base("create-refused")
+        },
+    );
 }

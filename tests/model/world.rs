@@ -65,6 +65,10 @@ pub enum Mutant {
     /// before a cancel, its worker slow past its lifetime and past quiet
     /// hours, goes out long after the cancel.
     CancelledClaimRenewed,
+    /// A create refused for good is dead-lettered with no record in the
+    /// batch (the rule before `fail_generation.lua`): its chunks are never
+    /// released, and the batch never reports.
+    CreateGivenUpUnrecorded,
 }
 
 /// The batch's schedule on an abstract clock of whole hours: hour `h` is

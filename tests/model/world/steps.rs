@@ -162,8 +162,20 @@ impl World {
                     }
                     // Its assignment was lost: the loader accepts it again.
                     "unassigned" => job.pc = 0,
+                    // Its generation's create was given up: the chunk ends
+                    // given up (load_chunk::give_up_in_failed_generation).
+                    "failed" => {
+                        self.given_up_in_failed_generation(&job);
+                        job.pc = ACK;
+                    }
                     _ => return self.ack(w),
                 }
+            }
+            // A load released without a group (its generation's create was
+            // given up): the chunk ends given up.
+            ("load", 2) if job.group.is_none() => {
+                self.given_up_in_failed_generation(&job);
+                job.pc = ACK;
             }
             // The add (chunk or load item), then loaded.lua.
             (CHUNK_OPS | "load", 2) => {
@@ -213,20 +225,7 @@ impl World {
                         // Given up (load_chunk::give_up): recorded loaded with
                         // every recipient failed, then dead-lettered (one
                         // step: the loaded event is idempotent).
-                        let e = ChunkLoaded {
-                            gen: job.gen,
-                            seq: job.seq,
-                            group_id: group.clone(),
-                            registered: 0,
-                            duplicates: 0,
-                            failed: (job.to.iter())
-                                .map(|t| RegistrationFailure {
-                                    to: t.to_string(),
-                                    code: "given_up".into(),
-                                })
-                                .collect(),
-                            given_up: Some("refused".into()),
-                        };
+                        let e = Self::given_up(&job, &group, "refused");
                         let policy = self.policy();
                         protocol::loaded(&mut self.redis.db, BATCH, &policy, &e);
                         self.sync_work();
@@ -262,6 +261,22 @@ impl World {
                     || self.field("cancelled").is_some()
                 {
                     return self.ack(w);
+                }
+                if answer == Answer::Refused {
+                    // Given up (create_group::give_up): recorded, then
+                    // dead-lettered; the mutant only dead-letters it.
+                    if self.cfg.mutant != Some(Mutant::CreateGivenUpUnrecorded) {
+                        let policy = self.policy();
+                        protocol::fail_generation(
+                            &mut self.redis.db,
+                            BATCH,
+                            &policy,
+                            job.gen,
+                            "refused",
+                        );
+                        self.sync_work();
+                    }
+                    return self.dead(w, format!("create of generation {} given up", job.gen));
                 }
                 if answer != Answer::Fail {
                     self.groups.push(Group {
@@ -605,12 +620,38 @@ impl World {
     pub(super) fn may_refuse(&self, job: &Job) -> bool {
         matches!(
             (job.op, job.pc),
-            ("send", 1) | ("send", 2) | ("poll", 0) | ("recall", 0)
+            ("create", 0) | ("send", 1) | ("send", 2) | ("poll", 0) | ("recall", 0)
         )
     }
 
-    /// The consumer's give-up of a send, poll or recall item: recorded
-    /// (`give_up_send`), then dead-lettered.
+    /// The chunk of `job` recorded given up in `group`: every recipient
+    /// failed.
+    fn given_up(job: &Job, group: &str, reason: &str) -> ChunkLoaded {
+        ChunkLoaded {
+            gen: job.gen,
+            seq: job.seq,
+            group_id: group.into(),
+            registered: 0,
+            duplicates: 0,
+            failed: (job.to.iter())
+                .map(|t| RegistrationFailure {
+                    to: t.to_string(),
+                    code: "given_up".into(),
+                })
+                .collect(),
+            given_up: Some(reason.into()),
+        }
+    }
+
+    /// A chunk of a generation whose create was given up: recorded loaded,
+    /// every recipient failed (`loaded.lua`, with `given_up`).
+    fn given_up_in_failed_generation(&mut self, job: &Job) {
+        let e = Self::given_up(job, "", "create given up");
+        let policy = self.policy();
+        protocol::loaded(&mut self.redis.db, BATCH, &policy, &e);
+        self.sync_work();
+    }
+
     /// The provider sends generation `gen`'s group now: what the properties
     /// of the schedule and of a cancel must know (10, 14).
     fn sent_now(&mut self, gen: u32, group: &str) {
@@ -640,6 +681,8 @@ impl World {
         }
     }
 
+    /// The consumer's give-up of a send, poll or recall item: recorded
+    /// (`give_up_send`), then dead-lettered.
     fn give_up_send(&mut self, w: usize, job: &Job, what: GivenUp) {
         let policy = self.policy();
         let gen = job.gen;
