@@ -695,15 +695,16 @@ pub async fn verify_batch(
     };
     let dead = count_dead_letters(store, batch).await?;
     if tally.reported() {
-        // Recipient data lives in the events (which expire with the batch)
-        // and, while a generation waits for its group, in its parked hash:
-        // none may outlive the report.
+        // Recipient data lives in the events (which expire with the batch),
+        // while a generation waits for its group in its parked hash, and
+        // until the report in the batch-wide dedupe hash and bitmap: none
+        // may outlive the report.
         let gens = tally.gens.keys().max().map_or(0, |g| g + 1);
-        let left = log.parked_left(gens).await?;
+        let left = log.recipient_data_left(gens).await?;
         c.check(
             7,
             left.is_empty(),
-            format!("no chunk left parked after the report (generations {left:?})"),
+            format!("no recipient data left outside the events after the report (keys {left:?})"),
         );
     }
     let tombstoned = tally.reported() && store.is_tombstoned(batch).await?;

@@ -1055,22 +1055,25 @@ impl BatchLog {
         Ok(())
     }
 
-    /// The generations among `0..gens` with chunks still parked (recipient
-    /// data outside the events): none once the batch has reported.
-    pub async fn parked_left(&self, gens: u32) -> StoreResult<Vec<u32>> {
-        if gens == 0 {
-            return Ok(vec![]);
-        }
+    /// The keys of this batch holding recipient data outside its events
+    /// that exist now: the parked chunks of generations `0..gens` and the
+    /// batch-wide dedupe hash and bitmap. None once the batch has reported.
+    pub async fn recipient_data_left(&self, gens: u32) -> StoreResult<Vec<String>> {
+        let keys: Vec<String> = (0..gens)
+            .map(|gen| self.keys.parked(gen))
+            .chain([self.keys.dedupe.clone(), self.keys.dedupe_mobile.clone()])
+            .collect();
         // One round trip, however many generations.
         let mut pipe = redis::pipe();
-        for gen in 0..gens {
-            pipe.exists(self.keys.parked(gen));
+        for key in &keys {
+            pipe.exists(key);
         }
         let found: Vec<bool> = pipe.query_async(&mut self.conn.clone()).await?;
-        Ok((0..gens)
+        Ok(keys
+            .into_iter()
             .zip(found)
             .filter(|(_, f)| *f)
-            .map(|(g, _)| g)
+            .map(|(k, _)| k)
             .collect())
     }
 

@@ -114,6 +114,13 @@ impl Store {
         Ok(matches!(groups, Value::Array(ref a) if !a.is_empty()))
     }
 
+    /// The instant `keep` before now (ms), on the clock of the server
+    /// holding `key`: what is older goes.
+    async fn cutoff_at(&self, key: &str, keep: std::time::Duration) -> StoreResult<u64> {
+        let now = self.time_ms_at(key).await?;
+        Ok(now.saturating_sub(keep.as_millis() as u64))
+    }
+
     /// Removes the tombstones of shard `shard` older than `remember` (by
     /// the shard's clock); returns how many.
     pub async fn forget_tombstones(
@@ -122,12 +129,31 @@ impl Store {
         remember: std::time::Duration,
     ) -> StoreResult<u64> {
         let key = self.keys.reported(shard);
-        let now = self.time_ms_at(&key).await?;
-        let before = now.saturating_sub(remember.as_millis() as u64);
+        let before = self.cutoff_at(&key, remember).await?;
         let n: u64 = redis::cmd("ZREMRANGEBYSCORE")
             .arg(&key)
             .arg("-inf")
             .arg(format!("({before}"))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n)
+    }
+
+    /// Removes the dead letters of shard `shard` older than `keep` (by the
+    /// shard's clock, which stamped their ids); returns how many. A dead
+    /// letter may carry a chunk's recipients: it goes with the batches'
+    /// own events, after the retention.
+    pub async fn forget_dead_letters(
+        &self,
+        shard: u32,
+        keep: std::time::Duration,
+    ) -> StoreResult<u64> {
+        let key = self.keys.dead_letters(shard);
+        let before = self.cutoff_at(&key, keep).await?;
+        let n: u64 = redis::cmd("XTRIM")
+            .arg(&key)
+            .arg("MINID")
+            .arg(before)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(n)

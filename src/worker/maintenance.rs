@@ -64,6 +64,9 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
             if let Err(e) = forget_old_tombstones(&ctx.store, ctx.config.remember).await {
                 tracing::warn!(error = %e, "forgetting old tombstones failed");
             }
+            if let Err(e) = forget_old_dead_letters(&ctx.store, ctx.config.retention).await {
+                tracing::warn!(error = %e, "forgetting old dead letters failed");
+            }
         }
         if last_sample.is_none_or(|t| t.elapsed() >= ctx.config.gauge_interval) {
             last_sample = Some(Instant::now());
@@ -170,6 +173,21 @@ pub async fn forget_old_tombstones(store: &Store, remember: Duration) -> StoreRe
     let mut forgotten = 0;
     for shard in 0..store.keys.shards() {
         forgotten += store.forget_tombstones(shard, remember).await?;
+    }
+    Ok(forgotten)
+}
+
+/// Removes every shard's dead letters older than `keep` (the retention of
+/// a finished batch's events: recipient data in a dead letter lives no
+/// longer than the batch's own); returns how many.
+pub async fn forget_old_dead_letters(store: &Store, keep: Duration) -> StoreResult<u64> {
+    let mut forgotten = 0;
+    for shard in 0..store.keys.shards() {
+        forgotten += store.forget_dead_letters(shard, keep).await?;
+    }
+    if forgotten > 0 {
+        metrics::counter!("groupcast_dead_letters_expired_total").increment(forgotten);
+        tracing::info!(forgotten, "dead letters older than the retention removed");
     }
     Ok(forgotten)
 }
