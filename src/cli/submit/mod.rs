@@ -7,22 +7,24 @@
 //! Files are taken as people's tools write them: UTF-8 with or without a
 //! byte order mark, or EUC-KR/CP949 (Excel's plain "CSV" on a Korean
 //! Windows, most Korean CRMs' exports), detected or named by `--encoding`.
-//! Numbers are normalised ([`phone::normalize_into`]): the normal form is
-//! what is checked, deduplicated, stored and sent. A number that an earlier
-//! row has is sent once: the later rows are dropped and counted (or listed
-//! as problems with `--duplicates fail`).
+//! Numbers are normalised
+//! ([`phone::normalize_into`](crate::phone::normalize_into)): the normal
+//! form is what is checked, deduplicated, stored and sent. A number that an
+//! earlier row has is sent once: the later rows are dropped and counted (or
+//! listed as problems with `--duplicates fail`).
 //!
 //! Memory stays flat whatever the file's size: the file is read twice, one
 //! row at a time (a file not known to be EUC-KR is first validated as UTF-8
 //! in one streaming pass; one that is not is transcoded once, see
-//! [`decode`](input::decode)). The first reading checks every row and every chunk; the
-//! second cuts and encodes the chunks on a thread of its own while the
-//! previous ones are appended, several per round trip, with backpressure
-//! ([`Producer`]). The batch-wide duplicate check keeps one `u64` per row
-//! (the number as a number, [`number_key`](check::number_key)), sorted once at the end; only
-//! when some number repeats is the file read once more in between, to find
-//! the repeated rows' lines (and, when they are dropped, to count the
-//! chunks without them), keeping the repeated numbers alone.
+//! [`decode`](input::decode)). The first reading checks every row and every
+//! chunk; the second cuts and encodes the chunks on a thread of its own
+//! while the previous ones are appended, several per round trip, with
+//! backpressure ([`Producer`]). The batch-wide duplicate check keeps one
+//! `u64` per row (the number as a number,
+//! [`number_key`](check::number_key)), sorted once at the end; only when
+//! some number repeats is the file read once more in between, to find the
+//! repeated rows' lines (and, when they are dropped, to count the chunks
+//! without them), keeping the repeated numbers alone.
 //!
 //! ## Layout
 //!
