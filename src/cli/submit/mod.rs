@@ -1,0 +1,355 @@
+//! `groupcast submit`: reads a recipients file (CSV or JSONL) and a template,
+//! checks every row first, cuts chunks and appends them. On bad input it
+//! lists every problem of the file in one run (file, line, field, what to
+//! do: the first [`LISTED`], then a count by kind), exits 2, and appends
+//! nothing.
+//!
+//! Files are taken as people's tools write them: UTF-8 with or without a
+//! byte order mark, or EUC-KR/CP949 (Excel's plain "CSV" on a Korean
+//! Windows, most Korean CRMs' exports), detected or named by `--encoding`.
+//! Numbers are normalised
+//! ([`phone::normalize_into`](crate::phone::normalize_into)): the normal
+//! form is what is checked, deduplicated, stored and sent. A number that an
+//! earlier row has is sent once: the later rows are dropped and counted (or
+//! listed as problems with `--duplicates fail`).
+//!
+//! Memory stays flat whatever the file's size: the file is read twice, one
+//! row at a time (a file not known to be EUC-KR is first validated as UTF-8
+//! in one streaming pass; one that is not is transcoded once, see
+//! [`decode`](input::decode)). The first reading checks every row and every
+//! chunk; the second cuts and encodes the chunks on a thread of its own
+//! while the previous ones are appended, several per round trip, with
+//! backpressure ([`Producer`]). The batch-wide duplicate check keeps one
+//! `u64` per row (the number as a number,
+//! [`number_key`](check::number_key)), sorted once at the end; only when
+//! some number repeats is the file read once more in between, to find the
+//! repeated rows' lines (and, when they are dropped, to count the chunks
+//! without them), keeping the repeated numbers alone.
+//!
+//! ## Layout
+//!
+//! One file a step of the way, in the order a file goes through them:
+//!
+//! - `mod.rs`: the flags ([`SubmitArgs`]) and [`run`], which takes the
+//!   steps in turn, refuses a batch that has ended and appends the chunks.
+//! - `options`: the batch options from the flags, and `--send-at`'s bounds.
+//! - `template`: the template file ([`read_template`]).
+//! - `input`: opening a recipients file: a pipe spooled to disk, its
+//!   encoding detected or named, a file that is not UTF-8 transcoded.
+//! - `rows`: its rows one at a time (CSV, JSONL, a Windows file's CRLF),
+//!   each row's number and variables.
+//! - `problems`: what is wrong with rows, listed and counted by kind.
+//! - `check`: the first reading: every row and chunk checked, the repeated
+//!   numbers found and their later rows dropped or refused.
+//! - `cut`: the second reading: the rows kept, cut into encoded chunks
+//!   ([`read_recipients`] reads them into memory instead).
+//! - `summary`: what submit prints once it is done.
+
+mod check;
+mod cut;
+#[cfg(test)]
+mod fixtures;
+mod input;
+mod options;
+mod problems;
+mod rows;
+mod summary;
+mod template;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::ProgressBar;
+use tokio::sync::mpsc;
+
+use super::{CliError, RedisArgs};
+use crate::events::chunk::MAX_CHUNK_RECIPIENTS;
+use crate::events::options::{BatchOptions, Priority};
+use crate::events::Template;
+use crate::keys::validate_batch_id;
+use crate::producer::{Producer, DEFAULT_MAX_UNREAD_CHUNKS, ROUND_BYTES, ROUND_CHUNKS};
+
+use check::{check_recipients, Scan};
+use cut::cut_recipients;
+use input::Input;
+use options::refuse_a_far_send_at;
+
+pub use cut::read_recipients;
+pub use options::{batch_options, check_send_at, SEND_AT_GRACE, SEND_AT_HORIZON};
+pub use problems::LISTED;
+pub use template::{read_template, MAX_TEMPLATE_FILE_BYTES};
+
+/// Submit flags.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// The batch (campaign) id: letters, digits, '.', '_', '-'; at most 128.
+    #[arg(long)]
+    pub batch: String,
+    /// Recipients: CSV with a header (a `to` column plus one column per
+    /// template variable) or JSONL (one object per line), by extension.
+    /// Numbers may be written as people write them (`+82 10-1234-5678`,
+    /// `010 1234 5678`, `1012345678`): they are normalised to `01012345678`.
+    #[arg(long)]
+    pub recipients: PathBuf,
+    /// The recipients file's encoding: `auto` reads UTF-8 (with or without
+    /// a byte order mark) and takes a file that is not UTF-8 for
+    /// EUC-KR/CP949, as Excel and Korean CRMs save it.
+    #[arg(long, value_enum, default_value_t = FileEncoding::Auto)]
+    pub encoding: FileEncoding,
+    /// A number that an earlier row of the file has (once normalised):
+    /// `drop` the later rows (they are counted and reported; the number is
+    /// sent once), or `fail` (they are listed as problems and nothing is
+    /// appended).
+    #[arg(long, value_enum, default_value_t = Duplicates::Drop)]
+    pub duplicates: Duplicates,
+    /// The message template: JSON in the provider's shape
+    /// (`type`, `from`, `text` with `#{name}` placeholders, optional `kakaoOptions`).
+    #[arg(long)]
+    pub template: PathBuf,
+    /// Recipients per chunk (1 to 10,000).
+    #[arg(long, default_value_t = 1_000)]
+    pub chunk_size: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Pause while the batch's ingest stream holds this many chunks that no
+    /// worker has read yet (so that Redis holds the work in flight, not the
+    /// whole file); 0: append everything without waiting.
+    #[arg(long, default_value_t = DEFAULT_MAX_UNREAD_CHUNKS)]
+    pub max_unread_chunks: u64,
+    /// Send no group before this instant (RFC 3339 with an offset, e.g.
+    /// `2026-12-01T18:00:00+09:00`), at most 5 minutes in the past and 90
+    /// days ahead. Groups are created and filled as chunks arrive; a
+    /// generation ready after it goes at once.
+    #[arg(long, value_name = "RFC3339")]
+    pub send_at: Option<String>,
+    /// The batch's lane: `urgent` work goes ahead of `normal` (the default),
+    /// `normal` ahead of `bulk`.
+    #[arg(long, value_parser = ["urgent", "normal", "bulk"])]
+    pub priority: Option<String>,
+    /// A daily window in which nothing is sent, `HH:MM-HH:MM` (in
+    /// `--timezone`; across midnight when the start is after the end, e.g.
+    /// `21:00-08:00`): a send that would fall inside waits for its end.
+    #[arg(long, value_name = "HH:MM-HH:MM")]
+    pub quiet_hours: Option<String>,
+    /// The IANA time zone of `--quiet-hours`, e.g. `Asia/Seoul` (default:
+    /// this machine's zone).
+    #[arg(long, value_name = "IANA")]
+    pub timezone: Option<String>,
+}
+
+/// The encoding of a recipients file (`--encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FileEncoding {
+    /// UTF-8 when the whole file is valid UTF-8 (or UTF-16 with its byte
+    /// order mark), else EUC-KR/CP949.
+    Auto,
+    /// UTF-8, with or without a byte order mark.
+    #[value(name = "utf-8", alias = "utf8")]
+    Utf8,
+    /// EUC-KR with its Windows extension CP949 (what the WHATWG Encoding
+    /// standard calls EUC-KR): all 11,172 Hangul syllables.
+    #[value(name = "euc-kr", alias = "cp949")]
+    EucKr,
+}
+
+/// What `submit` does with a number that an earlier row has (`--duplicates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Duplicates {
+    /// The later rows are dropped, counted and reported.
+    Drop,
+    /// The later rows are problems: nothing is appended.
+    Fail,
+}
+
+/// A usage error: what was given is wrong, and the message says what to do.
+fn usage(msg: String) -> CliError {
+    CliError::Usage(msg)
+}
+
+/// Checks the flags that need no file and no server: the batch id, the
+/// chunk size, the template and the batch options.
+fn check_flags(args: &SubmitArgs) -> Result<(Template, BatchOptions), CliError> {
+    validate_batch_id(&args.batch).map_err(|e| usage(format!("--batch {:?}: {e}", args.batch)))?;
+    if args.chunk_size == 0 || args.chunk_size > MAX_CHUNK_RECIPIENTS {
+        return Err(usage(format!(
+            "--chunk-size {}: must be between 1 and {MAX_CHUNK_RECIPIENTS} (one provider request)",
+            args.chunk_size
+        )));
+    }
+    let template = read_template(&args.template)?;
+    let options = batch_options(args)?;
+    Ok((template, options))
+}
+
+/// Opens the recipients file and checks every row and chunk of it, on a
+/// blocking thread: opening may transcode the whole file, and checking
+/// reads it through.
+async fn check_file(
+    args: &SubmitArgs,
+    template: Template,
+    options: BatchOptions,
+) -> Result<(Input, Template, BatchOptions, Scan), CliError> {
+    let (path, encoding, duplicates) = (args.recipients.clone(), args.encoding, args.duplicates);
+    let (batch, size) = (args.batch.clone(), args.chunk_size);
+    tokio::task::spawn_blocking(move || {
+        let mut input = Input::open(&path, encoding)?;
+        let scan = check_recipients(
+            &mut input,
+            &template,
+            &options,
+            Some((&batch, size)),
+            duplicates,
+        )?;
+        Ok::<_, CliError>((input, template, options, scan))
+    })
+    .await
+    .map_err(|e| CliError::Failed(format!("submit: the file reader stopped: {e}")))?
+}
+
+/// Refuses to submit to a batch that takes no more chunks (reported,
+/// cancelled, or reported with its events expired): its chunks would only
+/// be refused by the workers and end in the dead letters, while `submit`
+/// said it submitted them.
+async fn refuse_an_ended_batch(store: &crate::store::Store, b: &str) -> Result<(), CliError> {
+    use crate::projection::field;
+    let p = store
+        .batch(b)
+        .read(&[field::REPORT.into(), field::CANCELLED.into()])
+        .await?;
+    let ended = if let Some(why) = p.cancelled() {
+        format!("was cancelled ({why})")
+    } else if let Some(outcome) = p.report() {
+        format!("was already reported ({outcome})")
+    } else if store.is_tombstoned(b).await? {
+        "was already reported (its events have expired)".into()
+    } else {
+        return Ok(());
+    };
+    Err(CliError::Failed(format!(
+        "batch {b} {ended}: it takes no more chunks; submit them under a new batch id"
+    )))
+}
+
+/// A producer that waits while `max_unread` chunks are unread, and says
+/// once (after [`TELL_WAIT_AFTER`]) that it is waiting for the workers.
+fn producer(store: crate::store::Store, max_unread: u64) -> Producer {
+    let mut told = false;
+    Producer::new(store).max_unread(max_unread).on_wait(move |w| {
+        if !told && w.waited >= TELL_WAIT_AFTER {
+            told = true;
+            eprintln!(
+                "groupcast: waiting: {} chunks unread in {} (--max-unread-chunks {}); is a `groupcast worker` running?",
+                w.unread, w.stream, w.max_unread
+            );
+        }
+    })
+}
+
+/// A progress bar over the chunks, on a terminal and without `--json`.
+fn progress_bar(chunks: u32, json: bool) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() || json {
+        return None;
+    }
+    let b = ProgressBar::new(u64::from(chunks));
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} chunks {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(b)
+}
+
+/// Appends the chunks that come out of `rx`, in order, up to `per_round`
+/// of them a round trip: whatever is ready when a round starts goes in it.
+async fn append_rounds(
+    rx: &mut mpsc::Receiver<Vec<u8>>,
+    per_round: usize,
+    producer: &mut Producer,
+    (shard, lane): (u32, Priority),
+    bar: Option<&ProgressBar>,
+) -> Result<(), CliError> {
+    let mut round = Vec::with_capacity(per_round);
+    while let Some(first) = rx.recv().await {
+        round.push(first);
+        // Whatever else is ready goes in the same round trip.
+        while round.len() < per_round {
+            match rx.try_recv() {
+                Ok(p) => round.push(p),
+                Err(_) => break,
+            }
+        }
+        let n = round.len() as u64;
+        producer
+            .append_encoded(shard, lane, std::mem::take(&mut round))
+            .await?;
+        if let Some(b) = bar {
+            b.inc(n);
+        }
+    }
+    Ok(())
+}
+
+/// Runs submit: checks the flags and the whole file, then cuts the file
+/// on a thread of its own while its chunks are appended, and says what it
+/// did.
+pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
+    let (template, options) = check_flags(&args)?;
+    let (input, template, options, scan) = check_file(&args, template, options).await?;
+    let stamp = input.stamp();
+    let read_as = input.encoding.name();
+
+    let store = args.redis.connect().await?;
+    refuse_an_ended_batch(&store, &args.batch).await?;
+    let shard = store.keys.shard_of(&args.batch);
+    refuse_a_far_send_at(&store, shard, &options).await?;
+    let lane = options.priority();
+    let stream = store.keys.ingest_in(shard, lane);
+    let notes = summary::notes(&input, &scan);
+    let mut producer = producer(store, args.max_unread_chunks);
+    let bar = progress_bar(scan.checked.chunks, args.json);
+
+    // Room for about ROUND_BYTES of encoded chunks between the reader and
+    // the appender (at least one round of small chunks).
+    let per_round = (ROUND_BYTES / scan.checked.largest_chunk.max(1)).clamp(1, ROUND_CHUNKS);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(per_round);
+    let (batch, size) = (args.batch.clone(), args.chunk_size);
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut input = input;
+        if input.stamp() != stamp {
+            return Err(CliError::Failed(format!(
+                "{}: the file changed while it was submitted; nothing was appended",
+                input.path.display()
+            )));
+        }
+        cut_recipients(&mut input, &batch, (&template, &options), size, &scan, &tx)?;
+        Ok(scan)
+    });
+    let appended = append_rounds(
+        &mut rx,
+        per_round,
+        &mut producer,
+        (shard, lane),
+        bar.as_ref(),
+    )
+    .await;
+    // Dropping the receiver stops the reader if the appending failed.
+    drop(rx);
+    let read = reader
+        .await
+        .map_err(|e| CliError::Failed(format!("submit: the file reader stopped: {e}")));
+    appended?;
+    let scan = read??;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    summary::print(&args.batch, &stream, read_as, &scan, notes, args.json);
+    Ok(())
+}
+
+/// How long submit waits for the workers before it says so.
+const TELL_WAIT_AFTER: Duration = Duration::from_secs(2);

@@ -1,0 +1,123 @@
+//! The batch options from the flags (`--send-at`, `--priority`,
+//! `--quiet-hours`, `--timezone`), and `--send-at`'s bounds on the clock the
+//! workers keep.
+
+use std::time::Duration;
+
+use super::{usage, SubmitArgs};
+use crate::cli::CliError;
+use crate::events::options::{BatchOptions, Priority, QuietHours};
+
+/// The batch options from the flags, checked.
+pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
+    let quiet_hours = match (&args.quiet_hours, &args.timezone) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(usage(
+                "--timezone is the zone of --quiet-hours: give --quiet-hours too".into(),
+            ))
+        }
+        (Some(window), tz) => {
+            let Some((start, end)) = window.split_once('-') else {
+                return Err(usage(format!(
+                    "--quiet-hours {window:?}: expected HH:MM-HH:MM, e.g. 21:00-08:00"
+                )));
+            };
+            let tz = match tz {
+                Some(tz) => tz.clone(),
+                None => jiff::tz::TimeZone::system()
+                    .iana_name()
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        usage(
+                            "--quiet-hours: this machine's time zone has no IANA name: pass --timezone (e.g. Asia/Seoul)"
+                                .into(),
+                        )
+                    })?,
+            };
+            Some(QuietHours {
+                start: start.trim().into(),
+                end: end.trim().into(),
+                tz,
+            })
+        }
+    };
+    let options = BatchOptions {
+        send_at: args.send_at.clone(),
+        priority: args.priority.as_deref().and_then(Priority::parse),
+        quiet_hours,
+    };
+    options.resolve().map_err(|e| usage(e.to_string()))?;
+    Ok(options)
+}
+
+/// How far in the past `--send-at` may be: a time typed a moment ago, or
+/// "now" from a script, still goes (at once).
+pub const SEND_AT_GRACE: Duration = Duration::from_secs(5 * 60);
+/// How far ahead `--send-at` may be: beyond it a typo (2099 for 2026) is
+/// far likelier than a plan, and the batch would hold its work that long.
+pub const SEND_AT_HORIZON: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// Checks `--send-at` (`send_at_ms`, Unix ms) against the clock reading
+/// `now_ms`: at most [`SEND_AT_GRACE`] in the past and [`SEND_AT_HORIZON`]
+/// ahead. The error says which bound and what to do.
+pub fn check_send_at(send_at_ms: i64, now_ms: i64) -> Result<(), String> {
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let now = jiff::Timestamp::from_millisecond(now_ms)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| format!("{now_ms} ms"));
+    if send_at_ms < now_ms.saturating_sub(ms(SEND_AT_GRACE)) {
+        return Err(format!(
+            "is in the past (now is {now} on the Redis server's clock), more than the 5 minutes allowed: \
+             give a time to come, or leave --send-at out to send at once"
+        ));
+    }
+    if send_at_ms > now_ms.saturating_add(ms(SEND_AT_HORIZON)) {
+        return Err(format!(
+            "is more than 90 days ahead (now is {now} on the Redis server's clock), the furthest allowed: \
+             check the date (the year?), or submit the batch closer to its time"
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a `--send-at` out of [`check_send_at`]'s bounds, on the clock
+/// the workers hold the batch by: the Redis server's of its shard.
+pub(super) async fn refuse_a_far_send_at(
+    store: &crate::store::Store,
+    shard: u32,
+    options: &BatchOptions,
+) -> Result<(), CliError> {
+    let (Some(text), Ok(window)) = (&options.send_at, options.resolve()) else {
+        return Ok(());
+    };
+    let Some(at) = window.send_at else {
+        return Ok(());
+    };
+    let now = store.shard_time_ms(shard).await?;
+    check_send_at(at, i64::try_from(now).unwrap_or(i64::MAX))
+        .map_err(|why| usage(format!("--send-at {text} {why}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_at_is_bounded_by_a_grace_behind_and_a_horizon_ahead() {
+        let now = 1_796_000_000_000i64;
+        let minute = 60_000;
+        let day = 24 * 60 * minute;
+        for ok in [now, now - 5 * minute, now + 90 * day, now + minute] {
+            assert_eq!(check_send_at(ok, now), Ok(()), "{}", ok - now);
+        }
+        let past = check_send_at(now - 5 * minute - 1, now).expect_err("past");
+        assert!(
+            past.contains("in the past") && past.contains("5 minutes"),
+            "{past}"
+        );
+        assert!(past.contains("now is 2026-"), "{past}");
+        let far = check_send_at(now + 90 * day + 1, now).expect_err("far");
+        assert!(far.contains("more than 90 days ahead"), "{far}");
+    }
+}

@@ -1,0 +1,77 @@
+//! What submit says once its chunks are appended: the counts, and notes
+//! on how the file was read (its encoding, the rows dropped, the numbers
+//! mended), as text or as JSON.
+
+use encoding_rs::UTF_8;
+
+use super::check::Scan;
+use super::input::Input;
+
+/// What submit says it did, besides the counts: how the file was read,
+/// what was dropped, what was restored.
+pub(super) fn notes(input: &Input, scan: &Scan) -> Vec<String> {
+    let mut notes = Vec::new();
+    if input.encoding != UTF_8 {
+        notes.push(format!(
+            "read {} as {}",
+            input.path.display(),
+            input.encoding.name()
+        ));
+    }
+    let d = &scan.dropped;
+    if d.rows > 0 {
+        let pairs: Vec<String> = d
+            .first
+            .iter()
+            .map(|(kept, later)| format!("line {later} repeats line {kept}"))
+            .collect();
+        notes.push(format!(
+            "{} duplicate row(s) dropped, their number sent once ({}{}; --duplicates fail refuses them instead)",
+            d.rows,
+            pairs.join(", "),
+            if d.rows > d.first.len() { ", …" } else { "" }
+        ));
+    }
+    if scan.zeros_restored > 0 {
+        notes.push(format!(
+            "{} mobile number(s) had lost their leading 0 (a spreadsheet drops it) and got it back",
+            scan.zeros_restored
+        ));
+    }
+    notes
+}
+
+/// Prints what submit did: the batch, its counts and the stream the
+/// chunks went to, then the `notes` (as text), or all of it as JSON.
+pub(super) fn print(
+    batch: &str,
+    stream: &str,
+    read_as: &str,
+    scan: &Scan,
+    notes: Vec<String>,
+    json: bool,
+) {
+    let (total, chunks) = (scan.checked.recipients, scan.checked.chunks);
+    if json {
+        let d = &scan.dropped;
+        println!(
+            "{}",
+            serde_json::json!({
+                "batch": batch,
+                "recipients": total,
+                "chunks": chunks,
+                "stream": stream,
+                "rows": scan.rows,
+                "encoding": read_as,
+                "duplicatesDropped": d.rows,
+                "duplicateLines": d.first.iter().map(|(kept, later)| serde_json::json!({"kept": kept, "dropped": later})).collect::<Vec<_>>(),
+                "leadingZerosRestored": scan.zeros_restored,
+            })
+        );
+    } else {
+        println!("submitted batch {batch}: {total} recipients in {chunks} chunks to {stream}");
+        for n in notes {
+            println!("  {n}");
+        }
+    }
+}
