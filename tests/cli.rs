@@ -1066,3 +1066,72 @@ async fn processes_racing_to_record_the_shard_count_agree_on_one() {
     assert_eq!(winners.len(), 1, "{winners:?}");
     assert_eq!(refused, 7);
 }
+
+/// An operator's command is not an entry anyone redoes: under `appendfsync
+/// everysec`, `cancel` and `close` answer only once their event has been in
+/// Redis longer than the fsync window, read back then. A close on such a
+/// server answers with its event still there; a cancel whose event Redis
+/// lost meanwhile (the field removed here while the command waits, as a
+/// restart from an AOF that missed its last second would) exits 1 and says
+/// to run it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_close_answer_once_their_event_is_on_disk() {
+    use groupcast::redis_server::{aof_args, RedisServer, ServerOptions};
+    use groupcast::store::Store;
+    let server = RedisServer::start_with(ServerOptions {
+        args: aof_args("everysec"),
+        ..ServerOptions::default()
+    })
+    .expect("a redis-server with an AOF");
+    let url = server.url();
+    let store = Store::connect(&url, groupcast::keys::Keyspace::new("gct", 1))
+        .await
+        .expect("connect");
+    for batch in ["kept", "lost"] {
+        let log = store.batch(batch);
+        log.accept(0, false, 2, "d0", 2).await.expect("accept");
+    }
+    let stdout = ok_stdout(&groupcast(&url, &["close", "kept", "--reason", "enough"]));
+    assert!(stdout.contains("batch kept: closed (enough)"), "{stdout}");
+    let state = store.batch("kept").state().await.expect("state");
+    assert!(state.get("k:closed").is_some(), "the close is recorded");
+
+    let cancel = Command::new(BIN)
+        .args(["cancel", "lost", "--reason", "wrong list"])
+        .env("GROUPCAST_REDIS_URL", &url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env_remove("GROUPCAST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run groupcast cancel");
+    let log = store.batch("lost");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while log
+        .state()
+        .await
+        .expect("state")
+        .get("k:cancelled")
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the cancel was never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut conn = redis::Client::open(url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let removed: i64 = conn
+        .hdel(&log.keys.state, "k:cancelled")
+        .await
+        .expect("hdel");
+    assert_eq!(removed, 1);
+    let out = cancel.wait_with_output().expect("cancel's output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("lost the cancel before it reached its disk: run `groupcast cancel` again"),
+        "{stderr}"
+    );
+}

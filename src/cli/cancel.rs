@@ -55,7 +55,11 @@ pub async fn run(args: CancelArgs) -> Result<(), CliError> {
              (check the batch id and --prefix); to cancel it before its chunks come, pass --force"
         )));
     }
-    match log.cancel(&args.reason).await? {
+    let cancelling = log.cancel(&args.reason).await?;
+    if let Cancelling::Cancelled { .. } = cancelling {
+        super::close::confirm_on_disk(&args.redis, &log, "cancelled", "cancel").await?;
+    }
+    match cancelling {
         Cancelling::Cancelled { seen: false, .. } => {
             match known.queued {
                 Some(chunks) => println!(

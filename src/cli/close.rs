@@ -47,11 +47,42 @@ pub(super) async fn batch_log(
     Ok(store.batch_in_its_lane(batch).await?)
 }
 
+/// Answers once the event an operator's command recorded under event key
+/// `key` is on disk ([`Store::command_on_disk`]): an error when Redis lost
+/// it meanwhile, so that the operator gives the command again.
+///
+/// [`Store::command_on_disk`]: crate::store::Store::command_on_disk
+pub(super) async fn confirm_on_disk(
+    redis: &RedisArgs,
+    log: &BatchLog,
+    key: &str,
+    command: &str,
+) -> Result<(), CliError> {
+    use crate::store::witness::CommandOnDisk;
+    let recorded = log.fields(&[crate::projection::field::key(key)]).await?;
+    let store = redis.connect().await?;
+    let on_disk = match recorded.into_iter().next().flatten() {
+        Some(id) => store.command_on_disk(log, key, &id).await?,
+        // Reported at once and expired with a retention of 0: the
+        // tombstone remembers it.
+        None if store.is_tombstoned(&log.batch).await? => CommandOnDisk::NoWait,
+        None => CommandOnDisk::Lost,
+    };
+    match on_disk {
+        CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),
+        CommandOnDisk::Lost => Err(CliError::Failed(format!(
+            "batch {}: Redis restarted and lost the {command} before it reached its disk: run `groupcast {command}` again",
+            log.batch
+        ))),
+    }
+}
+
 /// Runs `groupcast close`.
 pub async fn run(args: CloseArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     match log.close(&args.reason).await? {
         Closing::Closed { missing } => {
+            confirm_on_disk(&args.redis, &log, "closed", "close").await?;
             let b = &args.batch;
             println!(
                 "batch {b}: closed ({}); {missing} missing seq(s) given up on",

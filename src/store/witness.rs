@@ -303,3 +303,63 @@ mod tests {
         );
     }
 }
+
+/// Whether the event an operator's command recorded is on disk (see
+/// [`Store::command_on_disk`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandOnDisk {
+    /// No wait: every acknowledged write is on disk (`appendfsync always`),
+    /// or nothing survives a restart anyway (no AOF).
+    NoWait,
+    /// Its event has been in Redis longer than the fsync window, and is
+    /// still there: on disk.
+    OnDisk,
+    /// Its event is gone (or was appended again): Redis restarted and lost
+    /// it. The command must be given again.
+    Lost,
+}
+
+impl Store {
+    /// Waits until the event that an operator's command (`groupcast close`,
+    /// `cancel`) recorded under event key `key`, as entry `id`, is on disk.
+    /// A worker's entry is redone when Redis loses what its handling wrote;
+    /// an operator's command is not an entry anyone redoes, so it is only
+    /// acknowledged once it is durable: under `appendfsync everysec`, once
+    /// the event has been in Redis for [`WINDOW`] by the server's clock,
+    /// read back then (a restart meanwhile can have taken it). Unreadable
+    /// settings count as `everysec`.
+    pub async fn command_on_disk(
+        &self,
+        log: &super::batch::BatchLog,
+        key: &str,
+        id: &str,
+    ) -> StoreResult<CommandOnDisk> {
+        let weakest = |values: Vec<(String, Option<String>)>, weak: &str| {
+            values
+                .into_iter()
+                .map(|(_, v)| v)
+                .find(|v| v.as_deref() != Some(weak))
+                .map_or(Some(weak.to_string()), |v| v)
+        };
+        let aof = weakest(self.config_everywhere("appendonly").await, "yes");
+        let fsync = weakest(self.config_everywhere("appendfsync").await, "always");
+        if aof.as_deref() == Some("no") || fsync.as_deref() == Some("always") {
+            return Ok(CommandOnDisk::NoWait);
+        }
+        let born = crate::events::entry_millis(id);
+        let now = log.server_time_ms().await?;
+        let age = Duration::from_millis(now.saturating_sub(born));
+        if age < WINDOW {
+            // A sleep never ends early: after it the event is older than
+            // the window by real time, which the fsync schedule runs on.
+            tokio::time::sleep(WINDOW - age + Duration::from_millis(50)).await;
+        }
+        let field = crate::projection::field::key(key);
+        let now = log.fields(std::slice::from_ref(&field)).await?;
+        Ok(if now.first().and_then(|v| v.as_deref()) == Some(id) {
+            CommandOnDisk::OnDisk
+        } else {
+            CommandOnDisk::Lost
+        })
+    }
+}
