@@ -348,6 +348,20 @@ async fn acting_on(board: &Board, id: &str, headers: &HeaderMap) -> Result<Batch
     Ok(store.batch_in_its_lane(id).await?)
 }
 
+/// Answers once an operator's command (event key `key`) is on disk
+/// ([`crate::store::Store::command_on_disk`]); `503` when Redis lost it
+/// meanwhile: the operator gives it again.
+async fn on_disk(board: &Board, log: &BatchLog, key: &str, command: &str) -> Result<(), ApiError> {
+    use crate::store::witness::CommandOnDisk;
+    match board.store.command_on_disk(log, key).await? {
+        CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),
+        CommandOnDisk::Lost => Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("batch {}: Redis restarted and lost the {command} before it reached its disk: {command} it again", log.batch),
+        )),
+    }
+}
+
 /// `POST /api/batches/{id}/cancel?reason=` (token needed): cancels the
 /// batch as `groupcast cancel` does. `{cancelled, stopped, unsent, seen}`;
 /// `409` when it had already reported otherwise.
@@ -365,6 +379,7 @@ pub async fn cancel(
             unsent,
             seen,
         } => {
+            on_disk(&board, &log, "cancelled", "cancel").await?;
             tracing::info!(batch = %id, %reason, stopped, "cancelled from the board");
             Ok(Json(json!({
                 "cancelled": id, "reason": reason, "stopped": stopped, "unsent": unsent, "seen": seen,
@@ -394,6 +409,7 @@ pub async fn close(
     let reason = reason.text("closed from the board");
     match log.close(&reason).await? {
         Closing::Closed { missing } => {
+            on_disk(&board, &log, "closed", "close").await?;
             tracing::info!(batch = %id, %reason, missing, "closed from the board");
             Ok(Json(
                 json!({ "closed": id, "reason": reason, "missing": missing }),

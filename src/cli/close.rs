@@ -59,16 +59,7 @@ pub(super) async fn confirm_on_disk(
     command: &str,
 ) -> Result<(), CliError> {
     use crate::store::witness::CommandOnDisk;
-    let recorded = log.fields(&[crate::projection::field::key(key)]).await?;
-    let store = redis.connect().await?;
-    let on_disk = match recorded.into_iter().next().flatten() {
-        Some(id) => store.command_on_disk(log, key, &id).await?,
-        // Reported at once and expired with a retention of 0: the
-        // tombstone remembers it.
-        None if store.is_tombstoned(&log.batch).await? => CommandOnDisk::NoWait,
-        None => CommandOnDisk::Lost,
-    };
-    match on_disk {
+    match redis.connect().await?.command_on_disk(log, key).await? {
         CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),
         CommandOnDisk::Lost => Err(CliError::Failed(format!(
             "batch {}: Redis restarted and lost the {command} before it reached its disk: run `groupcast {command}` again",

@@ -321,7 +321,8 @@ pub enum CommandOnDisk {
 
 impl Store {
     /// Waits until the event that an operator's command (`groupcast close`,
-    /// `cancel`) recorded under event key `key`, as entry `id`, is on disk.
+    /// `cancel`, the board's buttons) recorded under event key `key` is on
+    /// disk.
     /// A worker's entry is redone when Redis loses what its handling wrote;
     /// an operator's command is not an entry anyone redoes, so it is only
     /// acknowledged once it is durable: under `appendfsync everysec`, once
@@ -332,8 +333,18 @@ impl Store {
         &self,
         log: &super::batch::BatchLog,
         key: &str,
-        id: &str,
     ) -> StoreResult<CommandOnDisk> {
+        let field = crate::projection::field::key(key);
+        let recorded = log.fields(std::slice::from_ref(&field)).await?;
+        let Some(id) = recorded.into_iter().next().flatten() else {
+            // Reported at once and expired with a retention of 0: the
+            // tombstone remembers it.
+            return Ok(match self.is_tombstoned(&log.batch).await? {
+                true => CommandOnDisk::NoWait,
+                false => CommandOnDisk::Lost,
+            });
+        };
+        let id = id.as_str();
         let weakest = |values: Vec<(String, Option<String>)>, weak: &str| {
             values
                 .into_iter()
@@ -354,7 +365,6 @@ impl Store {
             // the window by real time, which the fsync schedule runs on.
             tokio::time::sleep(WINDOW - age + Duration::from_millis(50)).await;
         }
-        let field = crate::projection::field::key(key);
         let now = log.fields(std::slice::from_ref(&field)).await?;
         Ok(if now.first().and_then(|v| v.as_deref()) == Some(id) {
             CommandOnDisk::OnDisk
