@@ -1066,3 +1066,19 @@ async fn processes_racing_to_record_the_shard_count_agree_on_one() {
     assert_eq!(winners.len(), 1, "{winners:?}");
     assert_eq!(refused, 7);
 }
+
+/// `--help` shows the duration defaults as people write them (they read
+/// "5months 27days 19h 12m" for `--remember`'s 180 days).
+#[test]
+fn help_shows_durations_as_people_write_them() {
+    let out = Command::new(BIN)
+        .args(["worker", "--help"])
+        .output()
+        .expect("run groupcast");
+    let help = ok_stdout(&out);
+    // clap quotes a value with a space.
+    for default in ["[default: \"180 days\"]", "[default: \"7 days\"]"] {
+        assert!(help.contains(default), "no {default} in:\n{help}");
+    }
+    assert!(!help.contains("months"), "{help}");
+}

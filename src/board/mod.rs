@@ -49,7 +49,7 @@ pub struct BoardArgs {
     /// How long a batch closed or cancelled from the board keeps its events
     /// once it reports (use the workers' `--retention`).
     #[arg(long, default_value_t = crate::worker::WorkerConfig::RETENTION.into(), value_parser = crate::cli::worker::duration)]
-    pub retention: humantime::Duration,
+    pub retention: crate::human::FlagDuration,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

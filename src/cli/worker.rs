@@ -10,8 +10,8 @@ use crate::provider::{ProviderClient, ProviderConfig};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, DurableWait, Role, Worker, WorkerConfig};
 
-pub(crate) fn duration(s: &str) -> Result<humantime::Duration, String> {
-    s.parse::<humantime::Duration>()
+pub(crate) fn duration(s: &str) -> Result<crate::human::FlagDuration, String> {
+    s.parse::<crate::human::FlagDuration>()
         .map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
@@ -89,35 +89,35 @@ pub struct WorkerFlags {
     /// dropped answers, timeouts, 429, refused connections) before it is
     /// dead-lettered, counted from its first failure.
     #[arg(long, env = "GROUPCAST_RETRY_FOR", default_value_t = WorkerConfig::RETRY_FOR.into(), value_parser = duration)]
-    pub retry_for: humantime::Duration,
+    pub retry_for: crate::human::FlagDuration,
     /// How long a send claim lets the provider call start: a send that
     /// cannot start within it (a limiter or durability wait, a crash)
     /// claims again, checking `--send-at` and quiet hours anew, so that a
     /// cancel or quiet hours can still stop it. At least 1s.
     #[arg(long, env = "GROUPCAST_CLAIM_LIFETIME", default_value_t = WorkerConfig::CLAIM_LIFETIME.into(), value_parser = duration)]
-    pub claim_lifetime: humantime::Duration,
+    pub claim_lifetime: crate::human::FlagDuration,
     /// How long delivering a decided report retries a failing webhook.
     #[arg(long, env = "GROUPCAST_REPORT_RETRY_FOR", default_value_t = WorkerConfig::REPORT_RETRY_FOR.into(), value_parser = duration)]
-    pub report_retry_for: humantime::Duration,
+    pub report_retry_for: crate::human::FlagDuration,
     /// Also dead-letter a work item after this many attempts (0: no cap;
     /// only --retry-for counts).
     #[arg(long, env = "GROUPCAST_MAX_ATTEMPTS", default_value_t = WorkerConfig::MAX_ATTEMPTS)]
     pub max_attempts: u32,
     /// First retry delay (doubles per attempt, with equal jitter).
     #[arg(long, env = "GROUPCAST_BACKOFF_BASE", default_value_t = WorkerConfig::BACKOFF_BASE.into(), value_parser = duration)]
-    pub backoff_base: humantime::Duration,
+    pub backoff_base: crate::human::FlagDuration,
     /// Longest retry delay.
     #[arg(long, alias = "retry-max-delay", env = "GROUPCAST_BACKOFF_MAX", default_value_t = WorkerConfig::BACKOFF_MAX.into(), value_parser = duration)]
-    pub backoff_max: humantime::Duration,
+    pub backoff_max: crate::human::FlagDuration,
     /// How long one provider request may take (connect to last byte) before
     /// it counts as a transient failure. A handler renews its entry's lease
     /// every third of --visibility-timeout while it runs, so a slow call is
     /// never mistaken for a crashed worker and run twice.
     #[arg(long, env = "GROUPCAST_PROVIDER_TIMEOUT", default_value_t = ProviderConfig::REQUEST_TIMEOUT.into(), value_parser = duration)]
-    pub provider_timeout: humantime::Duration,
+    pub provider_timeout: crate::human::FlagDuration,
     /// Unacknowledged entries idle this long are reclaimed.
     #[arg(long, env = "GROUPCAST_VISIBILITY_TIMEOUT", default_value_t = WorkerConfig::VISIBILITY_TIMEOUT.into(), value_parser = duration)]
-    pub visibility_timeout: humantime::Duration,
+    pub visibility_timeout: crate::human::FlagDuration,
     /// Deliveries of one entry before it is dead-lettered as poison.
     #[arg(long, env = "GROUPCAST_MAX_DELIVERIES", default_value_t = WorkerConfig::MAX_DELIVERIES)]
     pub max_deliveries: u64,
@@ -126,31 +126,31 @@ pub struct WorkerFlags {
     /// shorter waits than this, up to 1 s, are waited in place, longer ones
     /// through the delayed set).
     #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value_t = WorkerConfig::POLL_INTERVAL.into(), value_parser = duration)]
-    pub poll_interval: humantime::Duration,
+    pub poll_interval: crate::human::FlagDuration,
     /// Where to POST each batch's report (with an Idempotency-Key header).
     #[arg(long, env = "GROUPCAST_REPORT_WEBHOOK")]
     pub report_webhook: Option<String>,
     /// How long a finished batch's events are kept.
     #[arg(long, env = "GROUPCAST_RETENTION", default_value_t = WorkerConfig::RETENTION.into(), value_parser = duration)]
-    pub retention: humantime::Duration,
+    pub retention: crate::human::FlagDuration,
     /// How long a reported batch's id is remembered after its events
     /// expire: later chunks of it are dead-lettered, never sent again.
     #[arg(long, env = "GROUPCAST_REMEMBER", default_value_t = WorkerConfig::REMEMBER.into(), value_parser = duration)]
-    pub remember: humantime::Duration,
+    pub remember: crate::human::FlagDuration,
     /// Close a batch that has had no event for this long before its report
     /// (as `groupcast close` does). Off unless given.
     #[arg(long, env = "GROUPCAST_GIVE_UP_AFTER", value_parser = duration)]
-    pub give_up_after: Option<humantime::Duration>,
+    pub give_up_after: Option<crate::human::FlagDuration>,
     /// A batch quiet this long before its report is reported stalled.
     #[arg(long, env = "GROUPCAST_STALL_AFTER", default_value_t = WorkerConfig::STALL_AFTER.into(), value_parser = duration)]
-    pub stall_after: humantime::Duration,
+    pub stall_after: crate::human::FlagDuration,
     /// How often the watchdog scans.
     #[arg(long, env = "GROUPCAST_WATCHDOG_INTERVAL", default_value_t = WorkerConfig::WATCHDOG_INTERVAL.into(), value_parser = duration)]
-    pub watchdog_interval: humantime::Duration,
+    pub watchdog_interval: crate::human::FlagDuration,
     /// How often stream lengths, pending counts, lag and delayed retries are
     /// sampled into gauges (by workers running the promote role).
     #[arg(long, env = "GROUPCAST_GAUGE_INTERVAL", default_value_t = WorkerConfig::GAUGE_INTERVAL.into(), value_parser = duration)]
-    pub gauge_interval: humantime::Duration,
+    pub gauge_interval: crate::human::FlagDuration,
     /// Where to serve Prometheus metrics (`off` to disable). Loopback unless told otherwise.
     #[arg(
         long,
@@ -201,7 +201,7 @@ impl WorkerFlags {
             return Err(CliError::Usage(format!(
                 "--claim-lifetime {} is too short: a send needs {} of it to reach the provider; use at least 1s",
                 self.claim_lifetime,
-                humantime::format_duration(crate::worker::ops::send_group::SEND_MARGIN)
+                crate::human::duration(crate::worker::ops::send_group::SEND_MARGIN)
             )));
         }
         if self.provider_timeout.is_zero() {
