@@ -29,6 +29,11 @@ use crate::cli::{secret_from_env, CliError, RedisArgs};
 use crate::store::batch::BatchPolicy;
 use crate::store::Store;
 
+/// Where the board listens unless told otherwise (workers looking for a
+/// free metrics port pass over it, so that a board started later finds it
+/// free).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9465";
+
 /// Board flags.
 #[derive(Debug, Args)]
 pub struct BoardArgs {
@@ -37,7 +42,7 @@ pub struct BoardArgs {
     pub redis: RedisArgs,
     /// Where to serve the board. Loopback unless told otherwise: anyone who
     /// reaches it reads every batch's state.
-    #[arg(long, env = "GROUPCAST_BOARD_LISTEN", default_value = "127.0.0.1:9465")]
+    #[arg(long, env = "GROUPCAST_BOARD_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
     /// A batch in flight quiet this long is shown as stalled (as the
     /// workers' --stall-after).
