@@ -19,7 +19,8 @@
 //! - [`provider`]: the provider client and its request bodies.
 //! - [`producer`]: cutting recipients into chunks and appending them.
 //! - [`verify`]: the invariant checks; [`metrics`]: the metric catalogue.
-//! - [`cli`]: one file per command; [`board`]: the operator's web page.
+//! - [`cli`]: one file per command; [`board`]: the operator's web page;
+//!   [`human`]: durations and times as people write them.
 //!
 //! The mock provider and the test servers (`mock`, `redis_server`,
 //! `redis_cluster`) serve the binary's `demo`, `bench` and `mock-provider`
@@ -30,6 +31,7 @@
 pub mod board;
 pub mod cli;
 pub mod events;
+pub mod human;
 pub mod keys;
 pub mod metrics;
 #[doc(hidden)]

@@ -349,7 +349,15 @@ pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Serves `GET /metrics` on `addr` in a background task (every other path
 /// answers 404) and returns the bound address (port 0 picks a free one).
 pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    serve_on(tokio::net::TcpListener::bind(addr).await?, handle)
+}
+
+/// [`serve`] on a listener already bound (the worker binds it itself, to
+/// try the next port when the default one is taken).
+pub fn serve_on(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+) -> std::io::Result<SocketAddr> {
     let local = listener.local_addr()?;
     let app = Router::new().route(
         "/metrics",

@@ -349,6 +349,50 @@ async fn the_board_shows_batches_a_missing_seq_and_dead_letters_and_acts_only_wi
     rig.stop().await;
 }
 
+/// The report panel of a batch with failures renders each value as text
+/// (the failures by reason as "code: count" items), never as
+/// `[object HTMLElement]` or `[object Object]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_report_panel_of_a_batch_with_failures_renders_the_failures() {
+    require_chromium();
+    // The mock refuses (`1000`) every recipient beyond 4 in a group; the
+    // workers do not know that cap, so 6 of the 10 recipients fail.
+    let mock = groupcast::mock::MockConfig {
+        cap: 4,
+        ..mock_config()
+    };
+    let rig = Rig::start(1, test_config(), mock).await;
+    let batch = "partly-refused".to_string();
+    append_chunks(&rig.store, &cut(&batch, &template(), recipients(7, 10), 5))
+        .await
+        .expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
+        .await;
+    let board = start_board(&rig.server.url(), None).await;
+    let page = format!("{}/batches/{batch}", board.base);
+    let dom = dump_dom(&page);
+    assert!(
+        !dom.contains("[object"),
+        "the batch page renders an object as text:\n{dom}"
+    );
+    let at = dom
+        .find("id=\"report\"")
+        .unwrap_or_else(|| panic!("no report panel:\n{dom}"));
+    let report = &dom[at..at + dom[at..].find("</dl>").unwrap_or(dom.len() - at)];
+    for shown in [
+        "<dt>outcome</dt><dd>partial</dd>",
+        "<dt>failed</dt><dd>6</dd>",
+        "<li>1000: 6</li>",
+    ] {
+        assert!(
+            report.contains(shown),
+            "the report lacks {shown}:\n{report}"
+        );
+    }
+    screenshot(&page, &shots().join("batch-failures.png"));
+    rig.stop().await;
+}
+
 /// The batch page's Close and Cancel buttons, and the actions behind them:
 /// refused without the token, from another origin or without the board's
 /// header (nothing changes), performed with it; a read-only board shows the

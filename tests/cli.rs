@@ -686,30 +686,34 @@ async fn dead_letters_can_be_listed_and_redriven() {
     rig.verify(&["redrive".to_string()]).await;
 }
 
+/// A `groupcast worker` command on `redis_url` for tests of its start: its
+/// provider unreachable, INFO logs, no metrics address from the
+/// environment; the caller adds flags and sets stderr.
+fn start_up_worker(redis_url: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["worker", "--durability", "none"])
+        .env("GROUPCAST_REDIS_URL", redis_url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env("GROUPCAST_PROVIDER_URL", "http://127.0.0.1:9")
+        .env("GROUPCAST_PROVIDER_API_KEY", KEY)
+        .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
+        .env("GROUPCAST_LOG", "info")
+        .env_remove("GROUPCAST_METRICS_LISTEN")
+        .env_remove("GROUPCAST_LOG_FORMAT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cmd
+}
+
 /// Runs a worker whose stderr is a pipe until it logs where its metrics are,
 /// and returns what it logged by then.
 fn worker_log_in_a_pipe(redis_url: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
     use std::io::BufRead;
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "worker",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--durability",
-        "none",
-    ])
-    .args(extra)
-    .env("GROUPCAST_REDIS_URL", redis_url)
-    .env("GROUPCAST_PREFIX", "gct")
-    .env("GROUPCAST_PROVIDER_URL", "http://127.0.0.1:9")
-    .env("GROUPCAST_PROVIDER_API_KEY", KEY)
-    .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
-    .env("GROUPCAST_LOG", "info")
-    .env_remove("NO_COLOR")
-    .env_remove("GROUPCAST_LOG_FORMAT")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    let mut cmd = start_up_worker(redis_url);
+    cmd.args(["--metrics-listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("NO_COLOR")
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -1133,5 +1137,126 @@ async fn cancel_and_close_answer_once_their_event_is_on_disk() {
     assert!(
         stderr.contains("lost the cancel before it reached its disk: run `groupcast cancel` again"),
         "{stderr}"
+    );
+}
+
+/// `--help` shows the duration defaults as people write them (they read
+/// "5months 27days 19h 12m" for `--remember`'s 180 days).
+#[test]
+fn help_shows_durations_as_people_write_them() {
+    let out = Command::new(BIN)
+        .args(["worker", "--help"])
+        .output()
+        .expect("run groupcast");
+    let help = ok_stdout(&out);
+    // clap quotes a value with a space.
+    for default in ["[default: \"180 days\"]", "[default: \"7 days\"]"] {
+        assert!(help.contains(default), "no {default} in:\n{help}");
+    }
+    assert!(!help.contains("months"), "{help}");
+}
+
+/// A `groupcast worker` process with its stderr in `log`; killed on drop.
+struct LoggedWorker {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Drop for LoggedWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a worker on `redis_url` with `extra` flags (the metrics flags
+/// left to the test; none: the defaults) and its stderr in `log`.
+fn logged_worker(redis_url: &str, extra: &[&str], log: std::path::PathBuf) -> LoggedWorker {
+    let file = std::fs::File::create(&log).expect("log file");
+    let child = start_up_worker(redis_url)
+        .args(extra)
+        .stderr(file)
+        .spawn()
+        .expect("spawn worker");
+    LoggedWorker { child, log }
+}
+
+/// Polls the worker's log (bounded) for the line saying where its metrics
+/// are; returns that line and the address in it.
+fn metrics_line(w: &mut LoggedWorker) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(&w.log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("/metrics")) {
+            let at = line.find("http://").expect("a URL") + "http://".len();
+            let end = at + line[at..].find("/metrics").expect("the path");
+            return (line.to_string(), line[at..end].to_string());
+        }
+        if let Ok(Some(status)) = w.child.try_wait() {
+            panic!("the worker exited ({status}) without serving metrics:\n{log}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics line within 30 s:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Two workers started with default metrics flags on one host both run:
+/// the second takes the next free port, says so, and both serve `/metrics`
+/// (the issue saw the second exit: "Address already in use"). A
+/// `--metrics-listen` given that is taken stays an error naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_with_default_metrics_flags_serve_metrics_on_different_ports() {
+    let server = redis();
+    let url = server.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut first = logged_worker(&url, &[], dir.path().join("first.log"));
+    let (_, first_addr) = metrics_line(&mut first);
+    let mut second = logged_worker(&url, &[], dir.path().join("second.log"));
+    let (line, second_addr) = metrics_line(&mut second);
+    assert_ne!(first_addr, second_addr);
+    assert!(
+        line.contains("port 9464 is taken") && line.contains("INFO"),
+        "the second worker does not say why it moved: {line}"
+    );
+    let http = reqwest::Client::new();
+    for (w, addr) in [(&mut first, &first_addr), (&mut second, &second_addr)] {
+        assert!(
+            w.child.try_wait().expect("try_wait").is_none(),
+            "the worker on {addr} exited"
+        );
+        let r = http
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics");
+        assert_eq!(r.status().as_u16(), 200, "{addr}");
+        let body = r.text().await.expect("body");
+        assert!(body.contains("groupcast_"), "{addr}: {body}");
+    }
+
+    // An address given that is taken: an error naming the flag, exit 2.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let mut explicit = logged_worker(
+        &url,
+        &["--metrics-listen", &addr],
+        dir.path().join("explicit.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = explicit.child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the worker did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = std::fs::read_to_string(&explicit.log).expect("log");
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains(&format!("--metrics-listen {addr}: address already in use")),
+        "{log}"
     );
 }

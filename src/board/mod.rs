@@ -29,6 +29,11 @@ use crate::cli::{secret_from_env, CliError, RedisArgs};
 use crate::store::batch::BatchPolicy;
 use crate::store::Store;
 
+/// Where the board listens unless told otherwise (workers looking for a
+/// free metrics port pass over it, so that a board started later finds it
+/// free).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9465";
+
 /// Board flags.
 #[derive(Debug, Args)]
 pub struct BoardArgs {
@@ -37,7 +42,7 @@ pub struct BoardArgs {
     pub redis: RedisArgs,
     /// Where to serve the board. Loopback unless told otherwise: anyone who
     /// reaches it reads every batch's state.
-    #[arg(long, env = "GROUPCAST_BOARD_LISTEN", default_value = "127.0.0.1:9465")]
+    #[arg(long, env = "GROUPCAST_BOARD_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
     /// A batch in flight quiet this long is shown as stalled (as the
     /// workers' --stall-after).
@@ -49,7 +54,7 @@ pub struct BoardArgs {
     /// How long a batch closed or cancelled from the board keeps its events
     /// once it reports (use the workers' `--retention`).
     #[arg(long, default_value_t = crate::worker::WorkerConfig::RETENTION.into(), value_parser = crate::cli::worker::duration)]
-    pub retention: humantime::Duration,
+    pub retention: crate::human::FlagDuration,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
+use crate::events::options::SendWindow;
 use crate::events::{Event, Recorded};
 use crate::keys::validate_batch_id;
 use crate::phone::mask;
@@ -33,7 +34,11 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             e.count,
             if e.last { ", last" } else { "" },
             e.gen
-        ) + &e.opts.as_deref().map(|o| format!("; batch options {o}")).unwrap_or_default(),
+        ) + &e
+            .opts
+            .as_deref()
+            .map(|o| format!("; batch options: {}", SendWindow::describe_canonical(o)))
+            .unwrap_or_default(),
         Event::GenerationClosed(e) => format!(
             "generation {} closed ({}): {} chunks, {} recipients",
             e.gen, e.reason, e.chunks, e.recipients
@@ -267,4 +272,30 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         print_table(&["time", "since start", "event", "what"], &rows);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::ChunkAssigned;
+
+    /// The batch options a chunk carried, as a person reads them (the issue
+    /// saw `batch options 1796359239000|normal|`).
+    #[test]
+    fn a_chunks_batch_options_read_as_written() {
+        let e = Event::ChunkAssigned(ChunkAssigned {
+            seq: 1,
+            gen: 0,
+            count: 5,
+            last: true,
+            digest: "d".into(),
+            duplicates: Vec::new(),
+            opts: Some("1796115600000|bulk|21:00:00-08:00:00@Asia/Seoul".into()),
+        });
+        assert_eq!(
+            summary(&e, false),
+            "chunk 1 (5 recipients, last) → generation 0; batch options: priority bulk, \
+             send at 2026-12-01 18:00 +09:00, quiet hours 21:00-08:00 Asia/Seoul"
+        );
+    }
 }

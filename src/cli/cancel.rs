@@ -37,7 +37,7 @@ pub struct CancelArgs {
     /// How long the batch's events are kept once it reports (use the
     /// workers' `--retention`).
     #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = super::worker::duration)]
-    pub retention: humantime::Duration,
+    pub retention: crate::human::FlagDuration,
     /// Cancel a batch id never seen too (nothing recorded, no chunk
     /// queued): its chunks, when they come, are refused.
     #[arg(long)]

@@ -25,7 +25,7 @@ pub struct CloseArgs {
     /// How long the batch's events are kept once it reports (use the
     /// workers' `--retention`).
     #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = super::worker::duration)]
-    pub retention: humantime::Duration,
+    pub retention: crate::human::FlagDuration,
 }
 
 /// The log of `batch` (its id checked) for a command that can end it: its
@@ -34,7 +34,7 @@ pub struct CloseArgs {
 pub(super) async fn batch_log(
     redis: &RedisArgs,
     batch: &str,
-    retention: humantime::Duration,
+    retention: crate::human::FlagDuration,
 ) -> Result<BatchLog, CliError> {
     validate_batch_id(batch).map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
     let store = redis.connect().await?.with_policy(BatchPolicy {

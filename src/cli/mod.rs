@@ -464,17 +464,10 @@ pub async fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// Formats a duration for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
+/// Formats a duration for people ([`crate::human::duration`]): `850 ms`,
+/// `12.3 s`, `4m 5s`, `2h 3m`, `7 days`.
 pub fn human_duration(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{:.1}s", ms as f64 / 1000.0)
-    } else if ms < 3_600_000 {
-        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
-    } else {
-        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
-    }
+    crate::human::millis(ms)
 }
 
 /// Formats epoch milliseconds as an RFC 3339 UTC time (to the millisecond).

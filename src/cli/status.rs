@@ -131,12 +131,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             .and_then(SendWindow::from_canonical)
             .unwrap_or_default();
         if window.holds() || window.priority != Priority::Normal {
-            outln!(
-                "priority {}; send at {}; quiet hours {}",
-                window.priority,
-                window.send_at_text().unwrap_or_else(|| "once ready".into()),
-                window.quiet_text().unwrap_or_else(|| "none".into()),
-            );
+            outln!("{}", window.describe());
         }
         if let Some(why) = p.cancelled() {
             outln!(
@@ -182,7 +177,12 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
                         .or_else(|| p.gen_field(g, "sent").map(str::to_string))
                         .or_else(|| {
                             let at = p.gen_field(g, "at")?.parse::<u64>().ok()?;
-                            Some(format!("held until {}", human_time(at)))
+                            // In the zone the batch's quiet hours are in:
+                            // the hold is most often theirs.
+                            Some(format!(
+                                "held until {}",
+                                window.time_text(i64::try_from(at).ok()?)
+                            ))
                         })
                         .unwrap_or_else(|| "-".into()),
                     f("done"),

@@ -10,8 +10,8 @@ use crate::provider::{ProviderClient, ProviderConfig};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, DurableWait, Role, Worker, WorkerConfig};
 
-pub(crate) fn duration(s: &str) -> Result<humantime::Duration, String> {
-    s.parse::<humantime::Duration>()
+pub(crate) fn duration(s: &str) -> Result<crate::human::FlagDuration, String> {
+    s.parse::<crate::human::FlagDuration>()
         .map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
@@ -89,35 +89,35 @@ pub struct WorkerFlags {
     /// dropped answers, timeouts, 429, refused connections) before it is
     /// dead-lettered, counted from its first failure.
     #[arg(long, env = "GROUPCAST_RETRY_FOR", default_value_t = WorkerConfig::RETRY_FOR.into(), value_parser = duration)]
-    pub retry_for: humantime::Duration,
+    pub retry_for: crate::human::FlagDuration,
     /// How long a send claim lets the provider call start: a send that
     /// cannot start within it (a limiter or durability wait, a crash)
     /// claims again, checking `--send-at` and quiet hours anew, so that a
     /// cancel or quiet hours can still stop it. At least 1s.
     #[arg(long, env = "GROUPCAST_CLAIM_LIFETIME", default_value_t = WorkerConfig::CLAIM_LIFETIME.into(), value_parser = duration)]
-    pub claim_lifetime: humantime::Duration,
+    pub claim_lifetime: crate::human::FlagDuration,
     /// How long delivering a decided report retries a failing webhook.
     #[arg(long, env = "GROUPCAST_REPORT_RETRY_FOR", default_value_t = WorkerConfig::REPORT_RETRY_FOR.into(), value_parser = duration)]
-    pub report_retry_for: humantime::Duration,
+    pub report_retry_for: crate::human::FlagDuration,
     /// Also dead-letter a work item after this many attempts (0: no cap;
     /// only --retry-for counts).
     #[arg(long, env = "GROUPCAST_MAX_ATTEMPTS", default_value_t = WorkerConfig::MAX_ATTEMPTS)]
     pub max_attempts: u32,
     /// First retry delay (doubles per attempt, with equal jitter).
     #[arg(long, env = "GROUPCAST_BACKOFF_BASE", default_value_t = WorkerConfig::BACKOFF_BASE.into(), value_parser = duration)]
-    pub backoff_base: humantime::Duration,
+    pub backoff_base: crate::human::FlagDuration,
     /// Longest retry delay.
     #[arg(long, alias = "retry-max-delay", env = "GROUPCAST_BACKOFF_MAX", default_value_t = WorkerConfig::BACKOFF_MAX.into(), value_parser = duration)]
-    pub backoff_max: humantime::Duration,
+    pub backoff_max: crate::human::FlagDuration,
     /// How long one provider request may take (connect to last byte) before
     /// it counts as a transient failure. A handler renews its entry's lease
     /// every third of --visibility-timeout while it runs, so a slow call is
     /// never mistaken for a crashed worker and run twice.
     #[arg(long, env = "GROUPCAST_PROVIDER_TIMEOUT", default_value_t = ProviderConfig::REQUEST_TIMEOUT.into(), value_parser = duration)]
-    pub provider_timeout: humantime::Duration,
+    pub provider_timeout: crate::human::FlagDuration,
     /// Unacknowledged entries idle this long are reclaimed.
     #[arg(long, env = "GROUPCAST_VISIBILITY_TIMEOUT", default_value_t = WorkerConfig::VISIBILITY_TIMEOUT.into(), value_parser = duration)]
-    pub visibility_timeout: humantime::Duration,
+    pub visibility_timeout: crate::human::FlagDuration,
     /// Deliveries of one entry before it is dead-lettered as poison.
     #[arg(long, env = "GROUPCAST_MAX_DELIVERIES", default_value_t = WorkerConfig::MAX_DELIVERIES)]
     pub max_deliveries: u64,
@@ -126,38 +126,38 @@ pub struct WorkerFlags {
     /// shorter waits than this, up to 1 s, are waited in place, longer ones
     /// through the delayed set).
     #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value_t = WorkerConfig::POLL_INTERVAL.into(), value_parser = duration)]
-    pub poll_interval: humantime::Duration,
+    pub poll_interval: crate::human::FlagDuration,
     /// Where to POST each batch's report (with an Idempotency-Key header).
     #[arg(long, env = "GROUPCAST_REPORT_WEBHOOK")]
     pub report_webhook: Option<String>,
     /// How long a finished batch's events are kept.
     #[arg(long, env = "GROUPCAST_RETENTION", default_value_t = WorkerConfig::RETENTION.into(), value_parser = duration)]
-    pub retention: humantime::Duration,
+    pub retention: crate::human::FlagDuration,
     /// How long a reported batch's id is remembered after its events
     /// expire: later chunks of it are dead-lettered, never sent again.
     #[arg(long, env = "GROUPCAST_REMEMBER", default_value_t = WorkerConfig::REMEMBER.into(), value_parser = duration)]
-    pub remember: humantime::Duration,
+    pub remember: crate::human::FlagDuration,
     /// Close a batch that has had no event for this long before its report
     /// (as `groupcast close` does). Off unless given.
     #[arg(long, env = "GROUPCAST_GIVE_UP_AFTER", value_parser = duration)]
-    pub give_up_after: Option<humantime::Duration>,
+    pub give_up_after: Option<crate::human::FlagDuration>,
     /// A batch quiet this long before its report is reported stalled.
     #[arg(long, env = "GROUPCAST_STALL_AFTER", default_value_t = WorkerConfig::STALL_AFTER.into(), value_parser = duration)]
-    pub stall_after: humantime::Duration,
+    pub stall_after: crate::human::FlagDuration,
     /// How often the watchdog scans.
     #[arg(long, env = "GROUPCAST_WATCHDOG_INTERVAL", default_value_t = WorkerConfig::WATCHDOG_INTERVAL.into(), value_parser = duration)]
-    pub watchdog_interval: humantime::Duration,
+    pub watchdog_interval: crate::human::FlagDuration,
     /// How often stream lengths, pending counts, lag and delayed retries are
     /// sampled into gauges (by workers running the promote role).
     #[arg(long, env = "GROUPCAST_GAUGE_INTERVAL", default_value_t = WorkerConfig::GAUGE_INTERVAL.into(), value_parser = duration)]
-    pub gauge_interval: humantime::Duration,
-    /// Where to serve Prometheus metrics (`off` to disable). Loopback unless told otherwise.
-    #[arg(
-        long,
-        env = "GROUPCAST_METRICS_LISTEN",
-        default_value = "127.0.0.1:9464"
-    )]
-    pub metrics_listen: String,
+    pub gauge_interval: crate::human::FlagDuration,
+    /// Where to serve Prometheus metrics (`off` to disable). Without it:
+    /// 127.0.0.1:9464, or when another worker on this host has that port,
+    /// the next free one up to 9495 (not 9465, the board's); the worker
+    /// logs the address it took. An address given that is taken is an
+    /// error.
+    #[arg(long, env = "GROUPCAST_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// The Redis durability this deployment expects; the worker warns at
     /// start when the server's settings are weaker.
     #[arg(long, env = "GROUPCAST_DURABILITY", value_enum, default_value_t = Durability::Auto)]
@@ -201,7 +201,7 @@ impl WorkerFlags {
             return Err(CliError::Usage(format!(
                 "--claim-lifetime {} is too short: a send needs {} of it to reach the provider; use at least 1s",
                 self.claim_lifetime,
-                humantime::format_duration(crate::worker::ops::send_group::SEND_MARGIN)
+                crate::human::duration(crate::worker::ops::send_group::SEND_MARGIN)
             )));
         }
         if self.provider_timeout.is_zero() {
@@ -519,6 +519,61 @@ where
     }
 }
 
+/// The metrics port of a worker without `--metrics-listen`, on loopback.
+pub const DEFAULT_METRICS_PORT: u16 = 9464;
+/// How many ports from [`DEFAULT_METRICS_PORT`] on a worker without
+/// `--metrics-listen` tries: several workers on one host (a systemd
+/// template, one per core) each find one, and Prometheus has a short,
+/// known range to scrape.
+pub const DEFAULT_METRICS_PORTS: u16 = 32;
+
+/// The addresses a worker without `--metrics-listen` tries, in order:
+/// [`DEFAULT_METRICS_PORT`] and the ports after it, except the board's
+/// default ([`crate::board::DEFAULT_LISTEN`]), which a board started later
+/// would find taken.
+pub fn default_metrics_addrs() -> Vec<SocketAddr> {
+    (DEFAULT_METRICS_PORT..DEFAULT_METRICS_PORT + DEFAULT_METRICS_PORTS)
+        .map(|port| SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)))
+        .filter(|a| a.to_string() != crate::board::DEFAULT_LISTEN)
+        .collect()
+}
+
+/// Binds the metrics listener: the address given (taken: an error naming
+/// the flag), or without one the first free of [`default_metrics_addrs`].
+async fn bind_metrics(given: Option<&str>) -> Result<tokio::net::TcpListener, CliError> {
+    use std::io::ErrorKind::AddrInUse;
+    if let Some(given) = given {
+        let addr: SocketAddr = given
+            .parse()
+            .map_err(|e| CliError::Usage(format!("--metrics-listen {given}: {e}")))?;
+        return tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            CliError::Usage(if e.kind() == AddrInUse {
+                format!(
+                    "--metrics-listen {addr}: address already in use (another worker?): \
+                     give a free address, or leave --metrics-listen (and \
+                     GROUPCAST_METRICS_LISTEN) out to take the next free port from {DEFAULT_METRICS_PORT}"
+                )
+            } else {
+                format!("--metrics-listen {addr}: {e}")
+            })
+        });
+    }
+    let candidates = default_metrics_addrs();
+    for addr in &candidates {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            // Another worker's: try the next.
+            Err(e) if e.kind() == AddrInUse => continue,
+            Err(e) => return Err(CliError::Usage(format!("metrics on {addr}: {e}"))),
+        }
+    }
+    Err(CliError::Usage(format!(
+        "metrics: every port from {DEFAULT_METRICS_PORT} to {} on 127.0.0.1 is taken: \
+         give --metrics-listen ADDR (port 0 picks any free one) or --metrics-listen off",
+        DEFAULT_METRICS_PORT + DEFAULT_METRICS_PORTS - 1
+    )))
+}
+
 /// Connects, checks the server and starts the roles, waiting for Redis as
 /// long as it is away.
 async fn start(
@@ -556,19 +611,21 @@ async fn start(
         tracing::info!("durability: {why}");
     }
     config.durable = wait;
-    if args.worker.metrics_listen != "off" {
-        let addr: SocketAddr = args.worker.metrics_listen.parse().map_err(|e| {
-            CliError::Usage(format!(
-                "--metrics-listen {}: {e}",
-                args.worker.metrics_listen
-            ))
-        })?;
+    if args.worker.metrics_listen.as_deref() != Some("off") {
+        let listener = bind_metrics(args.worker.metrics_listen.as_deref()).await?;
         let handle = crate::metrics::install().map_err(|e| CliError::Usage(e.to_string()))?;
         crate::metrics::zero(store.keys.shards());
-        let local = crate::metrics::serve(addr, handle)
-            .await
-            .map_err(|e| CliError::Usage(format!("--metrics-listen {addr}: {e}")))?;
-        tracing::info!(%local, "metrics at http://{local}/metrics");
+        let local = crate::metrics::serve_on(listener, handle)
+            .map_err(|e| CliError::Failed(format!("serving metrics: {e}")))?;
+        if args.worker.metrics_listen.is_none() && local.port() != DEFAULT_METRICS_PORT {
+            tracing::info!(
+                %local,
+                "metrics at http://{local}/metrics (port {DEFAULT_METRICS_PORT} is taken, \
+                 by another worker on this host most likely: took the next free one)"
+            );
+        } else {
+            tracing::info!(%local, "metrics at http://{local}/metrics");
+        }
     }
     let worker = while_redis_is_away(&describe, "starting the roles", || {
         Worker::start(Ctx::new(store.clone(), provider.clone(), config.clone()))
@@ -609,6 +666,18 @@ async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 9464, then 9466 on (9465 is the board's), 31 ports in all, all on
+    /// loopback.
+    #[test]
+    fn workers_without_metrics_listen_try_the_ports_after_9464_but_the_boards() {
+        let addrs = default_metrics_addrs();
+        let ports: Vec<u16> = addrs.iter().map(SocketAddr::port).collect();
+        assert_eq!(ports[..3], [9464, 9466, 9467]);
+        assert_eq!(ports.last(), Some(&9495));
+        assert_eq!(ports.len(), 31);
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()));
+    }
 
     fn server(aof: Option<&str>, fsync: Option<&str>, waitaof: bool) -> ServerPersistence {
         ServerPersistence {

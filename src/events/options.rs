@@ -180,6 +180,15 @@ fn hms(s: i32) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
+/// `HH:MM`, with `:SS` only when there are seconds: as people write a time.
+fn hm(s: i32) -> String {
+    if s % 60 == 0 {
+        format!("{:02}:{:02}", s / 3600, s / 60 % 60)
+    } else {
+        hms(s)
+    }
+}
+
 impl Quiet {
     fn parse(q: &QuietHours) -> Result<Quiet, OptionsError> {
         let start = day_seconds("start", &q.start)?;
@@ -200,6 +209,16 @@ impl Quiet {
     /// `HH:MM:SS-HH:MM:SS@Zone`.
     fn canonical(&self) -> String {
         format!("{}-{}@{}", hms(self.start), hms(self.end), self.tz_name)
+    }
+
+    /// As people write it: `21:00-08:00 Asia/Seoul`.
+    pub fn describe(&self) -> String {
+        format!("{}-{} {}", hm(self.start), hm(self.end), self.tz_name)
+    }
+
+    /// The window's zone.
+    pub fn zone(&self) -> &TimeZone {
+        &self.tz
     }
 
     fn from_canonical(s: &str) -> Option<Quiet> {
@@ -462,6 +481,48 @@ impl SendWindow {
         self.send_at
             .and_then(|ms| Timestamp::from_millisecond(ms).ok())
             .map(|t| t.to_string())
+    }
+
+    /// The zone a person reads this batch's times in: its quiet hours' zone
+    /// when it has one (the zone its operator thinks in), else UTC.
+    pub fn zone(&self) -> TimeZone {
+        self.quiet
+            .as_ref()
+            .map_or(TimeZone::UTC, |q| q.zone().clone())
+    }
+
+    /// The instant `ms` as a time with its offset in [`SendWindow::zone`]
+    /// (`2026-12-01 18:00 +09:00`); the bare number if not an instant.
+    pub fn time_text(&self, ms: i64) -> String {
+        crate::human::time_in(ms, &self.zone()).unwrap_or_else(|| ms.to_string())
+    }
+
+    /// The options as a person reads them:
+    /// `priority normal, send at 2026-12-01 18:00 +09:00, quiet hours
+    /// 21:00-08:00 Asia/Seoul`; `send once ready` and `no quiet hours`
+    /// when unset.
+    pub fn describe(&self) -> String {
+        format!(
+            "priority {}, {}, {}",
+            self.priority,
+            self.send_at.map_or("send once ready".into(), |ms| format!(
+                "send at {}",
+                self.time_text(ms)
+            )),
+            self.quiet
+                .as_ref()
+                .map_or("no quiet hours".into(), |q| format!(
+                    "quiet hours {}",
+                    q.describe()
+                )),
+        )
+    }
+
+    /// [`SendWindow::describe`] of a canonical form; the form itself when
+    /// it does not read (a newer or damaged state: shown, not hidden).
+    pub fn describe_canonical(canonical: &str) -> String {
+        SendWindow::from_canonical(canonical)
+            .map_or_else(|| canonical.to_string(), |w| w.describe())
     }
 
     /// The quiet hours as `HH:MM:SS-HH:MM:SS@Zone`, for reports.
@@ -732,5 +793,28 @@ mod tests {
         assert!(bad(q("21:00", "8:00", "UTC")).contains("end"));
         assert!(bad(q("21:00", "08:00", "Mars/Olympus")).contains("IANA"));
         assert!(bad(q("08:00", "08:00", "UTC")).contains("empty"));
+    }
+
+    /// The options as `audit` and `status` print them: the send time in
+    /// the quiet hours' zone with its offset (else UTC), the window as
+    /// written; the canonical form in the issue read
+    /// `1796359239000|normal|`.
+    #[test]
+    fn options_read_as_people_write_them() {
+        let seoul = SendWindow::from_canonical("1796115600000|bulk|21:00:00-08:00:00@Asia/Seoul")
+            .expect("canonical");
+        assert_eq!(
+            seoul.describe(),
+            "priority bulk, send at 2026-12-01 18:00 +09:00, quiet hours 21:00-08:00 Asia/Seoul"
+        );
+        assert_eq!(
+            SendWindow::describe_canonical("1796359239000|normal|"),
+            "priority normal, send at 2026-12-04 04:40:39 +00:00, no quiet hours"
+        );
+        assert_eq!(
+            SendWindow::describe_canonical("|urgent|21:30:15-06:00:00@UTC"),
+            "priority urgent, send once ready, quiet hours 21:30:15-06:00 UTC"
+        );
+        assert_eq!(SendWindow::describe_canonical("not|a form"), "not|a form");
     }
 }

@@ -72,9 +72,9 @@ pub fn decide(
         if spent >= budget {
             return Decision::GiveUp(format!(
                 "gave up after retrying for {} ({} attempts; budget {}): {reason}",
-                humantime::format_duration(round_secs(spent)),
+                crate::human::duration(round_secs(spent)),
                 item.attempt,
-                humantime::format_duration(budget),
+                crate::human::duration(budget),
             ));
         }
     }

@@ -190,8 +190,8 @@ async fn check(
         if quiet > limit.as_millis() as u64 && p.get(field::CLOSED).is_none() {
             let reason = format!(
                 "no event for {} (--give-up-after {})",
-                humantime::format_duration(Duration::from_millis(quiet / 1000 * 1000)),
-                humantime::format_duration(limit)
+                crate::human::duration(Duration::from_millis(quiet / 1000 * 1000)),
+                crate::human::duration(limit)
             );
             // Its work (the sends a close makes ready) goes to its lane.
             let log = store.batch_in(&log.batch, log.stored_lane().await?);

@@ -9,7 +9,10 @@ const toast = document.getElementById("toast");
 let timer = null;
 let eventsOffset = 0;
 
-// Builds an element; children are nodes or text (never parsed as HTML).
+// Builds an element; children are nodes or text (never parsed as HTML),
+// or arrays of them nested to any depth: a `map` that returns a pair of
+// nodes per entry gives an array of arrays, and one level of flattening
+// would turn each pair into the text "[object HTMLElement],[object ...]".
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -17,7 +20,7 @@ function h(tag, attrs, ...children) {
     if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === undefined || c === null) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -141,6 +144,16 @@ function overview(data) {
   ];
 }
 
+// A value of the report as text: a count or a word as is, a breakdown (the
+// failures by reason) as "reason: count" items, an empty one as "none".
+function reportValue(v) {
+  if (v === null || v === undefined) return "-";
+  if (typeof v !== "object") return String(v);
+  const entries = Array.isArray(v) ? v.map((x, i) => [String(i), x]) : Object.entries(v);
+  if (entries.length === 0) return "none";
+  return h("ul", { class: "breakdown" }, entries.map(([k, x]) => h("li", {}, k + ": ", reportValue(x))));
+}
+
 function batchPage(b, events) {
   const gens = h("table", { id: "generations" },
     h("thead", {}, h("tr", {}, ["gen", "group", "recipients", "chunks loaded", "registered", "failed", "closed", "send", "provider status"].map((c) => h("th", {}, c)))),
@@ -162,7 +175,7 @@ function batchPage(b, events) {
     h("tbody", {}, (b.rejected || []).length === 0 ? h("tr", {}, h("td", { colspan: 2, class: "muted" }, "none")) :
       b.rejected.map((r) => h("tr", {}, h("td", { class: "num" }, r.seq ?? "-"), h("td", {}, r.reason)))));
   const report = b.report
-    ? h("dl", { id: "report" }, Object.entries(b.report).filter(([k]) => k !== "timeMs").map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]))
+    ? h("dl", { id: "report" }, Object.entries(b.report).filter(([k]) => k !== "timeMs").map(([k, v]) => [h("dt", {}, k), h("dd", {}, reportValue(v))]))
     : h("p", { id: "report", class: "muted" }, "Not reported yet.");
   const timeline = events ? h("div", {},
     h("div", { class: "toolbar" },
