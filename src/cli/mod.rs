@@ -691,7 +691,7 @@ mod tests {
         let c = config("3s").expect("3s is fine");
         assert_eq!(c.claim_lifetime, std::time::Duration::from_secs(3));
         let e = config("400ms").expect_err("too short").to_string();
-        assert!(e.contains("--claim-lifetime 400ms is too short"), "{e}");
+        assert!(e.contains("--claim-lifetime 400 ms is too short"), "{e}");
     }
 
     #[test]

@@ -144,7 +144,7 @@ mod tests {
         assert_eq!(it.attempt, 100);
         // At the budget's end: given up, saying why.
         match transient(&c, Op::Create, &mut it, T0 + 60_000) {
-            Decision::GiveUp(r) => assert!(r.contains("1m") && r.contains("500"), "{r}"),
+            Decision::GiveUp(r) => assert!(r.contains("1 min") && r.contains("500"), "{r}"),
             other => panic!("{other:?}"),
         }
     }
