@@ -284,7 +284,7 @@ async fn give_up_after_closes_a_batch_quiet_that_long() {
     );
     assert_eq!(report["registered"], 200, "{report}");
     let closed = report["closed"].as_str().unwrap_or_default().to_string();
-    assert!(closed.contains("--give-up-after 1s"), "{closed}");
+    assert!(closed.contains("--give-up-after 1 s"), "{closed}");
     rig.check_ledger(&BTreeMap::from([(batch.to_string(), 200)]));
     rig.verify(&[batch.to_string()]).await;
     rig.stop().await;
