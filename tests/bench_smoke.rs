@@ -1,5 +1,5 @@
 //! The benchmark harness works end to end on a small size (the full runs are
-//! benchmarks, not tests: their numbers are in the README).
+//! benchmarks, not tests: their numbers are in docs/benchmarks.md).
 
 use std::process::Command;
 

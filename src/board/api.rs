@@ -1,5 +1,5 @@
 //! The board's JSON API (`/api/...`), which its page reads. Documented in
-//! the README. Every Redis read goes through typed methods of [`Store`].
+//! docs/board.md. Every Redis read goes through typed methods of [`Store`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

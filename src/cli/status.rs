@@ -20,6 +20,34 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Wait until the batch has reported, then print its status (a batch
+    /// whose chunks are still queued or in flight is waited for; Ctrl-C
+    /// stops waiting).
+    #[arg(long, requires = "batch")]
+    pub wait: bool,
+}
+
+/// How often `status --wait` reads the batch's state again: a person is
+/// waiting, and one read of the projection is one round trip.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Reads `batch`'s state until it holds a report, saying once on stderr what
+/// it waits for.
+async fn wait_for_report(store: &Store, batch: &str) -> Result<(), CliError> {
+    let mut said = false;
+    loop {
+        let p = store.batch(batch).state().await?;
+        if p.get("report").is_some() {
+            return Ok(());
+        }
+        if !said {
+            eprintln!(
+                "waiting for batch {batch}'s report (Ctrl-C stops waiting; the batch goes on)"
+            );
+            said = true;
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
 }
 
 /// A batch's generations as JSON (`done`: the provider's final status).
@@ -86,6 +114,9 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     let store = args.redis.connect().await?;
     if let Some(batch) = &args.batch {
         validate_batch_id(batch).map_err(|e| CliError::Usage(format!("{batch:?}: {e}")))?;
+        if args.wait {
+            wait_for_report(&store, batch).await?;
+        }
         let p = store.batch(batch).state().await?;
         let queued = store.queued(store.keys.shard_of(batch)).await?;
         let waiting = queued.of(batch);
