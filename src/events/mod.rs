@@ -16,6 +16,7 @@
 
 pub mod chunk;
 pub mod options;
+pub mod work_item;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;

@@ -34,10 +34,54 @@ pub mod settle;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::events::work_item::WorkItem;
 use crate::events::{Event, Recorded};
-use crate::worker::ops::WorkItem;
 
-pub use crate::store::batch::BatchPolicy;
+/// How a batch ends, for the scripts that can end one (`settle.lua`): how
+/// long its events live after the report, and whether the report is queued
+/// for the webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// How long a reported batch's events and state are kept.
+    pub retention: std::time::Duration,
+    /// Whether a decided report gets a `report` work item (a webhook is
+    /// configured).
+    pub deliver: bool,
+    /// The recipients a batch has from which its mobile numbers
+    /// (010-XXXX-XXXX) are deduped in a bitmap (up to 12.5 MB of Redis
+    /// memory, a few times less Redis CPU per number than the buckets); see
+    /// `accept.lua`.
+    pub bitmap_from: u64,
+}
+
+impl BatchPolicy {
+    /// Default of [`BatchPolicy::retention`]: 7 days.
+    pub const RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+    /// Default of [`BatchPolicy::bitmap_from`]: 100,000 recipients (their
+    /// buckets hold ~0.7 MB; the bitmap is at most 12.5 MB).
+    pub const BITMAP_FROM: u64 = 100_000;
+
+    /// The scripts' policy argument: `<retention s>|<deliver 0|1>|<bitmap from>`.
+    pub(crate) fn script_arg(&self) -> String {
+        format!(
+            "{}|{}|{}",
+            self.retention.as_secs(),
+            u8::from(self.deliver),
+            self.bitmap_from
+        )
+    }
+}
+
+impl Default for BatchPolicy {
+    fn default() -> Self {
+        BatchPolicy {
+            retention: Self::RETENTION,
+            deliver: false,
+            bitmap_from: Self::BITMAP_FROM,
+        }
+    }
+}
+
 pub use accept::accept;
 pub use append::append;
 pub use cancel::cancel;

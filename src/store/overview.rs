@@ -311,7 +311,7 @@ impl Store {
             return Ok(None);
         };
         // A redriven work item starts a fresh retry budget.
-        let fields = crate::worker::ops::WorkItem::fresh_budget(
+        let fields = crate::events::work_item::WorkItem::fresh_budget(
             letter
                 .fields
                 .iter()

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
 use crate::events::encode_payload;
@@ -16,6 +16,7 @@ use crate::store::witness::{self, LastAppended};
 use crate::worker::ops::{
     create_group, load_chunk, recall_send, Op, Outcome, RetryCause, WorkItem,
 };
+use crate::worker::slot::{self, Slot};
 use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
@@ -50,63 +51,6 @@ impl Source {
     }
 }
 
-tokio::task_local! {
-    /// The consumer slot of the entry this task handles.
-    static SLOT: Arc<Slot>;
-}
-
-/// An entry's place among its consumer's `concurrency` entries in hand.
-/// An entry that only waits for time to pass (the durability window) or for
-/// the disk (`WAITAOF`) gives it back meanwhile, so that the consumer goes
-/// on with other entries, and takes one again before it goes on.
-struct Slot {
-    permits: Arc<Semaphore>,
-    held: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
-    /// Room for entries waiting without a slot, shared by the consumer.
-    waiting: Arc<Semaphore>,
-}
-
-/// Entries of a consumer that may wait without a slot at once, per slot:
-/// beyond that an entry waits holding its slot, so that the consumer reads
-/// no more until some wait ends: the entries in hand (and, through the
-/// producers' backpressure on unread chunks, Redis's memory) stay bounded.
-const WAITING_PER_SLOT: usize = 16;
-
-/// Sleeps `delay` without holding the entry's consumer slot (see
-/// [`without_slot`]). False when the task handles no consumer entry
-/// (nothing slept): the caller waits otherwise.
-pub(crate) async fn wait_without_slot(delay: Duration) -> bool {
-    if SLOT.try_with(|_| ()).is_err() {
-        return false;
-    }
-    without_slot(tokio::time::sleep(delay)).await;
-    true
-}
-
-/// Awaits `wait` (a wait for time to pass, or for the disk) without holding
-/// the entry's consumer slot, so that other entries are read and handled
-/// meanwhile, then takes a slot again; when [`WAITING_PER_SLOT`] entries per
-/// slot already wait so, or when the task handles no consumer entry, awaits
-/// it as it is.
-pub(crate) async fn without_slot<T>(wait: impl std::future::Future<Output = T>) -> T {
-    let Ok(slot) = SLOT.try_with(Arc::clone) else {
-        return wait.await;
-    };
-    let Ok(room) = slot.waiting.clone().try_acquire_owned() else {
-        return wait.await;
-    };
-    let given_back = slot.held.lock().map(|mut h| h.take()).unwrap_or(None);
-    drop(given_back);
-    let out = wait.await;
-    drop(room);
-    if let Ok(p) = slot.permits.clone().acquire_owned().await {
-        if let Ok(mut h) = slot.held.lock() {
-            *h = Some(p);
-        }
-    }
-    out
-}
-
 /// Reads `source` on `shard`'s `lane` until `shutdown`,
 /// `ctx.config.concurrency` entries at a time; every `visibility_timeout / 2`
 /// it also takes over entries another consumer left pending too long. Each
@@ -123,7 +67,7 @@ pub async fn run(
     let group = source.group();
     let permits = Arc::new(Semaphore::new(ctx.config.concurrency.max(1)));
     let waiting = Arc::new(Semaphore::new(
-        ctx.config.concurrency.max(1) * WAITING_PER_SLOT,
+        ctx.config.concurrency.max(1) * slot::WAITING_PER_SLOT,
     ));
     let (acker, flusher) = Acker::spawn(ctx.store.clone(), stream.clone(), group);
     let total = ctx.config.concurrency.max(1) as u32;
@@ -212,13 +156,9 @@ pub async fn run(
         let acker = acker.clone();
         // Every log line of this entry (handling and settling) names it.
         let span = tracing::info_span!("entry", stream = source.label(), shard, lane = lane.name(), id = %entry.id, deliveries);
-        let slot = Arc::new(Slot {
-            permits: permits.clone(),
-            held: std::sync::Mutex::new(Some(slot)),
-            waiting: waiting.clone(),
-        });
+        let slot = Slot::new(permits.clone(), slot, waiting.clone());
         tokio::spawn(
-            SLOT.scope(slot, async move {
+            slot::scope(slot, async move {
                 let at = At {
                     source,
                     shard,

@@ -21,6 +21,7 @@ pub mod maintenance;
 pub mod operator;
 pub mod ops;
 pub mod retry;
+mod slot;
 pub mod watchdog;
 
 use std::sync::Arc;

@@ -15,120 +15,10 @@ pub mod send_group;
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::events::work_item::{Op, WorkItem};
 use crate::provider::{ProviderError, RetryDecision};
 use crate::store::batch::BatchLog;
 use crate::store::StoreError;
-
-/// The operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// Create a generation's group (the losing racer deletes its own).
-    Create,
-    /// Add a chunk's messages to its generation's group.
-    Load,
-    /// Send a complete generation's group, once.
-    Send,
-    /// Read a sent group until it finishes.
-    Poll,
-    /// Delete a group that lost the creation race, or one a cancel stopped.
-    Delete,
-    /// Ask the provider about a send given up while its claim was in place:
-    /// delete its group so it can never go out, or learn that it went out.
-    Recall,
-    /// POST the batch's report to the webhook.
-    Report,
-}
-
-impl Op {
-    /// The `op` field.
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Create => "create",
-            Op::Load => "load",
-            Op::Send => "send",
-            Op::Poll => "poll",
-            Op::Delete => "delete",
-            Op::Recall => "recall",
-            Op::Report => "report",
-        }
-    }
-
-    /// Parses the `op` field.
-    pub fn parse(s: &str) -> Option<Op> {
-        Some(match s {
-            "create" => Op::Create,
-            "load" => Op::Load,
-            "send" => Op::Send,
-            "poll" => Op::Poll,
-            "delete" => Op::Delete,
-            "recall" => Op::Recall,
-            "report" => Op::Report,
-            _ => return None,
-        })
-    }
-}
-
-/// The `d` field of a work entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkItem {
-    /// The batch.
-    pub batch: String,
-    /// The generation.
-    pub gen: u32,
-    /// The chunk, for `load`.
-    #[serde(default)]
-    pub seq: Option<u32>,
-    /// The group, for `load` and `delete`.
-    #[serde(default)]
-    pub group_id: Option<String>,
-    /// Attempts already spent.
-    #[serde(default)]
-    pub attempt: u32,
-    /// When its retry budget started (ms since the epoch, by the clock of the
-    /// Redis server holding its shard): its first failure, or the provider's
-    /// last answer for a poll. 0 (absent) until it first fails. Carried in
-    /// the item, so the budget survives worker restarts and moves between
-    /// workers; `dlq redrive` sets it back to 0 (a fresh budget).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub since: u64,
-    /// For `poll`: how long it waited before this read of its group, in
-    /// ms. The next read of a group still sending waits twice as long, up
-    /// to `--poll-interval` ([`WorkerConfig::next_poll`]). 0 (absent) for
-    /// the other ops.
-    ///
-    /// [`WorkerConfig::next_poll`]: crate::worker::WorkerConfig::next_poll
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub poll_delay_ms: u64,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-impl WorkItem {
-    /// A dead-lettered work entry's fields (`op`, `d`, `c`, ...) with a fresh
-    /// retry budget, for `dlq redrive`: attempts and budget start over, as if
-    /// the item had never failed. Fields of anything that is not a readable
-    /// work item (an ingest entry) come back unchanged.
-    pub fn fresh_budget(mut fields: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
-        if !fields.iter().any(|(k, _)| k == "op") {
-            return fields;
-        }
-        for (k, v) in fields.iter_mut() {
-            if k != "d" {
-                continue;
-            }
-            if let Ok(mut item) = crate::events::decode_payload::<WorkItem>("work item", v) {
-                item.attempt = 0;
-                item.since = 0;
-                *v = crate::events::encode_payload(&item);
-            }
-        }
-        fields
-    }
-}
 
 /// How a handler settled an entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -318,7 +208,7 @@ pub async fn on_disk(
             let Some(delay) = durability_wait(log, window, &ids).await? else {
                 return Ok(OnDisk::Yes);
             };
-            if !crate::worker::consumer::wait_without_slot(delay).await {
+            if !crate::worker::slot::wait_without_slot(delay).await {
                 return Ok(OnDisk::NotYet(wait_for_disk(delay, what())));
             }
             // Age makes a fact durable only if Redis still has it: a crash
@@ -363,7 +253,7 @@ pub async fn on_disk(
             // Up to the next fsync (a second under everysec): without the
             // consumer slot, like the window's sleep, so that the round
             // gathers every entry the consumer can read meanwhile.
-            let found = crate::worker::consumer::without_slot(aof.wait(facts)).await?;
+            let found = crate::worker::slot::without_slot(aof.wait(facts)).await?;
             metrics::histogram!("groupcast_fsync_wait_seconds")
                 .record(started.elapsed().as_secs_f64());
             Ok(match found {

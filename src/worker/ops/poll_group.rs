@@ -57,7 +57,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
             .next_poll(Duration::from_millis(item.poll_delay_ms));
         if next < ctx.config.poll_interval
             && next <= IN_PLACE_MAX
-            && crate::worker::consumer::wait_without_slot(next).await
+            && crate::worker::slot::wait_without_slot(next).await
         {
             item.poll_delay_ms = next.as_millis() as u64;
             continue;
