@@ -416,6 +416,7 @@ async fn latencies(
     store: &Store,
     batches: &[String],
     appended: &BTreeMap<String, BTreeMap<u32, u64>>,
+    submitted: &BTreeMap<String, u64>,
 ) -> Result<Latencies, CliError> {
     let mut latencies = Latencies::default();
     let none = BTreeMap::new();
@@ -427,7 +428,11 @@ async fn latencies(
             .into_iter()
             .flatten()
             .collect();
-        latencies.add_batch(appended.get(b).unwrap_or(&none), &events);
+        latencies.add_batch(
+            appended.get(b).unwrap_or(&none),
+            submitted.get(b).copied(),
+            &events,
+        );
     }
     Ok(latencies)
 }
@@ -497,6 +502,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         cpu,
         memory: (start, peak),
         appended: produced.appended,
+        submitted: BTreeMap::new(),
         kind: RunKind::in_process(),
     };
     conclude(&plan, ran).await
@@ -532,6 +538,9 @@ struct Ran {
     memory: (f64, f64),
     /// When each chunk was appended, when this process appended them.
     appended: BTreeMap<String, BTreeMap<u32, u64>>,
+    /// When each batch's `groupcast submit` started (ms since the epoch),
+    /// when `submit` produced.
+    submitted: BTreeMap<String, u64>,
     kind: RunKind,
 }
 
@@ -548,6 +557,7 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
         cpu,
         memory: (start, peak),
         appended,
+        submitted,
         kind,
     } = ran;
     let commands = commands_by_name(&info(&store, "commandstats").await?);
@@ -574,7 +584,7 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
     .map_err(|e| CliError::Failed(e.to_string()))?;
     let latencies = during(
         "reading the batches' events",
-        latencies(&store, &batches, &appended).await,
+        latencies(&store, &batches, &appended, &submitted).await,
     )?;
     let failed = during(
         "verifying the batches",

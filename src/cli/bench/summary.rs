@@ -134,12 +134,128 @@ pub(super) struct Latencies {
     pub(super) submit_to_loaded_ms: Vec<u64>,
     /// From a generation's `generation_ready` to its `send_triggered`.
     pub(super) complete_to_send_ms: Vec<u64>,
+    /// When each batch passed each stage.
+    pub(super) stages: Vec<BatchStages>,
+}
+
+/// When a batch passed each stage on its way from submit to report, in ms
+/// since the epoch (its events' Redis clock; `submitted` the bench's own
+/// clock on the same machine). Each stage is when the *last* of the batch's
+/// chunks or generations passed it (the first, for `accepted`): a batch is
+/// as late as its slowest part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct BatchStages {
+    /// Its first chunk appended (in-process) or its `submit` started.
+    pub(super) submitted: Option<u64>,
+    /// Its first chunk accepted (`chunk_assigned`).
+    pub(super) accepted: Option<u64>,
+    /// Its last generation's group recorded (`group_created`).
+    pub(super) group_recorded: Option<u64>,
+    /// Its last chunk loaded into its group (`chunk_loaded`).
+    pub(super) loaded: Option<u64>,
+    /// Its last generation sent (`send_triggered`).
+    pub(super) sent: Option<u64>,
+    /// Its last group finished at the provider (`group_completed`).
+    pub(super) completed: Option<u64>,
+    /// Its report decided (`batch_reported`).
+    pub(super) reported: Option<u64>,
+}
+
+/// The stages' names, in the order a batch passes them, for the result line.
+pub(super) const STAGES: [&str; 7] = [
+    "submitted",
+    "accepted",
+    "group_recorded",
+    "loaded",
+    "sent",
+    "completed",
+    "reported",
+];
+
+impl BatchStages {
+    /// The stages' instants in [`STAGES`] order.
+    fn instants(&self) -> [Option<u64>; 7] {
+        [
+            self.submitted,
+            self.accepted,
+            self.group_recorded,
+            self.loaded,
+            self.sent,
+            self.completed,
+            self.reported,
+        ]
+    }
+
+    /// A batch's stages, from its events.
+    pub(super) fn of(submitted: Option<u64>, events: &[Recorded]) -> BatchStages {
+        let mut s = BatchStages {
+            submitted,
+            ..BatchStages::default()
+        };
+        let latest = |slot: &mut Option<u64>, ms: u64| *slot = Some(slot.map_or(ms, |t| t.max(ms)));
+        for r in events {
+            let ms = r.millis();
+            match &r.event {
+                Event::ChunkAssigned(_) => {
+                    s.accepted = Some(s.accepted.map_or(ms, |t| t.min(ms)));
+                }
+                Event::GroupCreated(_) => latest(&mut s.group_recorded, ms),
+                Event::ChunkLoaded(_) => latest(&mut s.loaded, ms),
+                Event::SendTriggered(_) => latest(&mut s.sent, ms),
+                Event::GroupCompleted(_) => latest(&mut s.completed, ms),
+                Event::BatchReported(_) => latest(&mut s.reported, ms),
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+/// For each step between two stages (and for the whole way), the batches'
+/// p50 and p99 in ms: `{"submitted_to_accepted": {"p50": .., "p99": ..}, ...,
+/// "submitted_to_reported": ...}`. A step a batch did not pass both ends of
+/// is not counted for it.
+pub(super) fn stage_breakdown(stages: &[BatchStages]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    let mut step = |name: String, mut ms: Vec<u64>| {
+        ms.sort_unstable();
+        let v = if ms.is_empty() {
+            serde_json::Value::Null
+        } else {
+            json!({"p50": percentile(&ms, 0.5), "p99": percentile(&ms, 0.99), "batches": ms.len()})
+        };
+        out.insert(name, v);
+    };
+    for i in 0..STAGES.len() - 1 {
+        let ms = stages
+            .iter()
+            .filter_map(|s| {
+                let t = s.instants();
+                Some(t[i + 1]?.saturating_sub(t[i]?))
+            })
+            .collect();
+        step(format!("{}_to_{}", STAGES[i], STAGES[i + 1]), ms);
+    }
+    let whole = stages
+        .iter()
+        .filter_map(|s| Some(s.reported?.saturating_sub(s.submitted?)))
+        .collect();
+    step("submitted_to_reported".into(), whole);
+    serde_json::Value::Object(out)
 }
 
 impl Latencies {
     /// Adds one batch's, from its events; `appended` holds when each of its
     /// chunks was appended (the ingest entry id's milliseconds), by seq.
-    pub(super) fn add_batch(&mut self, appended: &BTreeMap<u32, u64>, events: &[Recorded]) {
+    pub(super) fn add_batch(
+        &mut self,
+        appended: &BTreeMap<u32, u64>,
+        submitted: Option<u64>,
+        events: &[Recorded],
+    ) {
+        let first_append = appended.values().min().copied();
+        self.stages
+            .push(BatchStages::of(submitted.or(first_append), events));
         let mut ready: BTreeMap<u32, u64> = BTreeMap::new();
         for r in events {
             match &r.event {
@@ -319,6 +435,7 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
         "submit_to_loaded_ms_p99": loaded_at(0.99),
         "complete_to_send_ms_p50": percentile(&send, 0.5),
         "complete_to_send_ms_p99": percentile(&send, 0.99),
+        "stages_ms": stage_breakdown(&m.latencies.stages),
         "verified": m.verified,
     })
 }

@@ -210,9 +210,75 @@ fn latencies_pair_each_event_with_what_started_it() {
         ),
     ];
     let mut l = Latencies::default();
-    l.add_batch(&BTreeMap::from([(0, 1_000), (1, 1_050)]), &events);
+    l.add_batch(&BTreeMap::from([(0, 1_000), (1, 1_050)]), None, &events);
     assert_eq!(l.submit_to_loaded_ms, [300, 400]);
     assert_eq!(l.complete_to_send_ms, [40]);
+    // Submitted at the first append; no chunk_assigned, group or report.
+    let s = l.stages[0];
+    assert_eq!(
+        (s.submitted, s.accepted, s.loaded, s.sent, s.reported),
+        (Some(1_000), None, Some(1_500), Some(1_700), None)
+    );
+}
+
+#[test]
+fn a_batchs_stages_are_its_first_accept_and_the_last_of_each_later_step() {
+    let events = [
+        recorded(
+            1_010,
+            "chunk_assigned",
+            json!({"seq": 1, "gen": 0, "count": 1, "last": false, "digest": "d1"}),
+        ),
+        recorded(
+            1_005,
+            "chunk_assigned",
+            json!({"seq": 0, "gen": 0, "count": 1, "last": false, "digest": "d0"}),
+        ),
+        recorded(1_020, "group_created", json!({"gen": 0, "group_id": "G1"})),
+        recorded(1_090, "group_created", json!({"gen": 1, "group_id": "G2"})),
+        recorded(
+            1_100,
+            "chunk_loaded",
+            json!({"gen": 0, "seq": 0, "group_id": "G1", "registered": 1, "duplicates": 0, "failed": []}),
+        ),
+        recorded(
+            1_200,
+            "send_triggered",
+            json!({"gen": 0, "group_id": "G1", "outcome": "sent"}),
+        ),
+        recorded(
+            1_350,
+            "group_completed",
+            json!({"gen": 0, "group_id": "G1", "status": "COMPLETE", "sent_success": 1, "sent_failed": 0}),
+        ),
+    ];
+    let mut stages = vec![BatchStages::of(Some(1_000), &events)];
+    let s = stages[0];
+    assert_eq!(s.accepted, Some(1_005), "the first accept");
+    assert_eq!(s.group_recorded, Some(1_090), "the last group");
+    assert_eq!(s.completed, Some(1_350));
+    // A second batch, slower everywhere, reported.
+    stages.push(BatchStages {
+        submitted: Some(0),
+        accepted: Some(100),
+        group_recorded: Some(300),
+        loaded: Some(400),
+        sent: Some(500),
+        completed: Some(900),
+        reported: Some(1_000),
+    });
+    let b = stage_breakdown(&stages);
+    assert_eq!(b["submitted_to_accepted"]["p50"], 100);
+    assert_eq!(b["submitted_to_accepted"]["p99"], 100);
+    assert_eq!(b["accepted_to_group_recorded"]["batches"], 2);
+    assert_eq!(b["group_recorded_to_loaded"]["p50"], 100);
+    // Only the second batch was reported.
+    assert_eq!(b["completed_to_reported"]["batches"], 1);
+    assert_eq!(b["submitted_to_reported"]["p50"], 1_000);
+    assert_eq!(
+        stage_breakdown(&[])["submitted_to_reported"],
+        serde_json::Value::Null
+    );
 }
 
 #[test]
@@ -293,6 +359,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
         latencies: Latencies {
             submit_to_loaded_ms: vec![449, 429, 431],
             complete_to_send_ms: vec![2],
+            stages: Vec::new(),
         },
         verified: true,
         kind: RunKind::in_process(),
@@ -336,6 +403,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             "submit_to_loaded_ms_p99": 449,
             "complete_to_send_ms_p50": 2,
             "complete_to_send_ms_p99": 2,
+            "stages_ms": stage_breakdown(&[]),
             "verified": true,
         })
     );
@@ -360,6 +428,7 @@ fn a_user_path_line_has_the_submits_and_no_append_latencies() {
         latencies: Latencies {
             submit_to_loaded_ms: vec![],
             complete_to_send_ms: vec![3],
+            stages: Vec::new(),
         },
         ..Measured::default()
     };
