@@ -9,6 +9,7 @@
 //! - [`watchdog`]: batches that went quiet before their report.
 //! - [`limiter`]: the provider rate limiter shared by every process.
 //! - [`durability`]: acknowledged events read back, to detect lost writes.
+//! - [`webhook`]: signing report deliveries, and their fields' names.
 
 pub mod config;
 pub mod consumer;
@@ -22,6 +23,7 @@ pub mod operator;
 pub mod ops;
 pub mod retry;
 pub mod watchdog;
+pub mod webhook;
 
 use std::sync::Arc;
 
