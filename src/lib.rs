@@ -20,7 +20,8 @@
 //! - [`producer`]: cutting recipients into chunks and appending them.
 //! - [`verify`]: the invariant checks; [`metrics`]: the metric catalogue.
 //! - [`cli`]: one file per command; [`board`]: the operator's web page;
-//!   [`human`]: durations and times as people write them.
+//!   [`human`]: durations and times as people write them; [`redact`]:
+//!   secrets out of URLs before anything prints them.
 //!
 //! The mock provider and the test servers (`mock`, `redis_server`,
 //! `redis_cluster`) serve the binary's `demo`, `bench` and `mock-provider`
@@ -41,6 +42,7 @@ pub mod producer;
 pub mod projection;
 pub mod protocol;
 pub mod provider;
+pub mod redact;
 #[doc(hidden)]
 pub mod redis_cluster;
 #[doc(hidden)]

@@ -1,6 +1,7 @@
 //! Security: Redis AUTH (password and a least-privilege ACL user), TLS
 //! (verified with a CA file, refused with a wrong one, client certificates),
-//! secrets that never leave the environment, and loopback-only listeners.
+//! secrets that never leave the environment, loopback-only listeners, and
+//! signed report deliveries with no token of the webhook's URL in any output.
 //!
 //! Every test runs against a real `redis-server` it starts, and most run the
 //! built `groupcast` binary as a user would. TLS tests make their own CA with
@@ -18,3 +19,5 @@ mod listeners;
 mod secrets;
 #[path = "security/tls.rs"]
 mod tls;
+#[path = "security/webhooks.rs"]
+mod webhooks;

@@ -210,8 +210,10 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
                 "seq": e.seq, "reason": e.reason, "id": r.id, "timeMs": r.millis(),
             })),
             Event::BatchReported(e) => {
+                // The report's fields as the reports stream and the webhook
+                // name them (docs/reports.md), and when it was decided.
                 report = serde_json::to_value(e).unwrap_or(Value::Null);
-                report["timeMs"] = json!(r.millis());
+                report["time_ms"] = json!(r.millis());
             }
             _ => {}
         }

@@ -176,9 +176,10 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
         ),
         Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
         Event::InputRejected(e) => {
+            let reason = options_read_as_written(&e.reason);
             let mut s = match e.seq {
-                Some(seq) => format!("chunk {seq} rejected: {}", e.reason),
-                None => format!("input rejected: {}", e.reason),
+                Some(seq) => format!("chunk {seq} rejected: {reason}"),
+                None => format!("input rejected: {reason}"),
             };
             match (&e.last_conflict, e.last) {
                 (Some(why), _) => s.push_str(&format!("; {why}")),
@@ -193,6 +194,26 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             human_time(e.quiet_since_ms)
         ),
     }
+}
+
+/// A conflict's reason with both batch options as people write them:
+/// `accept.lua`, which has no time-zone database, names them in canonical
+/// form (`seq 1 has the batch options 1796359239000|bulk|, but the batch has
+/// |normal|`). Any other reason is returned as it is.
+fn options_read_as_written(reason: &str) -> String {
+    const HAS: &str = " has the batch options ";
+    const BUT: &str = ", but the batch has ";
+    let Some((head, rest)) = reason.split_once(HAS) else {
+        return reason.to_string();
+    };
+    let Some((theirs, ours)) = rest.split_once(BUT) else {
+        return reason.to_string();
+    };
+    format!(
+        "{head}{HAS}({}){BUT}({})",
+        SendWindow::describe_canonical(theirs),
+        SendWindow::describe_canonical(ours)
+    )
 }
 
 /// An event as `audit --json` prints it.
@@ -278,6 +299,25 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
 mod tests {
     use super::*;
     use crate::events::ChunkAssigned;
+
+    /// A chunk refused for other batch options names both as people write
+    /// them, not as `accept.lua` stored them.
+    #[test]
+    fn a_conflicts_batch_options_read_as_written() {
+        let e = Event::InputRejected(crate::events::InputRejected {
+            seq: Some(1),
+            reason: "seq 1 has the batch options 1796115600000|bulk|21:00:00-08:00:00@Asia/Seoul, \
+                     but the batch has |normal|"
+                .into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            summary(&e, false),
+            "chunk 1 rejected: seq 1 has the batch options (priority bulk, send at \
+             2026-12-01 18:00 +09:00, quiet hours 21:00-08:00 Asia/Seoul), but the batch has \
+             (priority normal, send once ready, no quiet hours)"
+        );
+    }
 
     /// The batch options a chunk carried, as a person reads them (the issue
     /// saw `batch options 1796359239000|normal|`).

@@ -71,7 +71,8 @@ pub fn describe(e: &Entry) -> serde_json::Value {
         "time": human_time(entry_millis(&e.id)),
         "source": e.text("source"),
         "entry": e.text("entry"),
-        "reason": e.text("reason"),
+        // Letters written before reasons were redacted may hold a token.
+        "reason": e.text("reason").map(|r| crate::redact::text(&r)),
         "deliveries": e.text("deliveries"),
         "consumer": e.text("consumer"),
         "original": original,

@@ -127,9 +127,21 @@ pub struct WorkerFlags {
     /// through the delayed set).
     #[arg(long, env = "GROUPCAST_POLL_INTERVAL", default_value_t = WorkerConfig::POLL_INTERVAL.into(), value_parser = duration)]
     pub poll_interval: crate::human::FlagDuration,
-    /// Where to POST each batch's report (with an Idempotency-Key header).
+    /// Where to POST each batch's report (with an Idempotency-Key header),
+    /// signed with GROUPCAST_WEBHOOK_SECRET (or GROUPCAST_WEBHOOK_SECRET_FILE):
+    /// `whsec_<base64>` secrets separated by spaces (docs/reports.md).
     #[arg(long, env = "GROUPCAST_REPORT_WEBHOOK")]
     pub report_webhook: Option<String>,
+    /// How the webhook's body names the report's fields: `snake` (as the
+    /// reports stream and the board's API) or `camel`, the names of earlier
+    /// releases, kept for this release only.
+    #[arg(
+        long,
+        env = "GROUPCAST_WEBHOOK_FIELD_NAMES",
+        value_enum,
+        default_value_t
+    )]
+    pub webhook_field_names: crate::worker::webhook::FieldNames,
     /// How long a finished batch's events are kept.
     #[arg(long, env = "GROUPCAST_RETENTION", default_value_t = WorkerConfig::RETENTION.into(), value_parser = duration)]
     pub retention: crate::human::FlagDuration,
@@ -225,6 +237,8 @@ impl WorkerFlags {
             max_deliveries: self.max_deliveries,
             poll_interval: self.poll_interval.into(),
             report_webhook: self.report_webhook.clone(),
+            webhook_secrets: webhook_secrets()?,
+            webhook_field_names: self.webhook_field_names,
             retention: self.retention.into(),
             remember: self.remember.into(),
             give_up_after: self.give_up_after.map(Into::into),
@@ -255,6 +269,38 @@ impl WorkerFlags {
             ..ProviderConfig::default()
         })
         .map_err(|e| CliError::Usage(format!("--provider-url: {e}")))
+    }
+}
+
+/// The secrets report deliveries are signed with, from
+/// `GROUPCAST_WEBHOOK_SECRET` or the file `GROUPCAST_WEBHOOK_SECRET_FILE`
+/// names; none when neither is set.
+fn webhook_secrets() -> Result<Option<crate::worker::webhook::WebhookSecrets>, CliError> {
+    secret_from_env("GROUPCAST_WEBHOOK_SECRET")?
+        .map(|text| {
+            crate::worker::webhook::WebhookSecrets::parse(&text)
+                .map_err(|e| CliError::Usage(e.to_string()))
+        })
+        .transpose()
+}
+
+/// Says at start what the webhook settings mean for receivers: unsigned
+/// deliveries, and the camelCase names that go away in the next release.
+fn warn_about_webhook(config: &WorkerConfig) {
+    if config.report_webhook.is_none() {
+        return;
+    }
+    if config.webhook_secrets.is_none() {
+        tracing::warn!(
+            "report deliveries are unsigned: a receiver cannot tell them from forged ones; \
+             set GROUPCAST_WEBHOOK_SECRET (see docs/reports.md)"
+        );
+    }
+    if config.webhook_field_names == crate::worker::webhook::FieldNames::Camel {
+        tracing::warn!(
+            "--webhook-field-names camel sends the report's fields with the names of earlier releases; \
+             the next release sends snake_case only (see docs/reports.md)"
+        );
     }
 }
 
@@ -638,6 +684,7 @@ async fn start(
 pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
     let config = args.worker.config()?;
     let provider = args.worker.provider()?;
+    warn_about_webhook(&config);
     let worker = tokio::select! {
         w = start(&args, &config, &provider) => w?,
         _ = wait_for_signal() => return Ok(()),

@@ -426,9 +426,9 @@ fn transport(endpoint: &'static str, e: reqwest::Error) -> ProviderError {
     } else {
         (ProviderErrorKind::Transient, "connection failed")
     };
-    // reqwest errors carry the URL (base URL and group id), never headers,
-    // so no credential can leak through the source chain.
-    ProviderError::new(kind, endpoint, what).with_source(e)
+    // reqwest errors carry the URL (base URL and group id), never headers;
+    // a token in the base URL's userinfo or query is masked.
+    ProviderError::new(kind, endpoint, what).with_source(crate::redact::reqwest_error(e))
 }
 
 fn status_error(

@@ -108,6 +108,11 @@ pub struct WorkerConfig {
     /// Where to POST each batch's report (none: reports only go to the
     /// reports stream). Default none.
     pub report_webhook: Option<String>,
+    /// The secrets every report delivery is signed with
+    /// (`GROUPCAST_WEBHOOK_SECRET`). None: deliveries are unsigned.
+    pub webhook_secrets: Option<crate::worker::webhook::WebhookSecrets>,
+    /// How the webhook's body names the report's fields. Default snake_case.
+    pub webhook_field_names: crate::worker::webhook::FieldNames,
     /// How long a finished batch's events and state are kept. Default 7 days.
     pub retention: Duration,
     /// How long a reported batch's id is remembered (a tombstone, a few
@@ -217,6 +222,8 @@ impl Default for WorkerConfig {
             max_deliveries: Self::MAX_DELIVERIES,
             poll_interval: Self::POLL_INTERVAL,
             report_webhook: None,
+            webhook_secrets: None,
+            webhook_field_names: Default::default(),
             retention: Self::RETENTION,
             remember: Self::REMEMBER,
             give_up_after: None,

@@ -416,6 +416,7 @@ async fn settle(
                     retry::Decision::Retry(delay) => {
                         metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
                             .increment(1);
+                        let reason = crate::redact::text(&reason);
                         tracing::debug!(op = op.name(), attempt = item.attempt, ?delay, %reason, "retry later");
                         // A wait that shows the batch alive (a poll, a limiter
                         // or durability wait) refreshes its heartbeat in the
@@ -546,8 +547,10 @@ async fn dead_letter(
     after: Option<LastAppended>,
 ) -> crate::store::StoreResult<()> {
     let (source, shard, stream) = (at.source, at.shard, at.stream);
-    // Reasons quote input; whatever quoted it, a reason stays short.
-    let reason = &crate::events::clip(reason, 32 * crate::events::QUOTE_MAX);
+    // Reasons quote input; whatever quoted it, a reason stays short. A URL
+    // in it (a reqwest error names one) loses its userinfo and query, where
+    // people put tokens: dead letters are shown by the board to anyone.
+    let reason = &crate::events::clip(&crate::redact::text(reason), 32 * crate::events::QUOTE_MAX);
     let mut fields = vec![
         ("reason".to_string(), reason.as_bytes().to_vec()),
         ("source".to_string(), stream.as_bytes().to_vec()),

@@ -9,6 +9,7 @@
 //! - [`watchdog`]: batches that went quiet before their report.
 //! - [`limiter`]: the provider rate limiter shared by every process.
 //! - [`durability`]: acknowledged events read back, to detect lost writes.
+//! - [`webhook`]: signing report deliveries, and their fields' names.
 
 pub mod config;
 pub mod consumer;
@@ -23,6 +24,7 @@ pub mod ops;
 pub mod retry;
 mod slot;
 pub mod watchdog;
+pub mod webhook;
 
 use std::sync::Arc;
 

@@ -122,11 +122,11 @@ async fn cancel_before_the_send_sends_nothing_and_deletes_the_group() {
     assert_eq!(report["outcome"], "cancelled", "{report}");
     assert_eq!(report["cancelled"], "wrong template", "{report}");
     assert_eq!(report["registered"], 300, "{report}");
-    assert_eq!(report["sentSuccess"], 0, "{report}");
-    assert_eq!(report["sentGenerations"], 0, "{report}");
-    assert_eq!(report["sentRecipients"], 0, "{report}");
-    assert_eq!(report["stoppedGenerations"], 1, "{report}");
-    assert_eq!(report["unsentRecipients"], 300, "{report}");
+    assert_eq!(report["sent_success"], 0, "{report}");
+    assert_eq!(report["sent_generations"], 0, "{report}");
+    assert_eq!(report["sent_recipients"], 0, "{report}");
+    assert_eq!(report["stopped"], 1, "{report}");
+    assert_eq!(report["unsent"], 300, "{report}");
     assert_eq!(report["groups"][0]["status"], "cancelled", "{report}");
     wait_deleted(&rig, batch, &[0]).await;
     for (gen, gs) in groups_of(&rig, batch) {
@@ -191,11 +191,11 @@ async fn cancel_mid_batch_stops_the_generations_not_yet_sent() {
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "cancelled", "{report}");
     assert_eq!(report["registered"], 600, "{report}");
-    assert_eq!(report["sentGenerations"], 5, "{report}");
-    assert_eq!(report["sentRecipients"], 500, "{report}");
-    assert_eq!(report["sentSuccess"], 500, "{report}");
-    assert_eq!(report["stoppedGenerations"], 1, "{report}");
-    assert_eq!(report["unsentRecipients"], 100, "{report}");
+    assert_eq!(report["sent_generations"], 5, "{report}");
+    assert_eq!(report["sent_recipients"], 500, "{report}");
+    assert_eq!(report["sent_success"], 500, "{report}");
+    assert_eq!(report["stopped"], 1, "{report}");
+    assert_eq!(report["unsent"], 100, "{report}");
     wait_deleted(&rig, batch, &[5]).await;
     let groups = groups_of(&rig, batch);
     for gen in 0..5 {
@@ -283,13 +283,13 @@ async fn a_claimed_send_goes_out_and_an_unclaimed_one_never_does() {
     rig.add_worker().await;
     let report = the_report(&rig, &hook, claimed).await;
     assert_eq!(report["outcome"], "cancelled", "{report}");
-    assert_eq!(report["sentSuccess"], 200, "{report}");
-    assert_eq!(report["sentGenerations"], 1, "{report}");
-    assert_eq!(report["stoppedGenerations"], 0, "{report}");
+    assert_eq!(report["sent_success"], 200, "{report}");
+    assert_eq!(report["sent_generations"], 1, "{report}");
+    assert_eq!(report["stopped"], 0, "{report}");
     let report = the_report(&rig, &hook, unclaimed).await;
     assert_eq!(report["outcome"], "cancelled", "{report}");
-    assert_eq!(report["sentSuccess"], 0, "{report}");
-    assert_eq!(report["stoppedGenerations"], 1, "{report}");
+    assert_eq!(report["sent_success"], 0, "{report}");
+    assert_eq!(report["stopped"], 1, "{report}");
     assert_eq!(report["closed"], "producer gave up", "{report}");
     wait_deleted(&rig, unclaimed, &[0]).await;
     // The unclaimed generation's send item ran and never reached the
@@ -375,10 +375,10 @@ async fn cancel_racing_the_workers_sends_each_generation_once_or_never() {
             .collect();
         assert_eq!(stopped_gens.len() as u32, stopped, "{batch}");
         assert!(stopped_gens.iter().all(|g| !sent_gens.contains(g)));
-        assert_eq!(report["sentGenerations"], sent_gens.len(), "{report}");
-        assert_eq!(report["sentSuccess"], delivered, "{report}");
-        assert_eq!(report["sentRecipients"], registered, "{report}");
-        assert_eq!(report["stoppedGenerations"], stopped, "{report}");
+        assert_eq!(report["sent_generations"], sent_gens.len(), "{report}");
+        assert_eq!(report["sent_success"], delivered, "{report}");
+        assert_eq!(report["sent_recipients"], registered, "{report}");
+        assert_eq!(report["stopped"], stopped, "{report}");
         let with_group: Vec<u32> = stopped_gens
             .iter()
             .copied()

@@ -153,10 +153,10 @@ async fn a_claim_retried_into_quiet_hours_is_given_back_and_a_cancel_stops_the_s
     );
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "cancelled", "{report}");
-    assert_eq!(report["sentSuccess"], 0, "{report}");
-    assert_eq!(report["sentGenerations"], 0, "{report}");
-    assert_eq!(report["stoppedGenerations"], 1, "{report}");
-    assert_eq!(report["unsentRecipients"], 200, "{report}");
+    assert_eq!(report["sent_success"], 0, "{report}");
+    assert_eq!(report["sent_generations"], 0, "{report}");
+    assert_eq!(report["stopped"], 1, "{report}");
+    assert_eq!(report["unsent"], 200, "{report}");
     wait_deleted(&rig, batch, &[0]).await;
     let now = log.server_time_ms().await.expect("clock");
     assert!(now < closes, "the quiet hours ended during the test");
@@ -235,9 +235,9 @@ async fn a_claim_that_outlives_quiet_hours_after_a_cancel_is_not_renewed() {
     );
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "cancelled", "{report}");
-    assert_eq!(report["sentGenerations"], 0, "{report}");
-    assert_eq!(report["stoppedGenerations"], 1, "{report}");
-    assert_eq!(report["unsentRecipients"], 50, "{report}");
+    assert_eq!(report["sent_generations"], 0, "{report}");
+    assert_eq!(report["stopped"], 1, "{report}");
+    assert_eq!(report["unsent"], 50, "{report}");
     let claims = claim_events(&log).await;
     let Some((back_ms, Event::ClaimGivenBack(b))) = claims.get(1) else {
         panic!("the claim given back: {claims:?}");

@@ -37,7 +37,7 @@ async fn a_create_refused_for_good_ends_the_batch_as_failed() {
     assert_eq!(report["recipients"], 400, "{report}");
     assert_eq!(report["registered"], 0, "{report}");
     assert_eq!(report["failed"], 400, "{report}");
-    assert_eq!(report["failedByReason"]["given_up"], 400, "{report}");
+    assert_eq!(report["failed_by_reason"]["given_up"], 400, "{report}");
     let letters = wait_dead_letters(&rig, 2).await;
     assert!(
         letters.iter().all(|(_, r)| r.contains("403")),

@@ -172,7 +172,7 @@ async fn chunks_that_cannot_be_loaded_end_as_failures_and_the_rest_is_sent() {
     assert_eq!(report["outcome"], "partial", "{report}");
     assert_eq!(report["registered"], 200, "{report}");
     assert_eq!(report["failed"], 100, "{report}");
-    assert_eq!(report["failedByReason"]["given_up"], 100, "{report}");
+    assert_eq!(report["failed_by_reason"]["given_up"], 100, "{report}");
     assert_eq!(report["rejected"], 1, "{report}");
     assert_eq!(report["missing"], 0, "{report}");
     let seen = registrations(&rig, batch);
@@ -234,7 +234,7 @@ async fn a_seq_that_never_comes_is_given_up_by_close() {
     assert_eq!(report["outcome"], "partial", "{report}");
     assert_eq!(report["missing"], 1, "{report}");
     assert_eq!(
-        report["missingSeqRanges"],
+        report["missing_seq_ranges"],
         serde_json::json!([[2, 2]]),
         "{report}"
     );
@@ -278,7 +278,7 @@ async fn give_up_after_closes_a_batch_quiet_that_long() {
     let letters = dead_letters(&rig.store).await;
     assert_eq!(report["outcome"], "partial", "{report} {letters:?}");
     assert_eq!(
-        report["missingSeqRanges"],
+        report["missing_seq_ranges"],
         serde_json::json!([[1, 1]]),
         "{report} {letters:?}"
     );
@@ -729,9 +729,9 @@ async fn a_batch_holding_seq_four_billion_closes_at_once_and_reports_small() {
     assert!(body.len() < 10_000, "{} bytes", body.len());
     assert_eq!(report["outcome"], "partial", "{report}");
     assert_eq!(report["missing"], 3_999_999_998u64, "{report}");
-    assert_eq!(report["missingSeqCount"], 3_999_999_998u64, "{report}");
+    assert_eq!(report["missing_seq_count"], 3_999_999_998u64, "{report}");
     assert_eq!(
-        report["missingSeqRanges"],
+        report["missing_seq_ranges"],
         serde_json::json!([[2, 3_999_999_999u32]]),
         "{report}"
     );

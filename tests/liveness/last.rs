@@ -28,7 +28,7 @@ async fn a_batch_of_one_invalid_last_chunk_reports_failed() {
     assert_eq!(report["rejected"], 1, "{report}");
     assert_eq!(report["registered"], 0, "{report}");
     assert_eq!(report["missing"], 0, "{report}");
-    assert!(report["lastConflict"].is_null(), "{report}");
+    assert!(report["last_conflict"].is_null(), "{report}");
     let letters = wait_dead_letters(&rig, 1).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert!(registrations(&rig, batch).is_empty());
@@ -92,7 +92,7 @@ async fn a_last_flag_below_a_seq_received_ends_the_batch_at_the_highest() {
     assert_eq!(report["chunks"], 3, "{report}");
     assert_eq!(report["registered"], 300, "{report}");
     assert_eq!(report["rejected"], 1, "{report}");
-    let conflict = report["lastConflict"].as_str().unwrap_or_default();
+    let conflict = report["last_conflict"].as_str().unwrap_or_default();
     assert!(
         conflict.contains("seq 1 is flagged last") && conflict.contains("ends at seq 3"),
         "{report}"

@@ -120,7 +120,7 @@ async fn exactly_one_report<R>(rig: &Rig<R>, hook: &Hook, batch: &str, recipient
     assert_eq!(receipts.len(), 1, "one report at the webhook: {receipts:?}");
     let (key, body) = &receipts[0];
     assert_eq!(key, &format!("{batch}:report"));
-    assert_eq!(body["batchId"], batch);
+    assert_eq!(body["batch_id"], batch);
     assert_eq!(body["registered"], recipients as u64);
     let events: Vec<_> = rig
         .store

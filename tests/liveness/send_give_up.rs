@@ -106,8 +106,8 @@ async fn a_send_refused_for_good_is_recalled_and_the_batch_reports_unsent() {
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "failed", "{report}");
     assert_eq!(report["registered"], 100, "{report}");
-    assert_eq!(report["unsentRecipients"], 100, "{report}");
-    assert_eq!(report["sentSuccess"], 0, "{report}");
+    assert_eq!(report["unsent"], 100, "{report}");
+    assert_eq!(report["sent_success"], 0, "{report}");
     assert_eq!(
         give_ups(&rig, batch).await,
         vec![("send".to_string(), true)],
@@ -152,9 +152,9 @@ async fn a_send_given_up_after_it_went_out_is_found_sent_by_its_recall() {
     one_generation(&rig, batch, 100).await;
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "completed", "{report}");
-    assert_eq!(report["sentSuccess"], 100, "{report}");
-    assert_eq!(report["unsentRecipients"], 0, "{report}");
-    assert_eq!(report["unknownRecipients"], 0, "{report}");
+    assert_eq!(report["sent_success"], 100, "{report}");
+    assert_eq!(report["unsent"], 0, "{report}");
+    assert_eq!(report["unknown"], 0, "{report}");
     assert_eq!(
         give_ups(&rig, batch).await,
         vec![("send".to_string(), true)]
@@ -193,7 +193,7 @@ async fn a_send_refused_by_the_count_check_ends_unsent() {
     rig.mock.fail_endpoint("get", None);
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "failed", "{report}");
-    assert_eq!(report["unsentRecipients"], 50, "{report}");
+    assert_eq!(report["unsent"], 50, "{report}");
     assert_eq!(
         give_ups(&rig, batch).await,
         vec![("send".to_string(), false)],
@@ -241,8 +241,8 @@ async fn a_poll_refused_for_good_ends_with_the_outcome_unknown() {
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "partial", "{report}");
     assert_eq!(report["registered"], 100, "{report}");
-    assert_eq!(report["unknownRecipients"], 100, "{report}");
-    assert_eq!(report["unsentRecipients"], 0, "{report}");
+    assert_eq!(report["unknown"], 100, "{report}");
+    assert_eq!(report["unsent"], 0, "{report}");
     assert_eq!(
         give_ups(&rig, batch).await,
         vec![("poll".to_string(), false)]
@@ -270,7 +270,7 @@ async fn a_group_deleted_behind_our_back_ends_unsent() {
     rig.mock.fail_endpoint("get", None);
     let report = the_report(&rig, &hook, batch).await;
     assert_eq!(report["outcome"], "failed", "{report}");
-    assert_eq!(report["unsentRecipients"], 30, "{report}");
+    assert_eq!(report["unsent"], 30, "{report}");
     assert_eq!(
         give_ups(&rig, batch).await,
         vec![("send".to_string(), false)]

@@ -270,3 +270,78 @@ pub fn worker_args<'a>(provider_url: &'a str, metrics: &'a str) -> Vec<&'a str> 
         "none",
     ]
 }
+
+// ---------------------------------------------------------------------------
+// The processes of a deployment, started as a user starts them.
+
+/// The mock provider on a free port, with `key` and `secret` from the
+/// environment: the process and its base URL.
+pub fn mock_provider(key: &str, secret: &str) -> (Proc, String) {
+    let mock = Proc::spawn(groupcast(
+        &[
+            "mock-provider",
+            "--listen",
+            "127.0.0.1:0",
+            "--complete-after-ms",
+            "30",
+        ],
+        &[
+            ("GROUPCAST_MOCK_API_KEY", key.to_string()),
+            ("GROUPCAST_MOCK_API_SECRET", secret.to_string()),
+        ],
+    ));
+    let url = url_in(&mock.out, "listening on http://", "mock provider", &mock);
+    (mock, url)
+}
+
+/// A read-only board on a free port: the process and its base URL.
+pub fn board(redis_url: &str) -> (Proc, String) {
+    let board = Proc::spawn(groupcast(
+        &["board", "--listen", "127.0.0.1:0"],
+        &[("GROUPCAST_REDIS_URL", redis_url.to_string())],
+    ));
+    let url = url_in(&board.err, "board at http://", "board", &board);
+    (board, url.trim_end_matches('/').to_string())
+}
+
+/// The `http://` URL on the first line of `pipe` that holds `needle`.
+fn url_in(pipe: &Output, needle: &str, what: &str, p: &Proc) -> String {
+    let line = pipe
+        .line_with(needle, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("{what} did not start: {}", p.err.text()));
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string()
+}
+
+/// A worker, once it said it started.
+pub fn started_worker(args: &[&str], env: &[(&str, String)]) -> Proc {
+    let worker = Proc::spawn(groupcast(args, env));
+    assert!(
+        worker
+            .err
+            .line_with("worker started", Duration::from_secs(30))
+            .is_some(),
+        "worker did not start: {}",
+        worker.err.text()
+    );
+    worker
+}
+
+/// `GET base + path` as text (bounded).
+pub async fn get_text(base: &str, path: &str) -> String {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    client
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .text()
+        .await
+        .expect("body")
+}

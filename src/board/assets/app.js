@@ -175,7 +175,7 @@ function batchPage(b, events) {
     h("tbody", {}, (b.rejected || []).length === 0 ? h("tr", {}, h("td", { colspan: 2, class: "muted" }, "none")) :
       b.rejected.map((r) => h("tr", {}, h("td", { class: "num" }, r.seq ?? "-"), h("td", {}, r.reason)))));
   const report = b.report
-    ? h("dl", { id: "report" }, Object.entries(b.report).filter(([k]) => k !== "timeMs").map(([k, v]) => [h("dt", {}, k), h("dd", {}, reportValue(v))]))
+    ? h("dl", { id: "report" }, Object.entries(b.report).filter(([k]) => k !== "time_ms").map(([k, v]) => [h("dt", {}, k), h("dd", {}, reportValue(v))]))
     : h("p", { id: "report", class: "muted" }, "Not reported yet.");
   const timeline = events ? h("div", {},
     h("div", { class: "toolbar" },

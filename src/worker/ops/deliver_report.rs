@@ -9,20 +9,24 @@ use crate::keys::Priority;
 use crate::projection::{event_key, field, Projection};
 use crate::seq_ranges::MISSING_RANGES_MAX;
 use crate::worker::ops::{OpError, Outcome, RetryCause, WorkItem};
+use crate::worker::webhook::FieldNames;
 use crate::worker::Ctx;
 
-/// The report of a batch, as JSON, from its state.
+/// The report of a batch, as JSON, from its state, with its fields named
+/// as in the reports stream and the board's API (snake_case, see
+/// `docs/reports.md`): every field of the `batch_reported` event, under its
+/// name there, and what a receiver needs beyond it.
 pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
     let groups: Vec<_> = (0..p.generations())
         .map(|g| {
             json!({
                 "generation": g,
-                "groupId": p.gen_field(g, "group"),
+                "group_id": p.gen_field(g, "group"),
                 "recipients": p.gen_int(g, "n"),
                 "registered": p.gen_int(g, "reg"),
                 "failed": p.gen_int(g, "fail"),
                 "status": p.gen_field(g, "done"),
-                "scheduledAt": p.gen_field(g, "at").and_then(|ms| rfc3339(ms.parse().ok()?)),
+                "scheduled_at": p.gen_field(g, "at").and_then(|ms| rfc3339(ms.parse().ok()?)),
             })
         })
         .collect();
@@ -50,34 +54,105 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
     // 4,000,000,000 reports in a few hundred bytes.
     let missing = p.missing_seqs(MISSING_RANGES_MAX);
     json!({
-        "batchId": batch,
+        "batch_id": batch,
         "priority": window.priority.name(),
-        "sendAt": window.send_at_text(),
-        "quietHours": window.quiet_text(),
+        "send_at": window.send_at_text(),
+        "quiet_hours": window.quiet_text(),
         "outcome": p.get("report"),
+        "generations": p.generations(),
         "chunks": p.int("seqs"),
         "recipients": p.int("recipients"),
         "registered": p.int("registered"),
         "failed": p.int("failed"),
-        "failedByReason": failed_by_reason,
+        "failed_by_reason": failed_by_reason,
         "duplicates": p.int(field::DUPLICATES),
         "rejected": p.int(field::REJECTED),
-        "lastConflict": p.get(field::LAST_CONFLICT),
+        "last_conflict": p.get(field::LAST_CONFLICT),
         "missing": p.int(field::MISSING),
-        "missingSeqCount": missing.count,
-        "missingSeqRanges": missing.ranges,
-        "missingSeqRangesTotal": missing.ranges_total,
+        "missing_seq_count": missing.count,
+        "missing_seq_ranges": missing.ranges,
+        "missing_seq_ranges_total": missing.ranges_total,
         "closed": p.get(field::CLOSED),
-        "sentSuccess": p.int("sent_success"),
-        "sentFailed": p.int("sent_failed"),
+        "sent_success": p.int("sent_success"),
+        "sent_failed": p.int("sent_failed"),
         "cancelled": p.cancelled(),
-        "stoppedGenerations": p.int(field::STOPPED),
-        "unsentRecipients": p.int(field::UNSENT),
-        "unknownRecipients": p.int(field::UNKNOWN),
-        "sentGenerations": sent.len(),
-        "sentRecipients": sent_recipients,
+        "stopped": p.int(field::STOPPED),
+        "unsent": p.int(field::UNSENT),
+        "unknown": p.int(field::UNKNOWN),
+        "sent_generations": sent.len(),
+        "sent_recipients": sent_recipients,
         "groups": groups,
     })
+}
+
+/// The report's fields under the names earlier releases sent
+/// (`--webhook-field-names camel`): (name now, name then). A field not
+/// listed was not sent then and is left out.
+const CAMEL_NAMES: &[(&str, &str)] = &[
+    ("batch_id", "batchId"),
+    ("priority", "priority"),
+    ("send_at", "sendAt"),
+    ("quiet_hours", "quietHours"),
+    ("outcome", "outcome"),
+    ("chunks", "chunks"),
+    ("recipients", "recipients"),
+    ("registered", "registered"),
+    ("failed", "failed"),
+    ("failed_by_reason", "failedByReason"),
+    ("duplicates", "duplicates"),
+    ("rejected", "rejected"),
+    ("last_conflict", "lastConflict"),
+    ("missing", "missing"),
+    ("missing_seq_count", "missingSeqCount"),
+    ("missing_seq_ranges", "missingSeqRanges"),
+    ("missing_seq_ranges_total", "missingSeqRangesTotal"),
+    ("closed", "closed"),
+    ("sent_success", "sentSuccess"),
+    ("sent_failed", "sentFailed"),
+    ("cancelled", "cancelled"),
+    ("stopped", "stoppedGenerations"),
+    ("unsent", "unsentRecipients"),
+    ("unknown", "unknownRecipients"),
+    ("sent_generations", "sentGenerations"),
+    ("sent_recipients", "sentRecipients"),
+    ("groups", "groups"),
+];
+
+/// A group's fields under the names earlier releases sent.
+const CAMEL_GROUP_NAMES: &[(&str, &str)] = &[
+    ("generation", "generation"),
+    ("group_id", "groupId"),
+    ("recipients", "recipients"),
+    ("registered", "registered"),
+    ("failed", "failed"),
+    ("status", "status"),
+    ("scheduled_at", "scheduledAt"),
+];
+
+/// The report as the webhook's body names its fields.
+pub fn webhook_body(report: serde_json::Value, names: FieldNames) -> serde_json::Value {
+    match names {
+        FieldNames::Snake => report,
+        FieldNames::Camel => {
+            let mut body = renamed(&report, CAMEL_NAMES);
+            if let Some(groups) = report["groups"].as_array() {
+                body["groups"] = groups
+                    .iter()
+                    .map(|g| renamed(g, CAMEL_GROUP_NAMES))
+                    .collect();
+            }
+            body
+        }
+    }
+}
+
+/// The fields of `object` named in `names`, under their other names.
+fn renamed(object: &serde_json::Value, names: &[(&str, &str)]) -> serde_json::Value {
+    names
+        .iter()
+        .filter_map(|(now, then)| Some((then.to_string(), object.get(*now)?.clone())))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// Unix ms as RFC 3339 (UTC).
@@ -102,14 +177,35 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             "report work item for a batch with no report".into(),
         ));
     }
-    let body = report_json(&item.batch, &state);
-    let sent = ctx
+    let body = webhook_body(
+        report_json(&item.batch, &state),
+        ctx.config.webhook_field_names,
+    );
+    // Signed over these exact bytes; serializing a JSON value cannot fail.
+    let body = serde_json::to_vec(&body).unwrap_or_default();
+    // The same on every retry of this report, so a receiver can drop a
+    // second copy; the idempotency key earlier releases sent already.
+    let id = format!("{}:report", item.batch);
+    let mut request = ctx
         .webhook
         .post(url)
-        .header("Idempotency-Key", format!("{}:report", item.batch))
-        .json(&body)
-        .send()
-        .await;
+        .header("Idempotency-Key", &id)
+        .header(reqwest::header::CONTENT_TYPE, "application/json");
+    if let Some(secrets) = &ctx.config.webhook_secrets {
+        // The attempt's time, on this machine's clock: the receiver compares
+        // it with its own wall clock, not with Redis'.
+        let timestamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        request = request
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header(
+                "webhook-signature",
+                secrets.signature(&id, timestamp, &body),
+            );
+    }
+    let sent = request.body(body).send().await;
     match sent {
         Ok(r) if r.status().is_success() => {
             let e = Event::ReportDelivered(ReportDelivered {
@@ -128,7 +224,71 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             delay: None,
             spend: true,
             cause: RetryCause::Webhook,
-            reason: format!("report webhook unreachable: {e}"),
+            // reqwest names the URL, whose query or userinfo may hold a token.
+            reason: format!(
+                "report webhook unreachable: {}",
+                crate::redact::error_chain(&crate::redact::reqwest_error(e))
+            ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        v.as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn a_report() -> serde_json::Value {
+        let mut p = Projection::default();
+        p.fields.insert("report".into(), "completed".into());
+        p.fields.insert("gen".into(), "0".into());
+        p.fields.insert(field::gen(0, "group"), "G1".into());
+        report_json("b1", &p)
+    }
+
+    #[test]
+    fn the_report_names_its_fields_in_snake_case() {
+        let report = a_report();
+        let snake = |k: &String| {
+            k.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        assert!(keys(&report).iter().all(snake), "{report}");
+        for g in report["groups"].as_array().into_iter().flatten() {
+            assert!(keys(g).iter().all(snake), "{g}");
+        }
+        assert_eq!(webhook_body(report.clone(), FieldNames::Snake), report);
+    }
+
+    /// `--webhook-field-names camel` sends exactly the names (and values)
+    /// earlier releases sent.
+    #[test]
+    fn camel_names_are_the_earlier_releases() {
+        let report = a_report();
+        let camel = webhook_body(report.clone(), FieldNames::Camel);
+        let mut names = keys(&camel);
+        names.sort();
+        let mut then: Vec<String> = CAMEL_NAMES.iter().map(|(_, t)| t.to_string()).collect();
+        then.sort();
+        assert_eq!(names, then);
+        assert_eq!(camel["batchId"], "b1");
+        assert_eq!(camel["stoppedGenerations"], report["stopped"]);
+        assert!(camel.get("generations").is_none(), "{camel}");
+        assert_eq!(
+            camel["groups"][0]["groupId"],
+            report["groups"][0]["group_id"]
+        );
+        // Every name of now is either renamed or new.
+        for k in keys(&report) {
+            assert!(
+                CAMEL_NAMES.iter().any(|(now, _)| *now == k) || k == "generations",
+                "{k} has no earlier name and is not listed as new"
+            );
+        }
     }
 }
