@@ -334,7 +334,7 @@ async fn an_acl_user_with_the_least_commands_runs_everything() {
         })
         .unwrap_or_else(|| panic!("no dead letter listed: {list}"));
     run_ok(&["dlq", "show", &id], &env);
-    run_ok(&["dlq", "redrive", &id], &env);
+    run_ok(&["dlq", "redrive", &id, "--yes", "--force"], &env);
     // The redriven entry is dead-lettered again by the worker.
     wait_dead_letters(&admin, 2).await;
 
