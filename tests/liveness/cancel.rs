@@ -15,7 +15,7 @@ use groupcast::provider::GroupStatus;
 use groupcast::store::batch::{BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs};
 use groupcast::worker::WorkerConfig;
 
-use super::input::{registrations, the_report, wait_dead_letters};
+use super::input::{registrations, the_report};
 use super::retry::{rig_with_hook, wait_state, wait_until};
 use crate::common::*;
 
