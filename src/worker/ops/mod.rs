@@ -137,15 +137,13 @@ impl WorkItem {
 /// key or the secret).
 pub async fn provider_failed(ctx: &crate::worker::Ctx, batch: &str, e: &ProviderError) -> Outcome {
     if e.refused_credentials() {
-        match ctx
+        // The dead letter still tells; only the batch's line would be missing.
+        if let Err(err) = ctx
             .store
             .note_credentials_refused(batch, &e.to_string())
             .await
         {
-            Ok(_) => {}
-            Err(err) => {
-                tracing::warn!(batch, error = %err, "could not note the refused credentials on the batch")
-            }
+            tracing::warn!(batch, error = %err, "could not note the refused credentials on the batch");
         }
     }
     Outcome::from_provider(e)
