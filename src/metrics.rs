@@ -392,6 +392,7 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
             "loaded",
             "rejected",
             "refused",
+            "after_end",
             "given_up",
             "stale",
         ]),

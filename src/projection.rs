@@ -37,6 +37,8 @@
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //! | `dkept` | the numbers the batch's dedupe buckets keep, once its mobile numbers went to the dedupe bitmap (`accept.lua`): bookkeeping of the dedupe keys, **not** derived from events ([`LIVE_ONLY`]) |
+//! | `after_end` | chunks that arrived after the batch had ended (reported, cancelled or closed), counted instead of dead-lettered (`note.lua`), **not** derived from events ([`LIVE_ONLY`]) |
+//! | `creds_refused` | the provider's last refusal of the credentials on one of the batch's calls (`note.lua`), **not** derived from events ([`LIVE_ONLY`]) |
 //!
 //! The Rust side spells these names only in [`field`] (and the event keys it
 //! looks up in [`event_key`]); handlers read them through [`Projection`]'s
@@ -117,6 +119,13 @@ pub mod field {
     /// The numbers the dedupe buckets keep once the batch has its dedupe
     /// bitmap (not an event; see [`LIVE_ONLY`](super::LIVE_ONLY)).
     pub const DEDUPE_KEPT: &str = "dkept";
+    /// Chunks that arrived after the batch had ended (reported, cancelled
+    /// or closed): counted here instead of dead-lettered one by one (not an
+    /// event; see [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const AFTER_END: &str = "after_end";
+    /// The provider's last refusal of the credentials on one of the batch's
+    /// calls (not an event; see [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const CREDS_REFUSED: &str = "creds_refused";
     /// ms of the first chunk's acceptance.
     pub const FIRST_ACCEPTED: &str = "t0";
     /// The batch's report outcome, once decided.
@@ -408,6 +417,9 @@ pub fn updates(event: &Event) -> Vec<Update> {
             vec![Set(field::failed_in(e.gen), e.op.clone())]
         }
         Event::GenerationFailed(_) => vec![],
+        // An operator's act on a dead letter: in the log for `audit`,
+        // nothing in the state.
+        Event::DeadLetterHandled(_) => vec![],
         Event::ChunkParked(_)
         | Event::GroupRequested(_)
         | Event::ChunksReleased(_)
@@ -416,15 +428,21 @@ pub fn updates(event: &Event) -> Vec<Update> {
 }
 
 /// State fields kept by the live copy only, not derived from events: the
-/// `alive` heartbeat (stamped by waits that append no event) and `dkept`
+/// `alive` heartbeat (stamped by waits that append no event), `dkept`
 /// (the dedupe keys' own bookkeeping, kept in the state so that
-/// `accept.lua`'s one read of the state finds it). A rebuild keeps them
+/// `accept.lua`'s one read of the state finds it), and the notes of
+/// `note.lua` (`after_end`, `creds_refused`). A rebuild keeps them
 /// (`restore.lua`); a comparison with a replay ignores them.
-pub const LIVE_ONLY: &[&str] = &[field::ALIVE, field::DEDUPE_KEPT];
+pub const LIVE_ONLY: &[&str] = &[
+    field::ALIVE,
+    field::DEDUPE_KEPT,
+    field::AFTER_END,
+    field::CREDS_REFUSED,
+];
 
 /// Whether an event refreshes the batch's heartbeat.
 pub fn touches_heartbeat(event: &Event) -> bool {
-    !matches!(event, Event::BatchStalled(_))
+    !matches!(event, Event::BatchStalled(_) | Event::DeadLetterHandled(_))
 }
 
 /// A batch's state, as the flat field map of its state hash.

@@ -151,7 +151,11 @@ impl Tally {
         for (i, r) in events.iter().enumerate() {
             let may_follow = matches!(
                 r.event,
-                Event::ReportDelivered(_) | Event::GroupDiscarded(_) | Event::BatchReported(_)
+                Event::ReportDelivered(_)
+                    | Event::GroupDiscarded(_)
+                    | Event::BatchReported(_)
+                    // An operator's purge or redrive of a dead letter: no work.
+                    | Event::DeadLetterHandled(_)
             );
             if t.reported() && !may_follow {
                 t.after_report.push((r.key.clone(), r.event.type_name()));

@@ -820,7 +820,7 @@ async fn the_startup_check_reads_every_master() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_redriven_on_every_shard() {
-    use groupcast::cli::dlq::{run, DlqAction, DlqArgs};
+    use groupcast::cli::dlq::{run, DlqAction, DlqArgs, Selection};
     let cluster = cluster();
     let store = store_on(&cluster, 6).await;
     // One dead letter per shard, from its ingest stream (the redrive puts it
@@ -852,9 +852,14 @@ async fn dead_letters_are_redriven_on_every_shard() {
     assert_eq!(dead_letters(&store).await.len(), 6);
     run(DlqArgs {
         redis: redis_args(&cluster.url(), "gcc", ShardCount::Fixed(6)),
+        // The letters hold no payload (a redrive cannot help them): forced.
         action: DlqAction::Redrive {
-            ids: Vec::new(),
-            all: true,
+            select: Selection {
+                all: true,
+                yes: true,
+                ..Selection::default()
+            },
+            force: true,
         },
     })
     .await

@@ -77,6 +77,8 @@ fn row(board: &Board, batch: &str, shard: u32, p: &Projection, now: u64, queued:
         "rejected": p.int("rejected"),
         "stalls": p.int("stalls"),
         "cancelled": p.cancelled(),
+        "providerRefusedCredentials": p.get(crate::projection::field::CREDS_REFUSED),
+        "chunksAfterEnd": p.int(crate::projection::field::AFTER_END),
         "ageMs": (t0 > 0).then(|| now.saturating_sub(t0)),
         "quietMs": quiet,
         "generations": generations_json(p),

@@ -188,6 +188,18 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             }
             s
         }
+        Event::DeadLetterHandled(e) => format!(
+            "dead letter {} ({}) {} by {}; it had been dead-lettered: {}",
+            e.entry,
+            e.what,
+            if e.action == "purge" {
+                "PURGED"
+            } else {
+                "redriven"
+            },
+            e.by,
+            e.reason
+        ),
         Event::BatchStalled(e) => format!(
             "STALLED: no event for {} (since {})",
             human_duration(e.quiet_for_ms),

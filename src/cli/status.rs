@@ -90,6 +90,8 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
         "stoppedGenerations": p.int(crate::projection::field::STOPPED),
         "unsentRecipients": p.int(crate::projection::field::UNSENT),
         "unknownRecipients": p.int(crate::projection::field::UNKNOWN),
+        "providerRefusedCredentials": p.get(field::CREDS_REFUSED),
+        "chunksAfterEnd": p.int(field::AFTER_END),
         "lastEventMs": p.int("hb"),
         "options": options_json(p),
         "generations": gens,
@@ -142,6 +144,9 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         let outcome = match (p.get("report"), p.cancelled()) {
             (Some(o), _) => o,
             (None, Some(_)) => "cancelled, finishing the sends claimed before the cancel",
+            (None, None) if p.get(field::CREDS_REFUSED).is_some() => {
+                "in flight, but the provider refused credentials"
+            }
             (None, None) => "in flight",
         };
         let last = p
@@ -169,6 +174,23 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
                 "cancelled ({why}): {} generation(s) stopped, never sent ({} registered recipient(s)); later chunks are refused",
                 p.int(crate::projection::field::STOPPED),
                 p.int(crate::projection::field::UNSENT),
+            );
+        }
+        if let Some(why) = p.get(field::CREDS_REFUSED) {
+            let then = if p.get("report").is_some() {
+                "submit the batch again".to_string()
+            } else {
+                format!("`groupcast dlq redrive --batch {batch}`")
+            };
+            outln!(
+                "provider refused credentials: {why}. Fix GROUPCAST_PROVIDER_API_KEY / \
+                 GROUPCAST_PROVIDER_API_SECRET, restart the workers, then {then}"
+            );
+        }
+        let after_end = p.int(field::AFTER_END);
+        if after_end > 0 {
+            outln!(
+                "{after_end} chunk(s) came after the batch ended: counted, not loaded, not dead-lettered"
             );
         }
         if let Some(w) = waiting {

@@ -680,13 +680,56 @@ async fn start(
     Ok(worker)
 }
 
+/// How long the start-up credential check waits for the provider's answer
+/// before the worker starts without one.
+const CREDENTIAL_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the provider, with one harmless authenticated request
+/// ([`ProviderClient::check_credentials`]), whether it accepts the
+/// credentials. Refused: the worker does not start (exit 2), since every
+/// batch would fail on its first create. No answer (the provider is away,
+/// slow, or has no such call): the worker starts, warned; a refusal later
+/// shows on each batch it hits.
+async fn check_credentials(provider: &ProviderClient) -> Result<(), CliError> {
+    let url = provider.base_url();
+    match tokio::time::timeout(CREDENTIAL_CHECK_TIMEOUT, provider.check_credentials()).await {
+        Ok(Ok(())) => {
+            tracing::info!(provider = %url, "the provider accepts the credentials");
+            Ok(())
+        }
+        Ok(Err(e)) if matches!(e.status(), Some(401 | 403)) => {
+            let clock = if e.error_code() == Some("RequestTimeTooSkewed") {
+                " and this host's clock"
+            } else {
+                ""
+            };
+            Err(CliError::Usage(format!(
+                "the provider at {url} refused the credentials: {e}. Check \
+                 GROUPCAST_PROVIDER_API_KEY and GROUPCAST_PROVIDER_API_SECRET (or their _FILE \
+                 variants){clock}; the worker did not start"
+            )))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(provider = %url, error = %e, "could not check the provider's credentials: starting anyway");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!(provider = %url, timeout = ?CREDENTIAL_CHECK_TIMEOUT, "the provider did not answer the credential check: starting anyway");
+            Ok(())
+        }
+    }
+}
+
 /// Runs the worker.
 pub async fn run(args: WorkerArgs) -> Result<(), CliError> {
     let config = args.worker.config()?;
     let provider = args.worker.provider()?;
     warn_about_webhook(&config);
     let worker = tokio::select! {
-        w = start(&args, &config, &provider) => w?,
+        w = async {
+            check_credentials(&provider).await?;
+            start(&args, &config, &provider).await
+        } => w?,
         _ = wait_for_signal() => return Ok(()),
     };
     wait_for_signal().await;

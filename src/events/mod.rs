@@ -177,6 +177,24 @@ events! {
     /// A provider operation on a generation was given up for good (refused,
     /// or failing past `--retry-for`): the generation ends without it.
     GenerationFailed(GenerationFailed) = "generation_failed",
+    /// An operator purged or redrove a dead letter of this batch
+    /// (`groupcast dlq purge|redrive`).
+    DeadLetterHandled(DeadLetterHandled) = "dead_letter_handled",
+}
+
+/// See [`Event::DeadLetterHandled`]. Key `dlq/<action>/<dead letter id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterHandled {
+    /// `purge` (deleted for good) or `redrive` (put back on its stream).
+    pub action: String,
+    /// The dead letter's entry id.
+    pub entry: String,
+    /// What it was: `chunk <seq>` or the work item's op and generation.
+    pub what: String,
+    /// Why it had been dead-lettered.
+    pub reason: String,
+    /// Who did it: the operator's login (`$USER`), as the command saw it.
+    pub by: String,
 }
 
 /// See [`Event::GenerationFailed`]. Key `failed/<gen>`.

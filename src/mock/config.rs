@@ -57,8 +57,8 @@ impl fmt::Debug for MockConfig {
 /// is optional there and defaults as in [`Faults::default`] (no faults).
 ///
 /// Faults apply to the provider API routes only (never to `/_mock/...`),
-/// in this order: stall, latency, rate limit, error, then (after the request
-/// took effect) drop.
+/// in this order: stall, latency, refused credentials, rate limit, error,
+/// then (after the request took effect) drop.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Faults {
@@ -81,6 +81,10 @@ pub struct Faults {
     /// this many milliseconds from that moment: every request arriving while
     /// it is open hangs for `stall_ms` before being handled. 0: no stall.
     pub stall_ms: u64,
+    /// Answer every request `403 InvalidAPIKey`, as if the account's key
+    /// had been revoked: what a worker sees when its credentials stop
+    /// working after it started.
+    pub refuse_credentials: bool,
 }
 
 impl Default for Faults {
@@ -92,6 +96,7 @@ impl Default for Faults {
             rate_limit_per_sec: None,
             retry_after_secs: 1,
             stall_ms: 0,
+            refuse_credentials: false,
         }
     }
 }

@@ -26,6 +26,8 @@ pub(crate) enum Verdict {
     RateLimited { retry_after_secs: u64 },
     /// `500` without effect.
     Error,
+    /// `403 InvalidAPIKey` without effect ([`Faults::refuse_credentials`]).
+    RefuseCredentials,
 }
 
 struct State {
@@ -102,6 +104,9 @@ impl FaultController {
         let now_window = self.epoch.elapsed().as_secs();
         let faults = {
             let mut s = lock(&self.state);
+            if s.faults.refuse_credentials {
+                return Verdict::RefuseCredentials;
+            }
             if let Some(limit) = s.faults.rate_limit_per_sec {
                 // Fixed one-second windows: simple, and what a client
                 // honouring `Retry-After: 1` needs to recover.

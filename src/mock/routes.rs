@@ -35,7 +35,7 @@ pub(crate) const ENDPOINTS: [&str; 6] = ["create", "add", "send", "get", "delete
 
 pub(crate) fn router(state: Arc<MockState>) -> Router {
     let api = Router::new()
-        .route("/messages/v4/groups", post(create_group))
+        .route("/messages/v4/groups", post(create_group).get(list_groups))
         .route(
             "/messages/v4/groups/{id}",
             get(get_group).delete(delete_group),
@@ -124,6 +124,11 @@ async fn guard(State(s): State<Arc<MockState>>, req: Request, next: Next) -> Res
                 Some(r)
             }
             Verdict::Error => Some(error(500, "InternalError", "injected server error")),
+            Verdict::RefuseCredentials => Some(error(
+                403,
+                "InvalidAPIKey",
+                "injected: the API key is not valid (revoked)",
+            )),
             Verdict::Proceed { .. } => match s.authenticate(req.headers()) {
                 Ok(()) => None,
                 Err(e) => Some(error(403, e.error_code(), e.to_string())),
@@ -309,6 +314,20 @@ async fn send_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> 
         Ok(g) => Json(g).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `GET /messages/v4/groups`: the real service lists the account's groups,
+/// a page at a time; the mock answers an empty first page. Callers use it
+/// to check their credentials (the guard in front of every route has
+/// authenticated the request by then).
+async fn list_groups() -> Response {
+    Json(serde_json::json!({
+        "limit": 1,
+        "startKey": null,
+        "nextKey": null,
+        "groupList": {},
+    }))
+    .into_response()
 }
 
 async fn get_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> Response {

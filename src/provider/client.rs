@@ -302,6 +302,18 @@ impl ProviderClient {
         Ok(())
     }
 
+    /// `GET /messages/v4/groups?limit=1`: lists at most one of the
+    /// account's groups and changes nothing. The worker calls it at start:
+    /// an authenticated request that cannot harm, to learn whether the
+    /// provider accepts the credentials before any batch depends on them.
+    /// The answer's body is not needed and not parsed.
+    pub async fn check_credentials(&self) -> Result<(), ProviderError> {
+        let mut url = self.url(&[]);
+        url.query_pairs_mut().append_pair("limit", "1");
+        self.execute("list", Method::GET, url, None).await?;
+        Ok(())
+    }
+
     /// `<base>/messages/v4/groups/<segments...>`, each segment escaped.
     fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.inner.base_url.clone();

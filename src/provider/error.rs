@@ -146,6 +146,22 @@ impl ProviderError {
         }
     }
 
+    /// Whether the provider refused the request's credentials: `401`, or
+    /// `403` for anything but a replayed signature (`DuplicatedSignature`)
+    /// or a skewed clock (`RequestTimeTooSkewed`), which a right key and
+    /// secret do not fix. Every later request will be refused the same way
+    /// until an operator fixes the key or the secret.
+    pub fn refused_credentials(&self) -> bool {
+        match self.status {
+            Some(401) => true,
+            Some(403) => !matches!(
+                self.error_code.as_deref(),
+                Some("DuplicatedSignature" | "RequestTimeTooSkewed")
+            ),
+            _ => false,
+        }
+    }
+
     /// Whether [`retry_decision`](Self::retry_decision) says to retry (now
     /// or later).
     pub fn is_retryable(&self) -> bool {
@@ -207,6 +223,22 @@ mod tests {
             assert_eq!(kind_for_status("add", s), Permanent);
         }
         assert_eq!(kind_for_status("add", 302), InvalidResponse);
+    }
+
+    #[test]
+    fn only_401_and_403_for_the_key_or_secret_are_refused_credentials() {
+        let e = |status: u16, code: &str| {
+            ProviderError::new(kind_for_status("create", status), "create", "x")
+                .with_status(status)
+                .with_error_code(code)
+        };
+        assert!(e(403, "SignatureDoesNotMatch").refused_credentials());
+        assert!(e(403, "InvalidAPIKey").refused_credentials());
+        assert!(e(401, "Unauthorized").refused_credentials());
+        assert!(!e(403, "DuplicatedSignature").refused_credentials());
+        assert!(!e(403, "RequestTimeTooSkewed").refused_credentials());
+        assert!(!e(400, "ValidationError").refused_credentials());
+        assert!(!e(500, "InternalError").refused_credentials());
     }
 
     #[test]

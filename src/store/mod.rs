@@ -22,6 +22,7 @@ pub mod batch;
 pub mod clock;
 pub mod coord;
 pub mod info;
+pub mod notes;
 pub mod overview;
 pub mod queue;
 pub mod scripts;

@@ -70,6 +70,8 @@ pub struct Scripts {
     pub fail_generation: Script,
     /// `give_up_send.lua`.
     pub give_up_send: Script,
+    /// `note.lua`.
+    pub note: Script,
 }
 
 /// The scripts.
@@ -100,4 +102,5 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     ack_recorded: Script::new(include_str!("../../streams/scripts/ack_recorded.lua")),
     fail_generation: settling_script(include_str!("../../streams/scripts/fail_generation.lua")),
     give_up_send: settling_script(include_str!("../../streams/scripts/give_up_send.lua")),
+    note: Script::new(include_str!("../../streams/scripts/note.lua")),
 });

@@ -92,17 +92,14 @@ async fn handle_chunk(
         // `last` flag still tells the batch where it ends), then
         // dead-lettered with the reason.
         let reason = e.to_string();
-        return Ok(Handled::new(Outcome::Dead(
-            match log.reject(chunk.seq, &digest, &reason, chunk.last).await? {
-                Rejection::Recorded => {
-                    metrics::counter!("groupcast_chunks_total", "outcome" => "rejected")
-                        .increment(1);
-                    tracing::warn!(%reason, "chunk rejected");
-                    reason
-                }
-                Rejection::Refused(why) => refused(&why),
-            },
-        )));
+        return match log.reject(chunk.seq, &digest, &reason, chunk.last).await? {
+            Rejection::Recorded => {
+                metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);
+                tracing::warn!(%reason, "chunk rejected");
+                dead(reason)
+            }
+            Rejection::Refused(why) => refused(ctx, chunk.batch, &why).await,
+        };
     }
     // Valid (checked above), so this is their canonical form.
     let opts = chunk.options.canonical().unwrap_or_default();
@@ -163,7 +160,7 @@ async fn accept_and_load(
             tracing::warn!(%reason, "chunk rejected");
             return dead(reason);
         }
-        Accepted::Refused(why) => return dead(refused(&why)),
+        Accepted::Refused(why) => return refused(ctx, chunk.batch, &why).await.map(Some),
         Accepted::Duplicate { loaded: true, .. } => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
             return done();
@@ -282,9 +279,27 @@ async fn accept_and_load(
     }))
 }
 
-/// The dead-letter reason of a chunk of a batch that has ended.
-fn refused(why: &str) -> String {
+/// A chunk its batch takes no more. Its batch has ended (reported,
+/// cancelled or closed): counted on the batch (`status` shows how many) and
+/// acknowledged, with one warning per batch, not per chunk: after a cancel
+/// every later chunk comes here, and a dead letter each would only bury the
+/// ones that need a look. Otherwise (the batch has no state any more, or
+/// went on without this seq): dead-lettered with the reason.
+async fn refused(ctx: &Ctx, batch: &str, why: &str) -> Result<Handled, OpError> {
+    let counted = ctx.store.count_chunk_after_end(batch).await?;
+    if counted > 0 {
+        metrics::counter!("groupcast_chunks_total", "outcome" => "after_end").increment(1);
+        if counted == 1 {
+            tracing::warn!(
+                %batch, reason = %why,
+                "a chunk came after its batch ended: counted on the batch (status shows how many), not dead-lettered; later ones are counted without a warning"
+            );
+        } else {
+            tracing::debug!(%batch, counted, "another chunk came after its batch ended: counted");
+        }
+        return Ok(Handled::new(Outcome::Done));
+    }
     metrics::counter!("groupcast_chunks_total", "outcome" => "refused").increment(1);
-    tracing::warn!(reason = %why, "chunk refused: its batch has ended");
-    why.to_string()
+    tracing::warn!(reason = %why, "chunk refused: its batch takes no more chunks");
+    Ok(Handled::new(Outcome::Dead(why.to_string())))
 }

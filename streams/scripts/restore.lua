@@ -16,8 +16,9 @@ if id ~= ARGV[1] then
 end
 local ttl = redis.call('PTTL', KEYS[1])
 -- The fields not derived from events (projection::LIVE_ONLY) are kept:
--- `alive`, a heartbeat without an event, and `dkept`, the dedupe's count.
-local LIVE_ONLY = {'alive', 'dkept'}
+-- `alive`, a heartbeat without an event, `dkept`, the dedupe's count, and
+-- what note.lua records (`after_end`, `creds_refused`).
+local LIVE_ONLY = {'alive', 'dkept', 'after_end', 'creds_refused'}
 local live = redis.call('HMGET', KEYS[1], unpack(LIVE_ONLY))
 redis.call('DEL', KEYS[1])
 -- In slices: Lua's unpack has a limit on how many values it returns.

@@ -260,6 +260,7 @@ impl Rig {
             rate_limit_per_sec: Some(20),
             retry_after_secs: 1,
             stall_ms: 0,
+            refuse_credentials: false,
         };
         let mock = mock::start(
             MockConfig {

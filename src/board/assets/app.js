@@ -196,6 +196,9 @@ function batchPage(b, events) {
         title: b.readOnly ? "read-only board" : "stop every generation whose send was not claimed yet",
         onclick: () => batchAction(b.batch, "cancel", "Cancel batch " + b.batch + "? Generations not yet being sent are never sent; their groups are deleted.") }, "Cancel") : null),
       b.describe ? h("p", { class: "warn" }, b.describe) : null,
+      b.providerRefusedCredentials ? h("p", { id: "credentials", class: "warn" }, "provider refused credentials: " + b.providerRefusedCredentials +
+        " (fix the workers' key or secret, restart them, then redrive the batch's dead letters)") : null,
+      b.chunksAfterEnd ? h("p", { id: "after-end", class: "muted" }, b.chunksAfterEnd + " chunk(s) came after the batch ended: counted, not loaded") : null,
       h("p", {}, (b.chunks ?? 0) + " chunk(s) accepted of " + (b.lastSeq === null || b.lastSeq === undefined ? "?" : b.lastSeq + 1) +
         (b.queuedChunks ? ", " + b.queuedChunks + " more queued unread" : "") + "; " + (b.recipients ?? b.queuedRecipients ?? 0) + " recipients, " +
         (b.registered ?? 0) + " registered, " + (b.failed ?? 0) + " failed; age " + ago(b.ageMs) + ", quiet " + ago(b.quietMs)),

@@ -40,7 +40,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     ]);
     let group = match ctx.provider.create_group(&fields).await {
         Ok(g) => g,
-        Err(e) => return Ok(Outcome::from_provider(&e)),
+        Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     };
     match log.record_group(gen, &group.group_id).await? {
         GroupRecord::Won => {

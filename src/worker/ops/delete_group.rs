@@ -43,10 +43,10 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
                         "cannot delete group {group_id}: {e}"
                     )))
                 }
-                Err(ge) => return Ok(Outcome::from_provider(&ge)),
+                Err(ge) => return Ok(super::provider_failed(ctx, &item.batch, &ge).await),
             }
         }
-        Err(e) => return Ok(Outcome::from_provider(&e)),
+        Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     }
     let kept = log.group_of(item.gen).await?.unwrap_or_default();
     let e = Event::GroupDiscarded(GroupDiscarded {

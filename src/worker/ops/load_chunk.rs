@@ -146,7 +146,7 @@ async fn load<R: RecipientFields + Sync>(
     let summary = match add_all(ctx, group_id, template, recipients).await {
         Ok(s) => s,
         Err(e) => {
-            let outcome = Outcome::from_provider(&e);
+            let outcome = super::provider_failed(ctx, &log.batch, &e).await;
             if matches!(outcome, Outcome::Dead(_)) {
                 // A repeat delivery racing the original can find the group
                 // already sent (400 InvalidGroupStatus): harmless if the chunk

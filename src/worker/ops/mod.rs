@@ -20,6 +20,25 @@ use crate::provider::{ProviderError, RetryDecision};
 use crate::store::batch::BatchLog;
 use crate::store::StoreError;
 
+/// [`Outcome::from_provider`] for a call made for batch `batch`. A refusal
+/// of the credentials is also noted on the batch, so that `status` and the
+/// board say "provider refused credentials" rather than only the dead
+/// letters (the next call is refused the same way until someone fixes the
+/// key or the secret).
+pub async fn provider_failed(ctx: &crate::worker::Ctx, batch: &str, e: &ProviderError) -> Outcome {
+    if e.refused_credentials() {
+        // The dead letter still tells; only the batch's line would be missing.
+        if let Err(err) = ctx
+            .store
+            .note_credentials_refused(batch, &e.to_string())
+            .await
+        {
+            tracing::warn!(batch, error = %err, "could not note the refused credentials on the batch");
+        }
+    }
+    Outcome::from_provider(e)
+}
+
 /// How a handler settled an entry.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -44,7 +44,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
         }
         let group = match ctx.provider.get_group(group_id).await {
             Ok(g) => g,
-            Err(e) => return Ok(Outcome::from_provider(&e)),
+            Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
         };
         match group.status {
             GroupStatus::Complete => break (group, "COMPLETE"),

@@ -56,10 +56,10 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
                     )))
                 }
                 Ok(_) => true,
-                Err(ge) => return Ok(Outcome::from_provider(&ge)),
+                Err(ge) => return Ok(super::provider_failed(ctx, &item.batch, &ge).await),
             }
         }
-        Err(e) => return Ok(Outcome::from_provider(&e)),
+        Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     };
     if went_out {
         let (poll, poll_ms) = first_poll(ctx, lane, &item.batch, gen, group_id);

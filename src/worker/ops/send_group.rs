@@ -129,7 +129,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     }
     let group = match ctx.provider.get_group(&group_id).await {
         Ok(g) => g,
-        Err(e) => return Ok(Outcome::from_provider(&e)),
+        Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     };
     if group.status == GroupStatus::Deleted {
         // A cancel deletes a generation's own group, and only one whose
@@ -220,7 +220,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let outcome = match ctx.provider.send_group(&group_id).await {
         Ok(_) => "sent",
         Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",
-        Err(e) => return Ok(Outcome::from_provider(&e)),
+        Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     };
     if log.sent(gen, &group_id, outcome, poll_ms, &poll).await? {
         metrics::counter!("groupcast_groups_sent_total", "outcome" => outcome).increment(1);
