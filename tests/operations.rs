@@ -112,6 +112,77 @@ async fn a_worker_whose_credentials_the_provider_refuses_does_not_start() {
     );
 }
 
+/// A provider that starts with the worker (a mock in the same shell, a
+/// container beside it) refuses connections for a moment: the check asks
+/// again, and passes once the provider listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credential_check_waits_for_a_provider_that_is_starting() {
+    let (server, _store) = store(1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = Command::new(BIN)
+        .args(["worker", "--durability", "none", "--metrics-listen", "off"])
+        .env("GROUPCAST_REDIS_URL", server.url())
+        .env("GROUPCAST_PREFIX", "gct")
+        .env("GROUPCAST_PROVIDER_URL", format!("http://127.0.0.1:{port}"))
+        .env("GROUPCAST_PROVIDER_API_KEY", KEY)
+        .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
+        .env("GROUPCAST_LOG", "info,groupcast::cli::worker=debug")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let lines = BufReader::new(child.stderr.take().expect("stderr"));
+    std::thread::spawn(move || {
+        for l in lines.lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = async |what: &str| {
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(l) = rx.recv().await {
+                seen.push_str(&l);
+                seen.push('\n');
+                if l.contains(what) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        matches!(found, Ok(true))
+    };
+    // Nothing listens yet: refused, asked again.
+    let asked_again = wait_for("the credential check failed: asking again").await;
+    // Now the provider comes up on that port.
+    let _mock = groupcast::mock::start(
+        mock_config(),
+        format!("127.0.0.1:{port}").parse().expect("addr"),
+    )
+    .await
+    .expect("mock");
+    let accepted = wait_for("the provider accepts the credentials").await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(asked_again, "the check did not ask again:\n{seen}");
+    assert!(
+        accepted,
+        "the check did not pass once the provider listened:\n{seen}"
+    );
+    assert!(
+        !seen.contains("starting anyway"),
+        "the worker gave up on the check:\n{seen}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_refused_after_start_show_on_the_batch() {
     let rig = Rig::start(1, test_config(), mock_config()).await;

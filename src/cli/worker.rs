@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::{secret_from_env, CliError, RedisArgs};
-use crate::provider::{ProviderClient, ProviderConfig};
+use crate::provider::{ProviderClient, ProviderConfig, RetryDecision};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, DurableWait, Role, Worker, WorkerConfig};
 
@@ -684,6 +684,13 @@ async fn start(
 /// before the worker starts without one.
 const CREDENTIAL_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the credential check waits before it asks again after
+/// transient trouble (a refused connection, a 5xx).
+const CREDENTIAL_CHECK_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long the credential check asks again after transient trouble.
+const CREDENTIAL_CHECK_RETRY_FOR: Duration = Duration::from_secs(2);
+
 /// Asks the provider, with one harmless authenticated request
 /// ([`ProviderClient::check_credentials`]), whether it accepts the
 /// credentials. Refused: the worker does not start (exit 2), since every
@@ -692,7 +699,26 @@ const CREDENTIAL_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// shows on each batch it hits.
 async fn check_credentials(provider: &ProviderClient) -> Result<(), CliError> {
     let url = provider.base_url();
-    match tokio::time::timeout(CREDENTIAL_CHECK_TIMEOUT, provider.check_credentials()).await {
+    // A provider starting with the worker (a container, a systemd unit, a
+    // mock in the same shell) refuses connections for a moment: transient
+    // trouble is asked again for a short while; a provider away for longer
+    // does not hold the worker's start (it warns and starts).
+    let retry_until = std::time::Instant::now() + CREDENTIAL_CHECK_RETRY_FOR;
+    let ask = async {
+        loop {
+            match provider.check_credentials().await {
+                Err(e)
+                    if matches!(e.retry_decision(), RetryDecision::RetryWithBackoff)
+                        && std::time::Instant::now() < retry_until =>
+                {
+                    tracing::debug!(provider = %url, error = %e, "the credential check failed: asking again");
+                    tokio::time::sleep(CREDENTIAL_CHECK_PAUSE).await;
+                }
+                answer => return answer,
+            }
+        }
+    };
+    match tokio::time::timeout(CREDENTIAL_CHECK_TIMEOUT, ask).await {
         Ok(Ok(())) => {
             tracing::info!(provider = %url, "the provider accepts the credentials");
             Ok(())
