@@ -890,6 +890,7 @@ mod tests {
                 end: "08:00".into(),
                 tz: "Asia/Seoul".into(),
             }),
+            ad: None,
         }
         .resolve()
         .expect("valid");
@@ -921,6 +922,7 @@ mod tests {
                 end: "08:00".into(),
                 tz: "Asia/Seoul".into(),
             }),
+            ad: None,
         };
         let b = BatchOptions {
             send_at: Some("2026-12-01T09:00:00Z".into()),
@@ -1159,7 +1161,7 @@ mod tests {
             ("12:00", "13:00", "UTC"),
             ("07:00", "07:30", "Asia/Seoul"),
             ("13:00", "14:00", "Asia/Seoul"),
-            ("08:00", "21:00", "Asia/Seoul"),
+            ("08:00", "09:00", "Asia/Seoul"),
             ("21:00", "08:00", "America/New_York"),
         ] {
             let q = quiet(start, end, tz);

@@ -47,13 +47,21 @@ fn machine_zone() -> Option<String> {
     jiff::tz::TimeZone::system().iana_name().map(str::to_string)
 }
 
-/// Whether `name` is a zone that is UTC all year (`UTC`, `Etc/UTC`, `GMT`,
-/// ...): what a container's clock says when nobody chose a zone.
+/// Whether `name` is a zone on UTC in winter and in summer (`UTC`,
+/// `Etc/UTC`, `GMT`, ...; not `Europe/London`): what a container's clock
+/// says when nobody chose a zone. (A zone from the database is not a
+/// "fixed offset" to jiff even when it never changes: two readings tell.)
 fn is_utc(name: &str) -> bool {
-    jiff::tz::TimeZone::get(name)
-        .ok()
-        .and_then(|tz| tz.to_fixed_offset().ok())
-        .is_some_and(|o| o == jiff::tz::Offset::UTC)
+    let Ok(tz) = jiff::tz::TimeZone::get(name) else {
+        return false;
+    };
+    [
+        jiff::Timestamp::UNIX_EPOCH,
+        jiff::Timestamp::from_second(15_638_400).unwrap_or_default(),
+    ]
+    .into_iter()
+    .chain([jiff::Timestamp::now()])
+    .all(|t| tz.to_offset(t) == jiff::tz::Offset::UTC)
 }
 
 /// The zone of `--quiet-hours`: `--timezone`, else the deployment's
@@ -148,6 +156,10 @@ mod tests {
         assert_eq!(zone(Some("UTC"), seoul(), seoul()), Ok("UTC".into()));
         assert_eq!(zone(None, seoul(), utc()), Ok("Asia/Seoul".into()));
         assert_eq!(zone(None, None, seoul()), Ok("Asia/Seoul".into()));
+        assert_eq!(
+            zone(None, None, Some("Europe/London".into())),
+            Ok("Europe/London".into())
+        );
         for machine in [utc(), Some("UTC".into()), Some("GMT".into()), None] {
             let refused = zone(None, None, machine).expect_err("no zone but UTC");
             assert!(
