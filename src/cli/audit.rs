@@ -34,7 +34,7 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
 /// The zone a batch's times are shown in: that of its options (the first
 /// chunk's, which every chunk shares; [`SendWindow::zone`]), else the
 /// deployment's.
-fn batch_zone(events: &[Result<Recorded, (String, String)>]) -> TimeZone {
+pub fn batch_zone(events: &[Result<Recorded, (String, String)>]) -> TimeZone {
     events
         .iter()
         .filter_map(|r| match &r.as_ref().ok()?.event {
@@ -215,6 +215,16 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
             at(e.quiet_since_ms)
         ),
     }
+}
+
+/// An event as a person reads it on the board: [`json_of`], with `time`
+/// and the times in `summary` in `tz` (the batch's zone, [`batch_zone`])
+/// with their offset.
+pub fn json_in(r: &Recorded, show_numbers: bool, tz: &TimeZone) -> serde_json::Value {
+    let mut v = json_of(r, show_numbers);
+    v["time"] = zoned_time(r.millis(), tz).into();
+    v["summary"] = summary_in(&r.event, show_numbers, tz).into();
+    v
 }
 
 /// An event as `audit --json` prints it.

@@ -700,6 +700,24 @@ impl SendWindow {
         Some((opens, closes))
     }
 
+    /// Whether a send held until `at_ms` was held by the night rule: `at_ms`
+    /// ends a window it was held in (not a `send_at`), and that window
+    /// covers Korean night hours (alone, or joined to quiet hours).
+    pub fn held_by_night_rule(&self, at_ms: i64) -> bool {
+        let Some(night) = night_rule().filter(|_| self.night_rule_applies()) else {
+            return false;
+        };
+        let Ok(before) = Timestamp::from_millisecond(at_ms.saturating_sub(1)) else {
+            return false;
+        };
+        match self.window_at(before) {
+            Some((opens, closes)) if opens <= before && closes.as_millisecond() == at_ms => {
+                night.window_at(opens).is_some_and(|(o, _)| o < closes)
+            }
+            _ => false,
+        }
+    }
+
     /// When a generation ready at `now_ms` may be sent (Unix ms): not before
     /// `send_at`, and never inside quiet hours (or, for an advertising batch
     /// without night consent, inside [`NIGHT_RULE`]). A generation ready
@@ -1197,6 +1215,36 @@ mod tests {
             }
         }
         assert!(checked > 1_500);
+    }
+
+    /// The report's `heldForNight`: a hold that ends a Korean night (alone
+    /// or joined to quiet hours) counts; a hold by quiet hours in the day,
+    /// by `send_at`, or of a batch the rule does not hold, does not.
+    #[test]
+    fn a_hold_is_counted_for_the_night_rule_only_when_the_night_held_it() {
+        let ms = |s: &str| ts(s).as_millisecond();
+        let held = SendWindow {
+            quiet: Some(quiet("12:00", "13:00", "Asia/Seoul")),
+            ad: ad(false),
+            ..SendWindow::default()
+        };
+        assert!(held.held_by_night_rule(ms("2026-12-02T08:00:00+09:00")));
+        assert!(!held.held_by_night_rule(ms("2026-12-02T13:00:00+09:00")));
+        assert!(!held.held_by_night_rule(ms("2026-12-02T10:00:00+09:00")));
+        let joined = SendWindow {
+            quiet: Some(quiet("07:00", "09:00", "Asia/Seoul")),
+            ad: ad(false),
+            ..SendWindow::default()
+        };
+        assert!(joined.held_by_night_rule(ms("2026-12-02T09:00:00+09:00")));
+        for exempt in [ad(true), None] {
+            let w = SendWindow {
+                quiet: Some(quiet("21:00", "08:00", "Asia/Seoul")),
+                ad: exempt,
+                ..SendWindow::default()
+            };
+            assert!(!w.held_by_night_rule(ms("2026-12-02T08:00:00+09:00")));
+        }
     }
 
     #[test]
