@@ -478,6 +478,17 @@ async fn submit_ad_splits_by_night_consent_and_holds_only_the_others_at_night() 
         );
         assert_eq!(reason, "quiet_hours");
     }
+    if !holds().await.is_empty() {
+        // Shown to a person in Korean time, whatever the machine's zone.
+        let morning = Timestamp::from_millisecond(morning_after(night_of)).expect("instant");
+        let shown = morning
+            .in_tz("Asia/Seoul")
+            .expect("zone")
+            .strftime("held until %Y-%m-%d 08:00 +09:00")
+            .to_string();
+        let status = ok_stdout(&groupcast(&url, None, &["status", "spring"]));
+        assert!(status.contains(&shown), "{shown}: {status}");
+    }
     // Whoever was sent: the consenting at any time, the others never at
     // night; nobody twice, nobody dropped from the batch's state.
     let ledger = rig.mock.ledger();
