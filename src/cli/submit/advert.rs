@@ -72,9 +72,12 @@ fn split(mut input: Input, scan: &Scan) -> Result<(Half, Half), CliError> {
                 ulid::Ulid::new()
             )),
         };
-        let out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
+        let mut open = std::fs::OpenOptions::new();
+        open.write(true).create_new(true);
+        // Numbers and names: readable by this user alone.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+        let out = open
             .open(&file.path)
             .map_err(|e| CliError::Failed(format!("{}: cannot write: {e}", file.path.display())))?;
         Ok::<_, CliError>((file, BufWriter::new(out)))
