@@ -250,13 +250,14 @@ pub async fn events(
     check_batch(&id)?;
     let events = board.store.batch(&id).events().await?;
     let limit = page.limit.unwrap_or(100).clamp(1, PAGE_MAX);
+    let tz = crate::cli::audit::batch_zone(&events);
     let items: Vec<Value> = events
         .iter()
         .skip(page.offset)
         .take(limit)
         .map(|r| match r {
             Ok(r) => {
-                let mut v = crate::cli::audit::json_of(r, false);
+                let mut v = crate::cli::audit::json_in(r, false, &tz);
                 v["timeMs"] = json!(r.millis());
                 v
             }

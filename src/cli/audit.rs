@@ -1,9 +1,10 @@
 //! `groupcast audit BATCH`: a batch's full event history as a timeline.
 
 use clap::Args;
+use jiff::tz::TimeZone;
 
 use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
-use crate::events::options::SendWindow;
+use crate::events::options::{deployment_zone, SendWindow};
 use crate::events::{Event, Recorded};
 use crate::keys::validate_batch_id;
 use crate::phone::mask;
@@ -24,9 +25,30 @@ pub struct AuditArgs {
     pub show_numbers: bool,
 }
 
-/// A one-line summary of an event.
+/// A one-line summary of an event, its times in the deployment's zone
+/// (`GROUPCAST_TIMEZONE`, else UTC).
 pub fn summary(e: &Event, show_numbers: bool) -> String {
+    summary_in(e, show_numbers, &deployment_zone())
+}
+
+/// The zone a batch's times are shown in: that of its options (the first
+/// chunk's, which every chunk shares; [`SendWindow::zone`]), else the
+/// deployment's.
+pub fn batch_zone(events: &[Result<Recorded, (String, String)>]) -> TimeZone {
+    events
+        .iter()
+        .filter_map(|r| match &r.as_ref().ok()?.event {
+            Event::ChunkAssigned(e) => e.opts.as_deref().and_then(SendWindow::from_canonical),
+            _ => None,
+        })
+        .next()
+        .map_or_else(deployment_zone, |w| w.zone())
+}
+
+/// [`summary`], its times in `tz` with their offset.
+pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
     let num = |n: &str| if show_numbers { n.to_string() } else { mask(n) };
+    let at = |ms: u64| zoned_time(ms, tz);
     match e {
         Event::ChunkAssigned(e) => format!(
             "chunk {} ({} recipients{}) → generation {}",
@@ -86,7 +108,7 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             "generation {} group {} held until {} ({})",
             e.gen,
             e.group_id,
-            super::human_time(e.at_ms),
+            at(e.at_ms),
             e.reason.replace('_', " ")
         ),
         Event::SendTriggered(e) => format!(
@@ -157,7 +179,7 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
             "generation {} send claim {} given back: held until {} ({}){}",
             e.gen,
             e.n,
-            super::human_time(e.at_ms),
+            at(e.at_ms),
             e.reason.replace('_', " "),
             if e.stopped {
                 ", the batch was cancelled: generation stopped"
@@ -203,7 +225,7 @@ pub fn summary(e: &Event, show_numbers: bool) -> String {
         Event::BatchStalled(e) => format!(
             "STALLED: no event for {} (since {})",
             human_duration(e.quiet_for_ms),
-            human_time(e.quiet_since_ms)
+            at(e.quiet_since_ms)
         ),
     }
 }
@@ -226,6 +248,16 @@ fn options_read_as_written(reason: &str) -> String {
         SendWindow::describe_canonical(theirs),
         SendWindow::describe_canonical(ours)
     )
+}
+
+/// An event as a person reads it on the board: [`json_of`], with `time`
+/// and the times in `summary` in `tz` (the batch's zone, [`batch_zone`])
+/// with their offset.
+pub fn json_in(r: &Recorded, show_numbers: bool, tz: &TimeZone) -> serde_json::Value {
+    let mut v = json_of(r, show_numbers);
+    v["time"] = zoned_time(r.millis(), tz).into();
+    v["summary"] = summary_in(&r.event, show_numbers, tz).into();
+    v
 }
 
 /// An event as `audit --json` prints it.
@@ -268,6 +300,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
             w.chunks, args.batch
         );
     }
+    let tz = batch_zone(&events);
     let t0 = events
         .iter()
         .find_map(|r| r.as_ref().ok().map(Recorded::millis))
@@ -280,10 +313,10 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
                     outln!("{}", json_of(r, args.show_numbers));
                 } else {
                     rows.push(vec![
-                        human_time(r.millis()),
+                        zoned_time(r.millis(), &tz),
                         format!("+{}", human_duration(r.millis().saturating_sub(t0))),
                         r.event.type_name().to_string(),
-                        summary(&r.event, args.show_numbers),
+                        summary_in(&r.event, args.show_numbers, &tz),
                     ]);
                 }
             }
@@ -305,6 +338,12 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         print_table(&["time", "since start", "event", "what"], &rows);
     }
     Ok(())
+}
+
+/// `ms` in `tz` with its offset (`2026-12-01 18:00:05 +09:00`).
+fn zoned_time(ms: u64, tz: &TimeZone) -> String {
+    crate::human::time_in(i64::try_from(ms).unwrap_or(i64::MAX), tz)
+        .unwrap_or_else(|| human_time(ms))
 }
 
 #[cfg(test)]

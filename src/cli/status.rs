@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::{human_duration, human_time, outln, print_table, CliError, RedisArgs};
+use super::{human_duration, outln, print_table, CliError, RedisArgs};
 use crate::events::options::{Priority, SendWindow};
 use crate::keys::validate_batch_id;
 use crate::projection::{field, Projection};
@@ -108,6 +108,11 @@ pub fn options_json(p: &Projection) -> serde_json::Value {
         "priority": w.priority.name(),
         "sendAt": w.send_at_text(),
         "quietHours": w.quiet_text(),
+        "advertising": w.ad.as_ref().map(|a| serde_json::json!({
+            "nightConsent": a.night_consent,
+            "heldAtNight": !a.night_consent,
+            "pair": a.pair,
+        })),
     })
 }
 
@@ -166,7 +171,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             .get(field::OPTIONS)
             .and_then(SendWindow::from_canonical)
             .unwrap_or_default();
-        if window.holds() || window.priority != Priority::Normal {
+        if window.holds() || window.priority != Priority::Normal || window.ad.is_some() {
             outln!("{}", window.describe());
         }
         if let Some(why) = p.cancelled() {
@@ -210,7 +215,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             let now = store.batch(batch).server_time_ms().await?.max(hb);
             outln!(
                 "last event {} ({} ago)",
-                human_time(hb),
+                window.time_text(i64::try_from(hb).unwrap_or(i64::MAX)),
                 human_duration(now.saturating_sub(hb))
             );
         }

@@ -81,6 +81,49 @@ pub struct BatchOptions {
     /// Never inside this daily window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet_hours: Option<QuietHours>,
+    /// An advertising batch (Korean law, see `docs/advertising.md`): its text
+    /// starts with `(광고)` and carries a free opt-out line, and it is held
+    /// by [`NIGHT_RULE`] unless its recipients gave night-time consent.
+    /// Absent (older chunks): not advertising.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ad: Option<AdOptions>,
+}
+
+/// The options of an advertising batch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct AdOptions {
+    /// Every recipient of this batch gave separate consent to advertising at
+    /// night: [`NIGHT_RULE`] does not hold it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub night_consent: bool,
+    /// The batch holding the other recipients of the same submission (the
+    /// ones with the other consent), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pair: Option<String>,
+}
+
+/// The night-time advertising rule: no advertising message between 21:00
+/// and 08:00 in Korea, except to recipients with separate night consent.
+pub const NIGHT_RULE: (&str, &str, &str) = ("21:00", "08:00", "Asia/Seoul");
+
+/// The zone of a deployment, for quiet hours without `--timezone` and for
+/// the times shown of batches without a zone of their own.
+pub const TIMEZONE_ENV: &str = "GROUPCAST_TIMEZONE";
+
+/// The deployment's zone ([`TIMEZONE_ENV`]), when set (empty: unset).
+pub fn deployment_zone_name() -> Option<String> {
+    std::env::var(TIMEZONE_ENV)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// The zone times are shown in when a batch has none: the deployment's
+/// (when it names a known zone), else UTC.
+pub fn deployment_zone() -> TimeZone {
+    deployment_zone_name()
+        .and_then(|name| TimeZone::get(&name).ok())
+        .unwrap_or(TimeZone::UTC)
 }
 
 /// Why a batch's options were refused.
@@ -105,12 +148,18 @@ pub enum OptionsError {
     /// Start equals end: an empty (or whole-day) window says nothing clear.
     #[error("quiet_hours start and end are both {0}: the window would be empty")]
     EmptyWindow(String),
+    /// The pair of an advertising batch is not a batch id.
+    #[error("ad pair {0:?} is not a batch id (letters, digits, '.', '_', '-')")]
+    Pair(String),
 }
 
 impl BatchOptions {
     /// Whether no option is set (the chunk encodes no `options`).
     pub fn is_empty(&self) -> bool {
-        self.send_at.is_none() && self.priority.is_none() && self.quiet_hours.is_none()
+        self.send_at.is_none()
+            && self.priority.is_none()
+            && self.quiet_hours.is_none()
+            && self.ad.is_none()
     }
 
     /// The lane (default `normal`).
@@ -140,12 +189,147 @@ impl BatchOptions {
             None => None,
             Some(q) => Some(Quiet::parse(q)?),
         };
+        let ad = match &self.ad {
+            None => None,
+            Some(a) => {
+                if let Some(pair) = &a.pair {
+                    crate::keys::validate_batch_id(pair)
+                        .map_err(|_| OptionsError::Pair(crate::events::clip(pair, 64)))?;
+                }
+                Some(Ad {
+                    night_consent: a.night_consent,
+                    pair: a.pair.clone(),
+                })
+            }
+        };
         Ok(SendWindow {
             send_at,
             priority: self.priority(),
             quiet,
+            ad,
         })
     }
+}
+
+/// An advertising batch's rule, resolved (see [`AdOptions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ad {
+    /// Exempt from [`NIGHT_RULE`]: every recipient consented to night sends.
+    pub night_consent: bool,
+    /// The other batch of the same submission.
+    pub pair: Option<String>,
+}
+
+impl Ad {
+    /// As a person reads it: `advertising, held 21:00-08:00 Asia/Seoul
+    /// (night rule), paired with spring.night-consent`.
+    pub fn describe(&self) -> String {
+        let (start, end, tz) = NIGHT_RULE;
+        let mut s = if self.night_consent {
+            "advertising, recipients with night-time consent (not held at night)".to_string()
+        } else {
+            format!("advertising, held {start}-{end} {tz} (night rule)")
+        };
+        if let Some(pair) = &self.pair {
+            s.push_str(", paired with batch ");
+            s.push_str(pair);
+        }
+        s
+    }
+
+    /// `ad`, `,night-consent` when exempt, `,pair=<id>` when paired.
+    fn canonical(&self) -> String {
+        let mut s = String::from("ad");
+        if self.night_consent {
+            s.push_str(",night-consent");
+        }
+        if let Some(pair) = &self.pair {
+            s.push_str(",pair=");
+            s.push_str(pair);
+        }
+        s
+    }
+
+    fn from_canonical(s: &str) -> Option<Ad> {
+        let mut parts = s.split(',');
+        if parts.next()? != "ad" {
+            return None;
+        }
+        let mut ad = Ad {
+            night_consent: false,
+            pair: None,
+        };
+        for part in parts {
+            match part.split_once('=') {
+                None if part == "night-consent" => ad.night_consent = true,
+                Some(("pair", id)) if crate::keys::validate_batch_id(id).is_ok() => {
+                    ad.pair = Some(id.to_string())
+                }
+                _ => return None,
+            }
+        }
+        Some(ad)
+    }
+}
+
+/// What an advertising text must carry: how it begins.
+pub const AD_PREFIX: &str = "(광고)";
+
+/// Why an advertising batch's text was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AdTextError {
+    /// The text does not begin with `(광고)`.
+    #[error("an advertising message (--ad) must begin with (광고): put (광고) at the very start of the template's text")]
+    NoPrefix,
+    /// No line with a free opt-out and its number.
+    #[error("an advertising message (--ad) must carry a free opt-out line, e.g. `무료수신거부 080-123-4567` (the words 무료수신거부 or 무료거부, and a number of at least 8 digits, on one line, written out in the text, not in a #{{variable}})")]
+    NoOptOut,
+}
+
+/// Checks an advertising text: it begins with [`AD_PREFIX`] (blanks before
+/// it allowed), and some line of it has the words `무료수신거부` or
+/// `무료거부` (spaces inside them allowed: `무료 수신거부`) and a number of
+/// at least 8 digits (`-`, `.`, spaces and parentheses between them
+/// allowed): `무료수신거부 080-123-4567`, `무료거부 0801234567`.
+pub fn check_ad_text(text: &str) -> Result<(), AdTextError> {
+    if !text.trim_start().starts_with(AD_PREFIX) {
+        return Err(AdTextError::NoPrefix);
+    }
+    if text.lines().any(is_opt_out_line) {
+        Ok(())
+    } else {
+        Err(AdTextError::NoOptOut)
+    }
+}
+
+/// A line with the opt-out words and a number of at least 8 digits.
+fn is_opt_out_line(line: &str) -> bool {
+    let words: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+    if !(words.contains("무료수신거부") || words.contains("무료거부")) {
+        return false;
+    }
+    // The longest run of digits, separators allowed inside it.
+    let (mut longest, mut run) = (0, 0);
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            run += 1;
+            longest = longest.max(run);
+        } else if !matches!(c, '-' | '.' | ' ' | '(' | ')') {
+            run = 0;
+        }
+    }
+    longest >= 8
+}
+
+/// [`NIGHT_RULE`] as a window.
+fn night_rule() -> Option<Quiet> {
+    let (start, end, tz) = NIGHT_RULE;
+    Quiet::parse(&QuietHours {
+        start: start.into(),
+        end: end.into(),
+        tz: tz.into(),
+    })
+    .ok()
 }
 
 /// A quiet-hours window, parsed: seconds of the local day, and the zone.
@@ -398,6 +582,8 @@ pub struct SendWindow {
     pub priority: Priority,
     /// The quiet-hours window.
     pub quiet: Option<Quiet>,
+    /// The advertising rule, for an advertising batch.
+    pub ad: Option<Ad>,
 }
 
 impl Default for SendWindow {
@@ -406,6 +592,7 @@ impl Default for SendWindow {
             send_at: None,
             priority: Priority::Normal,
             quiet: None,
+            ad: None,
         }
     }
 }
@@ -413,10 +600,12 @@ impl Default for SendWindow {
 impl SendWindow {
     /// The form the batch's state keeps (field `opts`) and the accept script
     /// compares: `<send_at ms>|<priority>|<quiet hours>`, empty parts when
-    /// unset. Two chunks agree on their options when these are equal (so
-    /// `21:00` and `21:00:00`, or two spellings of one instant, agree).
+    /// unset, then `|<ad rule>` for an advertising batch only (so the form
+    /// of every other batch is the one older states keep). Two chunks agree
+    /// on their options when these are equal (so `21:00` and `21:00:00`, or
+    /// two spellings of one instant, agree).
     pub fn canonical(&self) -> String {
-        format!(
+        let mut s = format!(
             "{}|{}|{}",
             self.send_at.map(|ms| ms.to_string()).unwrap_or_default(),
             self.priority.name(),
@@ -424,14 +613,24 @@ impl SendWindow {
                 .as_ref()
                 .map(Quiet::canonical)
                 .unwrap_or_default()
-        )
+        );
+        if let Some(ad) = &self.ad {
+            s.push('|');
+            s.push_str(&ad.canonical());
+        }
+        s
     }
 
     /// Reads [`SendWindow::canonical`] back (None: not that form).
     pub fn from_canonical(s: &str) -> Option<SendWindow> {
-        let mut parts = s.splitn(3, '|');
+        let mut parts = s.splitn(4, '|');
         let (at, priority, quiet) = (parts.next()?, parts.next()?, parts.next()?);
+        let ad = match parts.next() {
+            None => None,
+            Some(ad) => Some(Ad::from_canonical(ad)?),
+        };
         Some(SendWindow {
+            ad,
             send_at: if at.is_empty() {
                 None
             } else {
@@ -446,33 +645,108 @@ impl SendWindow {
         })
     }
 
-    /// Whether anything holds the send (a `send_at` or quiet hours).
+    /// Whether anything holds the send (a `send_at`, quiet hours or the
+    /// night rule).
     pub fn holds(&self) -> bool {
-        self.send_at.is_some() || self.quiet.is_some()
+        self.send_at.is_some() || self.has_quiet()
+    }
+
+    /// Whether the night-time advertising rule ([`NIGHT_RULE`]) holds this
+    /// batch: an advertising batch without night consent.
+    pub fn night_rule_applies(&self) -> bool {
+        self.ad.as_ref().is_some_and(|a| !a.night_consent)
+    }
+
+    /// Whether some daily window holds the send: quiet hours, or the night
+    /// rule.
+    pub fn has_quiet(&self) -> bool {
+        self.quiet.is_some() || self.night_rule_applies()
+    }
+
+    /// Every daily window the send must stay out of: the quiet hours, and
+    /// [`NIGHT_RULE`] when it applies. The claim is given their union.
+    fn windows(&self) -> Vec<Quiet> {
+        let night = if self.night_rule_applies() {
+            night_rule()
+        } else {
+            None
+        };
+        self.quiet.iter().cloned().chain(night).collect()
+    }
+
+    /// The union of [`SendWindow::windows`] containing `t`, or the next to
+    /// open after it: `(opens, closes)`. Windows that overlap or touch are
+    /// one: the send is held across both.
+    fn window_at(&self, t: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let windows = self.windows();
+        let (opens, mut closes) = windows
+            .iter()
+            .filter_map(|q| q.window_at(t))
+            .min_by_key(|(opens, _)| *opens)?;
+        // Two daily windows chain at most a few times a day; the bound is
+        // a guard, not a limit ever reached.
+        for _ in 0..8 {
+            let longer = windows
+                .iter()
+                .filter_map(|q| q.window_at(closes))
+                .filter(|(o, c)| *o <= closes && *c > closes)
+                .map(|(_, c)| c)
+                .max();
+            match longer {
+                Some(c) => closes = c,
+                None => break,
+            }
+        }
+        Some((opens, closes))
+    }
+
+    /// Whether a send held until `at_ms` was held by the night rule: `at_ms`
+    /// ends a window it was held in (not a `send_at`), and that window
+    /// covers Korean night hours (alone, or joined to quiet hours).
+    pub fn held_by_night_rule(&self, at_ms: i64) -> bool {
+        let Some(night) = night_rule().filter(|_| self.night_rule_applies()) else {
+            return false;
+        };
+        let Ok(before) = Timestamp::from_millisecond(at_ms.saturating_sub(1)) else {
+            return false;
+        };
+        match self.window_at(before) {
+            Some((opens, closes)) if opens <= before && closes.as_millisecond() == at_ms => {
+                night.window_at(opens).is_some_and(|(o, _)| o < closes)
+            }
+            _ => false,
+        }
     }
 
     /// When a generation ready at `now_ms` may be sent (Unix ms): not before
-    /// `send_at`, and never inside quiet hours. A generation ready after
-    /// `send_at` goes at once (outside quiet hours).
+    /// `send_at`, and never inside quiet hours (or, for an advertising batch
+    /// without night consent, inside [`NIGHT_RULE`]). A generation ready
+    /// after `send_at` goes at once (outside those windows).
     pub fn release_at(&self, now_ms: i64) -> i64 {
         let due = self.send_at.map_or(now_ms, |at| at.max(now_ms));
-        match (&self.quiet, Timestamp::from_millisecond(due)) {
-            (Some(q), Ok(t)) => q.release_at(t).as_millisecond(),
+        let Ok(t) = Timestamp::from_millisecond(due) else {
+            return due;
+        };
+        match self.window_at(t) {
+            Some((opens, closes)) if opens <= t => closes.as_millisecond(),
             _ => due,
         }
     }
 
     /// What the claim script is told of this schedule, computed from the
-    /// Redis clock reading `now_ms` (see [`ScheduleArgs`]).
+    /// Redis clock reading `now_ms` (see [`ScheduleArgs`]): one window, the
+    /// union of the quiet hours and the night rule, so the claim's own
+    /// arithmetic enforces both.
     pub fn schedule_args(&self, now_ms: u64) -> ScheduleArgs {
         let send_at = self.send_at.map(|v| u64::try_from(v).unwrap_or(0));
         let from = send_at.map_or(now_ms, |s| s.max(now_ms));
-        let quiet = self.quiet.as_ref().and_then(|q| {
-            let t = Timestamp::from_millisecond(i64::try_from(from).ok()?).ok()?;
-            let (opens, closes) = q.window_at(t)?;
-            let ms = |x: Timestamp| u64::try_from(x.as_millisecond()).unwrap_or(0);
-            Some((from, ms(opens), ms(closes)))
-        });
+        let quiet = Timestamp::from_millisecond(i64::try_from(from).unwrap_or(i64::MAX))
+            .ok()
+            .and_then(|t| self.window_at(t))
+            .map(|(opens, closes)| {
+                let ms = |x: Timestamp| u64::try_from(x.as_millisecond()).unwrap_or(0);
+                (from, ms(opens), ms(closes))
+            });
         ScheduleArgs { send_at, quiet }
     }
 
@@ -484,11 +758,14 @@ impl SendWindow {
     }
 
     /// The zone a person reads this batch's times in: its quiet hours' zone
-    /// when it has one (the zone its operator thinks in), else UTC.
+    /// when it has one (the zone its operator thinks in), Korea's for an
+    /// advertising batch, else the deployment's ([`deployment_zone`]).
     pub fn zone(&self) -> TimeZone {
-        self.quiet
-            .as_ref()
-            .map_or(TimeZone::UTC, |q| q.zone().clone())
+        match (&self.quiet, &self.ad) {
+            (Some(q), _) => q.zone().clone(),
+            (None, Some(_)) => TimeZone::get(NIGHT_RULE.2).unwrap_or(TimeZone::UTC),
+            (None, None) => deployment_zone(),
+        }
     }
 
     /// The instant `ms` as a time with its offset in [`SendWindow::zone`]
@@ -500,8 +777,17 @@ impl SendWindow {
     /// The options as a person reads them:
     /// `priority normal, send at 2026-12-01 18:00 +09:00, quiet hours
     /// 21:00-08:00 Asia/Seoul`; `send once ready` and `no quiet hours`
-    /// when unset.
+    /// when unset; then the advertising rule, for an advertising batch.
     pub fn describe(&self) -> String {
+        let mut s = self.describe_schedule();
+        if let Some(ad) = &self.ad {
+            s.push_str(", ");
+            s.push_str(&ad.describe());
+        }
+        s
+    }
+
+    fn describe_schedule(&self) -> String {
         format!(
             "priority {}, {}, {}",
             self.priority,
@@ -622,6 +908,7 @@ mod tests {
                 end: "08:00".into(),
                 tz: "Asia/Seoul".into(),
             }),
+            ad: None,
         }
         .resolve()
         .expect("valid");
@@ -653,6 +940,7 @@ mod tests {
                 end: "08:00".into(),
                 tz: "Asia/Seoul".into(),
             }),
+            ad: None,
         };
         let b = BatchOptions {
             send_at: Some("2026-12-01T09:00:00Z".into()),
@@ -699,6 +987,7 @@ mod tests {
                         send_at: send_at.map(|t: Timestamp| t.as_millisecond()),
                         priority: Priority::Normal,
                         quiet: Some(quiet(start, end, tz)),
+                        ad: None,
                     };
                     let base = ts(days);
                     for k in 0..(4 * 60) {
@@ -816,5 +1105,215 @@ mod tests {
             "priority urgent, send once ready, quiet hours 21:30:15-06:00 UTC"
         );
         assert_eq!(SendWindow::describe_canonical("not|a form"), "not|a form");
+    }
+
+    fn ad(night_consent: bool) -> Option<Ad> {
+        Some(Ad {
+            night_consent,
+            pair: None,
+        })
+    }
+
+    /// The night rule at the instants: an advertising batch at
+    /// 20:59:30 KST may start its send until 21:00 (the claim's lifetime is
+    /// cut there), is held from 21:00 to 08:00 KST, and a batch whose
+    /// recipients consented to night sends is not held at all.
+    #[test]
+    fn the_night_rule_holds_an_advertising_batch_from_21_to_08_in_seoul() {
+        let ms = |s: &str| ts(s).as_millisecond() as u64;
+        let held = SendWindow {
+            ad: ad(false),
+            ..SendWindow::default()
+        };
+        let consent = SendWindow {
+            ad: ad(true),
+            ..SendWindow::default()
+        };
+        assert!(held.holds() && held.has_quiet() && held.night_rule_applies());
+        assert!(!consent.holds() && !consent.night_rule_applies());
+        let before = ms("2026-12-01T20:59:30+09:00");
+        assert_eq!(
+            hold(before, 60_000, &held.schedule_args(before)),
+            HoldDecision::Free {
+                until: ms("2026-12-01T21:00:00+09:00")
+            }
+        );
+        assert_eq!(
+            hold(before, 60_000, &consent.schedule_args(before)),
+            HoldDecision::Free {
+                until: before + 60_000
+            }
+        );
+        let morning = ms("2026-12-02T08:00:00+09:00");
+        for inside in ["2026-12-01T21:00:00+09:00", "2026-12-02T03:00:00+09:00"] {
+            let now = ms(inside);
+            assert_eq!(
+                hold(now, 60_000, &held.schedule_args(now)),
+                HoldDecision::Held {
+                    at: morning,
+                    reason: "quiet_hours"
+                },
+                "{inside}"
+            );
+            assert_eq!(held.release_at(now as i64), morning as i64);
+            assert!(matches!(
+                hold(now, 60_000, &consent.schedule_args(now)),
+                HoldDecision::Free { .. }
+            ));
+        }
+        assert_eq!(held.release_at(morning as i64), morning as i64);
+        // The machine's zone plays no part: the rule is Seoul's.
+        assert_eq!(held.zone().iana_name(), Some("Asia/Seoul"));
+    }
+
+    /// The night rule and a batch's own quiet hours (in any zone) are one
+    /// window for the claim: the script's decision agrees with the release
+    /// instant at every quarter hour of three days, and no send is ever
+    /// free inside 21:00-08:00 KST or inside the quiet hours.
+    #[test]
+    fn the_night_rule_and_quiet_hours_compose_into_the_claims_window() {
+        let night = night_rule().expect("the night rule");
+        let mut checked = 0;
+        for (start, end, tz) in [
+            ("22:00", "09:00", "Asia/Seoul"),
+            ("12:00", "13:00", "UTC"),
+            ("07:00", "07:30", "Asia/Seoul"),
+            ("13:00", "14:00", "Asia/Seoul"),
+            ("08:00", "09:00", "Asia/Seoul"),
+            ("21:00", "08:00", "America/New_York"),
+        ] {
+            let q = quiet(start, end, tz);
+            let w = SendWindow {
+                quiet: Some(q.clone()),
+                ad: ad(false),
+                ..SendWindow::default()
+            };
+            let base = ts("2026-12-01T00:00:00Z");
+            for k in 0..(3 * 24 * 4) {
+                let t = base + jiff::SignedDuration::from_mins(15 * k);
+                let now = t.as_millisecond() as u64;
+                let release = w.release_at(now as i64) as u64;
+                let inside = |x: Timestamp| night.release_at(x) != x || q.release_at(x) != x;
+                match hold(now, 2_000, &w.schedule_args(now)) {
+                    HoldDecision::Free { until } => {
+                        assert_eq!(release, now, "{start}-{end} {tz} at {t}");
+                        assert!(
+                            !inside(t),
+                            "free inside a window: {start}-{end} {tz} at {t}"
+                        );
+                        assert!(until > now && until <= now + 2_000);
+                    }
+                    HoldDecision::Held { at, .. } => {
+                        assert_eq!(at, release, "{start}-{end} {tz} at {t}");
+                        assert!(inside(t), "held outside the windows at {t}");
+                        let at = Timestamp::from_millisecond(at as i64).expect("instant");
+                        assert!(!inside(at), "released inside a window: {at}");
+                    }
+                    HoldDecision::Stale => panic!("stale at the instant computed for"),
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 1_500);
+    }
+
+    /// The report's `held_for_night`: a hold that ends a Korean night (alone
+    /// or joined to quiet hours) counts; a hold by quiet hours in the day,
+    /// by `send_at`, or of a batch the rule does not hold, does not.
+    #[test]
+    fn a_hold_is_counted_for_the_night_rule_only_when_the_night_held_it() {
+        let ms = |s: &str| ts(s).as_millisecond();
+        let held = SendWindow {
+            quiet: Some(quiet("12:00", "13:00", "Asia/Seoul")),
+            ad: ad(false),
+            ..SendWindow::default()
+        };
+        assert!(held.held_by_night_rule(ms("2026-12-02T08:00:00+09:00")));
+        assert!(!held.held_by_night_rule(ms("2026-12-02T13:00:00+09:00")));
+        assert!(!held.held_by_night_rule(ms("2026-12-02T10:00:00+09:00")));
+        let joined = SendWindow {
+            quiet: Some(quiet("07:00", "09:00", "Asia/Seoul")),
+            ad: ad(false),
+            ..SendWindow::default()
+        };
+        assert!(joined.held_by_night_rule(ms("2026-12-02T09:00:00+09:00")));
+        for exempt in [ad(true), None] {
+            let w = SendWindow {
+                quiet: Some(quiet("21:00", "08:00", "Asia/Seoul")),
+                ad: exempt,
+                ..SendWindow::default()
+            };
+            assert!(!w.held_by_night_rule(ms("2026-12-02T08:00:00+09:00")));
+        }
+    }
+
+    #[test]
+    fn an_advertising_batchs_options_round_trip_and_read_as_people_write_them() {
+        let w = BatchOptions {
+            ad: Some(AdOptions {
+                night_consent: false,
+                pair: Some("spring.night-consent".into()),
+            }),
+            ..BatchOptions::default()
+        }
+        .resolve()
+        .expect("valid");
+        assert_eq!(w.canonical(), "|normal||ad,pair=spring.night-consent");
+        assert_eq!(SendWindow::from_canonical(&w.canonical()), Some(w.clone()));
+        assert_eq!(
+            w.describe(),
+            "priority normal, send once ready, no quiet hours, advertising, held 21:00-08:00 Asia/Seoul (night rule), paired with batch spring.night-consent"
+        );
+        let c = SendWindow {
+            ad: ad(true),
+            ..SendWindow::default()
+        };
+        assert_eq!(c.canonical(), "|normal||ad,night-consent");
+        assert_eq!(SendWindow::from_canonical(&c.canonical()), Some(c));
+        assert_eq!(SendWindow::from_canonical("|normal||ad,later"), None);
+        let bad_pair = BatchOptions {
+            ad: Some(AdOptions {
+                night_consent: false,
+                pair: Some("a|b".into()),
+            }),
+            ..BatchOptions::default()
+        };
+        assert!(matches!(bad_pair.resolve(), Err(OptionsError::Pair(_))));
+    }
+
+    #[test]
+    fn an_advertising_text_needs_the_prefix_and_a_free_opt_out_line() {
+        for ok in [
+            "(광고) 봄 세일 20%\n무료수신거부 080-123-4567",
+            "  (광고)#{name}님\n\n무료거부 0801234567",
+            "(광고) 세일\n무료 수신거부: 080.123.4567",
+            "(광고) 세일\n[무료수신거부] (080) 1234-5678",
+        ] {
+            assert_eq!(check_ad_text(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("봄 세일\n무료수신거부 080-123-4567", AdTextError::NoPrefix),
+            (
+                "세일 (광고)\n무료수신거부 080-123-4567",
+                AdTextError::NoPrefix,
+            ),
+            ("(광고) 봄 세일", AdTextError::NoOptOut),
+            (
+                "(광고) 봄 세일\n수신거부 080-123-4567",
+                AdTextError::NoOptOut,
+            ),
+            (
+                "(광고) 봄 세일\n무료수신거부 #{optout}",
+                AdTextError::NoOptOut,
+            ),
+            (
+                "(광고) 세일\n무료수신거부\n080-123-4567",
+                AdTextError::NoOptOut,
+            ),
+        ] {
+            assert_eq!(check_ad_text(bad), Err(why), "{bad}");
+        }
+        assert!(AdTextError::NoPrefix.to_string().contains("(광고)"));
+        assert!(AdTextError::NoOptOut.to_string().contains("무료수신거부"));
     }
 }

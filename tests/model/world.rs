@@ -172,6 +172,7 @@ impl Schedule {
                 end: hm(c),
                 tz: "UTC".into(),
             }),
+            ad: None,
         };
         options
             .resolve()

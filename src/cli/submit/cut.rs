@@ -32,7 +32,7 @@ pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient
         &mut input,
         &scan.repeated,
         |what| usage(format!("{}: {what}", path.display())),
-        |r, _| {
+        |r, _, _| {
             out.push(Recipient {
                 to: r.to.to_string(),
                 vars: r
@@ -49,13 +49,14 @@ pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient
 
 /// Reads `input` again and calls `each` with every row kept, in file order:
 /// its number normalised, the later rows of a number in `repeated` skipped
-/// (as [`check_recipients`] counted them). A row that is now unreadable or
-/// bad is `bad`'s error.
-fn for_each_kept<E>(
+/// (as [`check_recipients`] counted them), with its key ([`number_key`])
+/// and the line it starts on. A row that is now unreadable or bad is
+/// `bad`'s error.
+pub(super) fn for_each_kept<E>(
     input: &mut Input,
     repeated: &HashSet<u64>,
     bad: impl Fn(&str) -> E,
-    mut each: impl FnMut(&RowRecipient<'_>, u64) -> Result<(), E>,
+    mut each: impl FnMut(&RowRecipient<'_>, u64, usize) -> Result<(), E>,
 ) -> Result<(), E> {
     let path = input.path.clone();
     let mut seen: HashSet<u64> = HashSet::new();
@@ -75,6 +76,7 @@ fn for_each_kept<E>(
                 vars: row.vars,
             },
             key,
+            row.line,
         )?;
     }
     Ok(())
@@ -122,7 +124,7 @@ pub(super) fn cut_recipients(
     let mut chunk = start(0);
     let mut in_chunk = 0;
     let mut last = None;
-    for_each_kept(input, &scan.repeated, changed, |r, key| {
+    for_each_kept(input, &scan.repeated, changed, |r, key, _| {
         if seen.chunks > last_seq {
             return Err(changed("more rows"));
         }

@@ -44,7 +44,10 @@
 //! - `cut`: the second reading: the rows kept, cut into encoded chunks
 //!   ([`read_recipients`] reads them into memory instead).
 //! - `summary`: what submit prints once it is done.
+//! - `advert`: `--ad`: the checked file split by night-time consent into
+//!   two batches that name each other.
 
+mod advert;
 mod check;
 mod cut;
 #[cfg(test)]
@@ -138,9 +141,17 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "HH:MM-HH:MM")]
     pub quiet_hours: Option<String>,
     /// The IANA time zone of `--quiet-hours`, e.g. `Asia/Seoul` (default:
-    /// this machine's zone).
+    /// `GROUPCAST_TIMEZONE`, else this machine's zone unless it is UTC:
+    /// then `--quiet-hours` is refused until a zone is given).
     #[arg(long, value_name = "IANA")]
     pub timezone: Option<String>,
+    /// An advertising batch (Korean law; docs/advertising.md): the text
+    /// must begin with `(광고)` and carry a free opt-out line
+    /// (`무료수신거부 080-...`); nothing goes out 21:00-08:00 Asia/Seoul
+    /// except to rows whose `night_consent` column says yes (they go in a
+    /// second batch, `<batch>.night-consent`); the others are held to 08:00.
+    #[arg(long)]
+    pub ad: bool,
 }
 
 /// The encoding of a recipients file (`--encoding`).
@@ -184,6 +195,10 @@ fn check_flags(args: &SubmitArgs) -> Result<(Template, BatchOptions), CliError> 
     }
     let template = read_template(&args.template)?;
     let options = batch_options(args)?;
+    if options.ad.is_some() {
+        crate::events::options::check_ad_text(&template.text)
+            .map_err(|e| usage(format!("{}: {e}", args.template.display())))?;
+    }
     Ok((template, options))
 }
 
@@ -192,11 +207,12 @@ fn check_flags(args: &SubmitArgs) -> Result<(Template, BatchOptions), CliError> 
 /// reads it through.
 async fn check_file(
     args: &SubmitArgs,
+    file: &BatchFile,
     template: Template,
     options: BatchOptions,
 ) -> Result<(Input, Template, BatchOptions, Scan), CliError> {
-    let (path, encoding, duplicates) = (args.recipients.clone(), args.encoding, args.duplicates);
-    let (batch, size) = (args.batch.clone(), args.chunk_size);
+    let (path, encoding, duplicates) = (file.path.clone(), file.encoding, args.duplicates);
+    let (batch, size) = (file.batch.clone(), args.chunk_size);
     tokio::task::spawn_blocking(move || {
         let mut input = Input::open(&path, encoding)?;
         let scan = check_recipients(
@@ -294,18 +310,46 @@ async fn append_rounds(
     Ok(())
 }
 
+/// A recipients file and the batch its rows go to.
+struct BatchFile {
+    /// The batch id.
+    batch: String,
+    /// The file.
+    path: PathBuf,
+    /// Its encoding.
+    encoding: FileEncoding,
+}
+
 /// Runs submit: checks the flags and the whole file, then cuts the file
 /// on a thread of its own while its chunks are appended, and says what it
-/// did.
+/// did. An advertising batch (`--ad`) is split by night consent first.
 pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     let (template, options) = check_flags(&args)?;
-    let (input, template, options, scan) = check_file(&args, template, options).await?;
+    let file = BatchFile {
+        batch: args.batch.clone(),
+        path: args.recipients.clone(),
+        encoding: args.encoding,
+    };
+    if options.ad.is_some() {
+        return advert::run(&args, file, template, options).await;
+    }
+    let checked = check_file(&args, &file, template, options).await?;
+    submit_file(&args, &file, checked).await
+}
+
+/// Appends a checked file's chunks to `file.batch`, and says what it did.
+async fn submit_file(
+    args: &SubmitArgs,
+    file: &BatchFile,
+    (input, template, options, scan): (Input, Template, BatchOptions, Scan),
+) -> Result<(), CliError> {
     let stamp = input.stamp();
     let read_as = input.encoding.name();
+    let shown_options = options.clone();
 
     let store = args.redis.connect().await?;
-    refuse_an_ended_batch(&store, &args.batch).await?;
-    let shard = store.keys.shard_of(&args.batch);
+    refuse_an_ended_batch(&store, &file.batch).await?;
+    let shard = store.keys.shard_of(&file.batch);
     refuse_a_far_send_at(&store, shard, &options).await?;
     let lane = options.priority();
     let stream = store.keys.ingest_in(shard, lane);
@@ -317,7 +361,7 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     // the appender (at least one round of small chunks).
     let per_round = (ROUND_BYTES / scan.checked.largest_chunk.max(1)).clamp(1, ROUND_CHUNKS);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(per_round);
-    let (batch, size) = (args.batch.clone(), args.chunk_size);
+    let (batch, size) = (file.batch.clone(), args.chunk_size);
     let reader = tokio::task::spawn_blocking(move || {
         let mut input = input;
         if input.stamp() != stamp {
@@ -347,7 +391,13 @@ pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    summary::print(&args.batch, &stream, read_as, &scan, notes, args.json);
+    let summary = summary::Summary {
+        batch: &file.batch,
+        stream: &stream,
+        read_as,
+        options: &shown_options,
+    };
+    summary.print(&scan, notes, args.json);
     Ok(())
 }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use super::{usage, SubmitArgs};
 use crate::cli::CliError;
-use crate::events::options::{BatchOptions, Priority, QuietHours};
+use crate::events::options::{
+    deployment_zone_name, AdOptions, BatchOptions, Priority, QuietHours, TIMEZONE_ENV,
+};
 
 /// The batch options from the flags, checked.
 pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
@@ -23,22 +25,10 @@ pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
                     "--quiet-hours {window:?}: expected HH:MM-HH:MM, e.g. 21:00-08:00"
                 )));
             };
-            let tz = match tz {
-                Some(tz) => tz.clone(),
-                None => jiff::tz::TimeZone::system()
-                    .iana_name()
-                    .map(str::to_string)
-                    .ok_or_else(|| {
-                        usage(
-                            "--quiet-hours: this machine's time zone has no IANA name: pass --timezone (e.g. Asia/Seoul)"
-                                .into(),
-                        )
-                    })?,
-            };
             Some(QuietHours {
                 start: start.trim().into(),
                 end: end.trim().into(),
-                tz,
+                tz: quiet_hours_zone(tz.as_deref(), deployment_zone_name(), machine_zone())?,
             })
         }
     };
@@ -46,9 +36,62 @@ pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
         send_at: args.send_at.clone(),
         priority: args.priority.as_deref().and_then(Priority::parse),
         quiet_hours,
+        ad: args.ad.then(AdOptions::default),
     };
     options.resolve().map_err(|e| usage(e.to_string()))?;
     Ok(options)
+}
+
+/// The machine's zone, when it has an IANA name.
+fn machine_zone() -> Option<String> {
+    jiff::tz::TimeZone::system().iana_name().map(str::to_string)
+}
+
+/// Whether `name` is a zone on UTC in winter and in summer (`UTC`,
+/// `Etc/UTC`, `GMT`, ...; not `Europe/London`): what a container's clock
+/// says when nobody chose a zone. (A zone from the database is not a
+/// "fixed offset" to jiff even when it never changes: two readings tell.)
+fn is_utc(name: &str) -> bool {
+    let Ok(tz) = jiff::tz::TimeZone::get(name) else {
+        return false;
+    };
+    [
+        jiff::Timestamp::UNIX_EPOCH,
+        jiff::Timestamp::from_second(15_638_400).unwrap_or_default(),
+    ]
+    .into_iter()
+    .chain([jiff::Timestamp::now()])
+    .all(|t| tz.to_offset(t) == jiff::tz::Offset::UTC)
+}
+
+/// The zone of `--quiet-hours`: `--timezone`, else the deployment's
+/// (`GROUPCAST_TIMEZONE`), else the machine's when it is not UTC. A
+/// machine on UTC (every container) says nothing of where the recipients
+/// sleep: refused, with how to give the zone. UTC given by the flag or the
+/// variable is a choice, and taken.
+fn quiet_hours_zone(
+    flag: Option<&str>,
+    deployment: Option<String>,
+    machine: Option<String>,
+) -> Result<String, CliError> {
+    if let Some(tz) = flag {
+        return Ok(tz.to_string());
+    }
+    if let Some(tz) = deployment {
+        if jiff::tz::TimeZone::get(&tz).is_err() {
+            return Err(usage(format!(
+                "{TIMEZONE_ENV}={tz:?} is not a known IANA time zone: set it to one like Asia/Seoul, or pass --timezone"
+            )));
+        }
+        return Ok(tz);
+    }
+    match machine {
+        Some(tz) if !is_utc(&tz) => Ok(tz),
+        _ => Err(usage(format!(
+            "--quiet-hours: no time zone given, and this machine's clock is on UTC (as containers' are), so 21:00 would be 21:00 UTC: \
+             pass --timezone (e.g. --timezone Asia/Seoul), or set {TIMEZONE_ENV}=Asia/Seoul for the deployment (--timezone UTC if UTC is meant)"
+        ))),
+    }
 }
 
 /// How far in the past `--send-at` may be: a time typed a moment ago, or
@@ -102,6 +145,31 @@ pub(super) async fn refuse_a_far_send_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quiet_hours_take_the_flag_then_the_deployment_then_a_machine_not_on_utc() {
+        let seoul = || Some("Asia/Seoul".to_string());
+        let utc = || Some("Etc/UTC".to_string());
+        let zone = |flag, deployment, machine| {
+            quiet_hours_zone(flag, deployment, machine).map_err(|e| e.to_string())
+        };
+        assert_eq!(zone(Some("UTC"), seoul(), seoul()), Ok("UTC".into()));
+        assert_eq!(zone(None, seoul(), utc()), Ok("Asia/Seoul".into()));
+        assert_eq!(zone(None, None, seoul()), Ok("Asia/Seoul".into()));
+        assert_eq!(
+            zone(None, None, Some("Europe/London".into())),
+            Ok("Europe/London".into())
+        );
+        for machine in [utc(), Some("UTC".into()), Some("GMT".into()), None] {
+            let refused = zone(None, None, machine).expect_err("no zone but UTC");
+            assert!(
+                refused.contains("--timezone") && refused.contains("GROUPCAST_TIMEZONE"),
+                "{refused}"
+            );
+        }
+        let bad = zone(None, Some("Seoul".into()), seoul()).expect_err("unknown zone");
+        assert!(bad.contains("GROUPCAST_TIMEZONE=\"Seoul\""), "{bad}");
+    }
 
     #[test]
     fn send_at_is_bounded_by_a_grace_behind_and_a_horizon_ahead() {

@@ -6,6 +6,7 @@ use encoding_rs::UTF_8;
 
 use super::check::Scan;
 use super::input::Input;
+use crate::events::options::BatchOptions;
 
 /// What submit says it did, besides the counts: how the file was read,
 /// what was dropped, what was restored.
@@ -41,37 +42,54 @@ pub(super) fn notes(input: &Input, scan: &Scan) -> Vec<String> {
     notes
 }
 
-/// Prints what submit did: the batch, its counts and the stream the
-/// chunks went to, then the `notes` (as text), or all of it as JSON.
-pub(super) fn print(
-    batch: &str,
-    stream: &str,
-    read_as: &str,
-    scan: &Scan,
-    notes: Vec<String>,
-    json: bool,
-) {
-    let (total, chunks) = (scan.checked.recipients, scan.checked.chunks);
-    if json {
-        let d = &scan.dropped;
-        println!(
-            "{}",
-            serde_json::json!({
-                "batch": batch,
-                "recipients": total,
-                "chunks": chunks,
-                "stream": stream,
-                "rows": scan.rows,
-                "encoding": read_as,
-                "duplicatesDropped": d.rows,
-                "duplicateLines": d.first.iter().map(|(kept, later)| serde_json::json!({"kept": kept, "dropped": later})).collect::<Vec<_>>(),
-                "leadingZerosRestored": scan.zeros_restored,
-            })
-        );
-    } else {
-        println!("submitted batch {batch}: {total} recipients in {chunks} chunks to {stream}");
-        for n in notes {
-            println!("  {n}");
+/// What submit appended, to say so.
+pub(super) struct Summary<'a> {
+    /// The batch.
+    pub(super) batch: &'a str,
+    /// The ingest stream its chunks went to.
+    pub(super) stream: &'a str,
+    /// The encoding the file was read in.
+    pub(super) read_as: &'a str,
+    /// The batch's options.
+    pub(super) options: &'a BatchOptions,
+}
+
+impl Summary<'_> {
+    /// Prints what submit did: the batch, its counts and the stream the
+    /// chunks went to, its options when they hold it (times in the batch's
+    /// zone, with the offset), then the `notes` (as text), or all of it as
+    /// JSON.
+    pub(super) fn print(&self, scan: &Scan, notes: Vec<String>, json: bool) {
+        let (batch, stream) = (self.batch, self.stream);
+        let (total, chunks) = (scan.checked.recipients, scan.checked.chunks);
+        let window = self.options.resolve().unwrap_or_default();
+        let shown = (window.holds() || window.ad.is_some()).then(|| window.describe());
+        if json {
+            let d = &scan.dropped;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "batch": batch,
+                    "recipients": total,
+                    "chunks": chunks,
+                    "stream": stream,
+                    "rows": scan.rows,
+                    "encoding": self.read_as,
+                    "duplicatesDropped": d.rows,
+                    "duplicateLines": d.first.iter().map(|(kept, later)| serde_json::json!({"kept": kept, "dropped": later})).collect::<Vec<_>>(),
+                    "leadingZerosRestored": scan.zeros_restored,
+                    "options": shown,
+                    "pair": window.ad.as_ref().and_then(|a| a.pair.clone()),
+                })
+            );
+        } else {
+            println!("submitted batch {batch}: {total} recipients in {chunks} chunks to {stream}");
+            if let Some(shown) = shown {
+                println!("  {shown}");
+            }
+            for n in notes {
+                println!("  {n}");
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use super::model::{
     TemplateRef, VarsRef,
 };
 use super::MAX_CHUNK_BYTES;
-use crate::events::options::{BatchOptions, Priority, QuietHours};
+use crate::events::options::{AdOptions, BatchOptions, Priority, QuietHours};
 use crate::events::{decode_payload, encode_payload, DecodeError};
 
 impl Chunk {
@@ -348,7 +348,7 @@ pub(super) fn decode_ref(bytes: &[u8]) -> Option<ChunkRef<'_>> {
 /// A chunk's `options` map (`None`: not the usual shape; rmp-serde decides).
 fn decode_options(rd: &mut Reader<'_>) -> Option<BatchOptions> {
     let mut o = BatchOptions::default();
-    let (mut at, mut priority, mut quiet) = (false, false, false);
+    let (mut at, mut priority, mut quiet, mut ad) = (false, false, false, false);
     for _ in 0..rd.map_len()? {
         match rd.str_bytes()? {
             b"send_at" if !at => {
@@ -374,6 +374,21 @@ fn decode_options(rd: &mut Reader<'_>) -> Option<BatchOptions> {
                     start: start?,
                     end: end?,
                     tz: tz?,
+                });
+            }
+            b"ad" if !ad => {
+                ad = true;
+                let (mut consent, mut pair) = (None, None);
+                for _ in 0..rd.map_len()? {
+                    match rd.str_bytes()? {
+                        b"night_consent" if consent.is_none() => consent = Some(rd.bool()?),
+                        b"pair" if pair.is_none() => pair = Some(rd.str()?.to_string()),
+                        _ => return None,
+                    }
+                }
+                o.ad = Some(AdOptions {
+                    night_consent: consent.unwrap_or(false),
+                    pair,
                 });
             }
             _ => return None,
@@ -603,7 +618,8 @@ fn encode_options(o: &BatchOptions, w: &mut impl Sink) {
         w,
         usize::from(o.send_at.is_some())
             + usize::from(o.priority.is_some())
-            + usize::from(o.quiet_hours.is_some()),
+            + usize::from(o.quiet_hours.is_some())
+            + usize::from(o.ad.is_some()),
     );
     if let Some(at) = &o.send_at {
         str(w, "send_at");
@@ -619,6 +635,22 @@ fn encode_options(o: &BatchOptions, w: &mut impl Sink) {
         for (k, v) in [("start", &q.start), ("end", &q.end), ("tz", &q.tz)] {
             str(w, k);
             str(w, v);
+        }
+    }
+    if let Some(ad) = &o.ad {
+        // As rmp-serde writes [`AdOptions`]: members left out when unset.
+        str(w, "ad");
+        map(
+            w,
+            usize::from(ad.night_consent) + usize::from(ad.pair.is_some()),
+        );
+        if ad.night_consent {
+            str(w, "night_consent");
+            w.put(&[0xc3]);
+        }
+        if let Some(pair) = &ad.pair {
+            str(w, "pair");
+            str(w, pair);
         }
     }
 }

@@ -398,7 +398,46 @@ fn scheduled() -> crate::events::options::BatchOptions {
             end: "08:00".into(),
             tz: "Asia/Seoul".into(),
         }),
+        ad: None,
     }
+}
+
+/// An advertising batch's options travel in the fast codec as rmp-serde
+/// writes them (with and without consent and pair), and its text is
+/// checked by `validate`, so a worker refuses it before the provider.
+#[test]
+fn advertising_options_are_read_in_place_and_their_text_is_checked() {
+    use crate::events::options::{AdOptions, AdTextError, BatchOptions};
+    let mut c = one_recipient();
+    for ad in [
+        AdOptions::default(),
+        AdOptions {
+            night_consent: true,
+            pair: Some("spring".into()),
+        },
+        AdOptions {
+            night_consent: false,
+            pair: Some("spring.night-consent".into()),
+        },
+    ] {
+        c.options = BatchOptions {
+            ad: Some(ad),
+            ..scheduled()
+        };
+        c.template.text = "(광고) 봄 세일\n무료수신거부 080-123-4567".into();
+        let bytes = c.encode();
+        assert_eq!(bytes, rmp_serde::to_vec_named(&c).expect("rmp-serde"));
+        let read = ChunkRef::decode(&bytes).expect("the usual shape, read in place");
+        assert_eq!(read.options, c.options);
+        assert_eq!(c.validate(), Ok(()));
+        c.template.text = "봄 세일\n무료수신거부 080-123-4567".into();
+        assert_eq!(c.validate(), Err(ChunkError::AdText(AdTextError::NoPrefix)));
+        c.template.text = "(광고) 봄 세일".into();
+        assert_eq!(c.validate(), Err(ChunkError::AdText(AdTextError::NoOptOut)));
+    }
+    // The same text is fine for a batch that is not advertising.
+    c.options = scheduled();
+    assert_eq!(c.validate(), Ok(()));
 }
 
 #[test]

@@ -5,7 +5,7 @@ use thiserror::Error;
 
 use super::codec;
 use super::model::{placeholders, Chunk, ChunkRef, Parts, RecipientFields, Template, TemplateRef};
-use crate::events::options::OptionsError;
+use crate::events::options::{check_ad_text, AdTextError, OptionsError};
 use crate::events::{clip, QUOTE_MAX};
 use crate::keys::{validate_batch_id, BatchIdError};
 
@@ -89,6 +89,9 @@ pub enum ChunkError {
     /// The batch options are unusable.
     #[error("chunk options: {0}")]
     Options(#[from] OptionsError),
+    /// An advertising batch's text lacks what the law asks of it.
+    #[error("{0}")]
+    AdText(#[from] AdTextError),
 }
 
 impl Template {
@@ -160,6 +163,11 @@ impl<R: RecipientFields> Parts<'_, R> {
         template.validate()?;
         if !self.options.is_empty() {
             self.options.resolve()?;
+        }
+        // Checked here, so the worker refuses such a chunk before it
+        // reaches the provider (and `submit` before it appends anything).
+        if self.options.ad.is_some() {
+            check_ad_text(template.text)?;
         }
         if recipients.is_empty() {
             return Err(ChunkError::Empty);

@@ -50,6 +50,15 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         .filter(|&g| p.gen_field(g, "sent").is_some())
         .collect();
     let sent_recipients: i64 = sent.iter().map(|&g| p.gen_int(g, "reg")).sum();
+    // Recipients whose send the night-time advertising rule held.
+    let held_for_night: i64 = (0..p.generations())
+        .filter(|&g| {
+            p.gen_field(g, "at")
+                .and_then(|ms| ms.parse().ok())
+                .is_some_and(|at| window.held_by_night_rule(at))
+        })
+        .map(|g| p.gen_int(g, "reg"))
+        .sum();
     // As ranges, the first MISSING_RANGES_MAX: a batch holding seq
     // 4,000,000,000 reports in a few hundred bytes.
     let missing = p.missing_seqs(MISSING_RANGES_MAX);
@@ -58,6 +67,7 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "priority": window.priority.name(),
         "send_at": window.send_at_text(),
         "quiet_hours": window.quiet_text(),
+        "held_for_night": held_for_night,
         "outcome": p.get("report"),
         "generations": p.generations(),
         "chunks": p.int("seqs"),

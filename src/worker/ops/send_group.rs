@@ -296,9 +296,12 @@ async fn decide(
     mode: ClaimMode,
 ) -> Result<Decided, StoreError> {
     for _ in 0..3 {
-        let now = match window.quiet {
-            Some(_) => log.server_time_ms().await?,
-            None => 0,
+        // A daily window (quiet hours or the night rule) is computed from
+        // the Redis clock; without one the script needs no reading.
+        let now = if window.has_quiet() {
+            log.server_time_ms().await?
+        } else {
+            0
         };
         let args = ClaimArgs {
             gen,
