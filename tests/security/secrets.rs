@@ -98,15 +98,7 @@ async fn secrets_never_appear_in_logs_errors_metrics_audit_or_redis() {
         ("GROUPCAST_PROVIDER_API_KEY", PROVIDER_KEY.to_string()),
         ("GROUPCAST_PROVIDER_API_SECRET_FILE", secret_file.clone()),
     ];
-    let mut worker = Proc::spawn(groupcast(&wargs, &worker_env));
-    assert!(
-        worker
-            .err
-            .line_with("worker started", Duration::from_secs(30))
-            .is_some(),
-        "worker did not start: {}",
-        worker.err.text()
-    );
+    let mut worker = started_worker(&wargs, &worker_env);
     assert!(
         worker.err.text().contains("metrics at http://127.0.0.1:"),
         "{}",
