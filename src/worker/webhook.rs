@@ -11,13 +11,21 @@
 
 use std::fmt;
 
-use base64::engine::general_purpose::STANDARD;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
+use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 /// The prefix the specification gives a secret's text.
 const SECRET_PREFIX: &str = "whsec_";
+
+/// Base64 with or without its `=` padding, as the specification's own
+/// libraries read a secret.
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
 
 /// The shortest secret accepted: the specification asks for 24 to 64 bytes.
 const SECRET_MIN_BYTES: usize = 24;
@@ -64,7 +72,7 @@ impl WebhookSecrets {
                 let b64 = s
                     .strip_prefix(SECRET_PREFIX)
                     .ok_or(WebhookSecretError::NoPrefix(n))?;
-                let key = STANDARD
+                let key = SECRET_BASE64
                     .decode(b64)
                     .map_err(|_| WebhookSecretError::NotBase64(n))?;
                 if key.len() < SECRET_MIN_BYTES {
@@ -106,7 +114,7 @@ pub enum FieldNames {
     /// snake_case, as in the reports stream and the board's API.
     #[default]
     Snake,
-    /// The camelCase names of earlier releases (kept for one release).
+    /// the camelCase names of earlier releases (kept for one release).
     Camel,
 }
 
@@ -166,6 +174,8 @@ mod tests {
             Some(WebhookSecretError::TooShort(1, 5))
         );
         assert_eq!(refused(&ok), None);
+        // Without its padding, as the reference libraries accept it.
+        assert_eq!(refused(ok.trim_end_matches('=')), None);
         let shown = WebhookSecretError::NoPrefix(2).to_string();
         assert!(
             !shown.contains("hunter2") && shown.contains("whsec_"),

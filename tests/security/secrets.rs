@@ -79,28 +79,10 @@ async fn secrets_never_appear_in_logs_errors_metrics_audit_or_redis() {
     let secret_file = file("api-secret", PROVIDER_SECRET);
 
     // The mock provider, with its credentials from files.
-    let mut mock = Proc::spawn(groupcast(
-        &[
-            "mock-provider",
-            "--listen",
-            "127.0.0.1:0",
-            "--complete-after-ms",
-            "30",
-        ],
-        &[
-            ("GROUPCAST_MOCK_API_KEY_FILE", key_file.clone()),
-            ("GROUPCAST_MOCK_API_SECRET_FILE", secret_file.clone()),
-        ],
-    ));
-    let line = mock
-        .out
-        .line_with("listening on http://", Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("mock provider did not start: {}", mock.err.text()));
-    let provider_url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("url")
-        .to_string();
+    let (mut mock, provider_url) = mock_provider(&[
+        ("GROUPCAST_MOCK_API_KEY_FILE", key_file.clone()),
+        ("GROUPCAST_MOCK_API_SECRET_FILE", secret_file.clone()),
+    ]);
 
     // A worker at debug level with JSON logs; the Redis password and the
     // provider secret from files, the provider key from the environment.
@@ -116,15 +98,7 @@ async fn secrets_never_appear_in_logs_errors_metrics_audit_or_redis() {
         ("GROUPCAST_PROVIDER_API_KEY", PROVIDER_KEY.to_string()),
         ("GROUPCAST_PROVIDER_API_SECRET_FILE", secret_file.clone()),
     ];
-    let mut worker = Proc::spawn(groupcast(&wargs, &worker_env));
-    assert!(
-        worker
-            .err
-            .line_with("worker started", Duration::from_secs(30))
-            .is_some(),
-        "worker did not start: {}",
-        worker.err.text()
-    );
+    let mut worker = started_worker(&wargs, &worker_env);
     assert!(
         worker.err.text().contains("metrics at http://127.0.0.1:"),
         "{}",

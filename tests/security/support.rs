@@ -274,9 +274,10 @@ pub fn worker_args<'a>(provider_url: &'a str, metrics: &'a str) -> Vec<&'a str> 
 // ---------------------------------------------------------------------------
 // The processes of a deployment, started as a user starts them.
 
-/// The mock provider on a free port, with `key` and `secret` from the
-/// environment: the process and its base URL.
-pub fn mock_provider(key: &str, secret: &str) -> (Proc, String) {
+/// The mock provider on a free port, with its credentials from `env`
+/// (`GROUPCAST_MOCK_API_KEY` / `_SECRET`, or their `_FILE` variants): the
+/// process and its base URL.
+pub fn mock_provider(env: &[(&str, String)]) -> (Proc, String) {
     let mock = Proc::spawn(groupcast(
         &[
             "mock-provider",
@@ -285,10 +286,7 @@ pub fn mock_provider(key: &str, secret: &str) -> (Proc, String) {
             "--complete-after-ms",
             "30",
         ],
-        &[
-            ("GROUPCAST_MOCK_API_KEY", key.to_string()),
-            ("GROUPCAST_MOCK_API_SECRET", secret.to_string()),
-        ],
+        env,
     ));
     let url = url_in(&mock.out, "listening on http://", "mock provider", &mock);
     (mock, url)

@@ -123,6 +123,27 @@ fn verify(dir: &Path, d: &Delivery, body: &[u8], secret: &str, shift_s: i64) -> 
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// `groupcast submit`s batch `batch`: `n` recipients (set `k` of
+/// [`recipients_file`]) in chunks of 50. Returns what it printed.
+fn submit(dir: &Path, batch: &str, k: u64, n: u64, redis_url: &str) -> String {
+    let r = recipients_file(dir, k, n);
+    let t = template_file(dir);
+    run_ok(
+        &[
+            "submit",
+            "--batch",
+            batch,
+            "--recipients",
+            &r,
+            "--template",
+            &t,
+            "--chunk-size",
+            "50",
+        ],
+        &[("GROUPCAST_REDIS_URL", redis_url.to_string())],
+    )
+}
+
 fn secret(byte: u8) -> String {
     format!("whsec_{}", STANDARD.encode([byte; 32]))
 }
@@ -161,14 +182,10 @@ fn schema_fields() -> BTreeSet<String> {
 
 /// The report of `batch` in the shard's reports stream, as JSON.
 async fn stream_report(store: &Store, batch: &str) -> Value {
-    let v: redis::Value = redis::cmd("XRANGE")
-        .arg(store.keys.reports(store.keys.shard_of(batch)))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut store.raw_conn())
+    store
+        .entries(&store.keys.reports(store.keys.shard_of(batch)))
         .await
-        .expect("xrange");
-    groupcast::store::queue::parse_entries(&v)
+        .expect("the reports stream")
         .into_iter()
         .find(|e| e.text("batch").as_deref() == Some(batch))
         .and_then(|e| rmp_serde::from_slice::<Value>(e.get("d")?).ok())
@@ -202,7 +219,10 @@ async fn reports_are_signed_as_standard_webhooks_specifies_and_named_as_everywhe
     let redis_url = format!("redis://127.0.0.1:{port}/");
     let dir = tempfile::tempdir().expect("tempdir");
     let (hook_url, deliveries) = receiver().await;
-    let (_mock, provider_url) = mock_provider("k", "s");
+    let (_mock, provider_url) = mock_provider(&[
+        ("GROUPCAST_MOCK_API_KEY", "k".into()),
+        ("GROUPCAST_MOCK_API_SECRET", "s".into()),
+    ]);
     let metrics = format!("127.0.0.1:{}", free_port().expect("port"));
     let wargs = worker_args(&provider_url, &metrics);
     let (current, previous) = (secret(0x11), secret(0x22));
@@ -229,20 +249,7 @@ async fn reports_are_signed_as_standard_webhooks_specifies_and_named_as_everywhe
     // Two secrets, as while rotating: each delivery is signed with both.
     let mut worker = started_worker(&wargs, &env(format!("{current} {previous}")));
     let batch = "signed-1";
-    let r = recipients_file(dir.path(), 5, 120);
-    let t = template_file(dir.path());
-    let submit = [
-        "submit",
-        "--batch",
-        batch,
-        "--recipients",
-        &r,
-        "--template",
-        &t,
-        "--chunk-size",
-        "50",
-    ];
-    run_ok(&submit, &[("GROUPCAST_REDIS_URL", redis_url.clone())]);
+    submit(dir.path(), batch, 5, 120, &redis_url);
     let store = Store::connect(&redis_url, Keyspace::new("gc", 1))
         .await
         .expect("store");
@@ -338,7 +345,10 @@ async fn no_token_of_the_webhooks_url_appears_in_any_output() {
     let _server = server(&[], port, None);
     let redis_url = format!("redis://127.0.0.1:{port}/");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_mock, provider_url) = mock_provider("k", "s");
+    let (_mock, provider_url) = mock_provider(&[
+        ("GROUPCAST_MOCK_API_KEY", "k".into()),
+        ("GROUPCAST_MOCK_API_SECRET", "s".into()),
+    ]);
     // Nothing listens there: every delivery fails with reqwest's error,
     // which names the URL, until the report is dead-lettered.
     let closed = free_port().expect("port");
@@ -357,20 +367,7 @@ async fn no_token_of_the_webhooks_url_appears_in_any_output() {
     ]);
     let mut worker = started_worker(&wargs, &worker_env);
     let batch = "redacted-1";
-    let r = recipients_file(dir.path(), 6, 40);
-    let t = template_file(dir.path());
-    let mut seen = run_ok(
-        &[
-            "submit",
-            "--batch",
-            batch,
-            "--recipients",
-            &r,
-            "--template",
-            &t,
-        ],
-        &cli_env,
-    );
+    let mut seen = submit(dir.path(), batch, 6, 40, &redis_url);
     let store = Store::connect(&redis_url, Keyspace::new("gc", 1))
         .await
         .expect("store");
