@@ -121,6 +121,13 @@ impl std::ops::Deref for FlagDuration {
     }
 }
 
+/// A command line's duration flag, as clap's `value_parser`: what
+/// [`FlagDuration`] reads, with an example of what to write when it cannot.
+pub(crate) fn flag_duration(s: &str) -> Result<FlagDuration, String> {
+    s.parse::<FlagDuration>()
+        .map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,49 +18,11 @@
 
 use std::sync::Arc;
 
-use thiserror::Error;
-
 /// A batch's priority: which lane its work goes through (its options'
 /// `priority`).
 pub use crate::events::options::Priority;
 
-/// Longest accepted batch id, in bytes.
-pub const MAX_BATCH_ID_LEN: usize = 128;
-
-/// Why a batch id was refused.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum BatchIdError {
-    /// The id is empty.
-    #[error("batch id is empty")]
-    Empty,
-    /// The id is longer than [`MAX_BATCH_ID_LEN`].
-    #[error("batch id is {0} bytes long; at most {MAX_BATCH_ID_LEN} are allowed")]
-    TooLong(usize),
-    /// The id has a character outside `[A-Za-z0-9._-]`.
-    #[error(
-        "batch id has the character {0:?}; only letters, digits, '.', '_' and '-' are allowed"
-    )]
-    BadChar(char),
-}
-
-/// Checks a batch id. Only `[A-Za-z0-9._-]` is allowed, so that an id can
-/// never open or close a hash tag (`{`, `}`), add a key separator (`:`), or
-/// smuggle in whitespace or glob characters.
-pub fn validate_batch_id(id: &str) -> Result<(), BatchIdError> {
-    if id.is_empty() {
-        return Err(BatchIdError::Empty);
-    }
-    if id.len() > MAX_BATCH_ID_LEN {
-        return Err(BatchIdError::TooLong(id.len()));
-    }
-    if let Some(c) = id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(BatchIdError::BadChar(c));
-    }
-    Ok(())
-}
+pub use crate::batch_id::{validate_batch_id, BatchIdError, MAX_BATCH_ID_LEN};
 
 /// The shard of a batch: FNV-1a (32-bit) of the batch id's bytes, modulo the
 /// shard count. Documented in `schemas/README.md` so that producers in other

@@ -9,7 +9,7 @@
 //!
 //! Layout:
 //! - [`events`]: the event envelope, every event type and the ingest chunk.
-//! - [`keys`]: key names, shard hash tags, batch-id rules.
+//! - [`keys`]: key names, shard hash tags; [`batch_id`]: the batch id's rules.
 //! - [`store`]: the only module that speaks Redis (connection, typed calls to
 //!   the scripts in `streams/scripts/`, queue plumbing).
 //! - [`projection`]: a batch's state as a fold of its events.
@@ -19,9 +19,19 @@
 //! - [`provider`]: the provider client and its request bodies.
 //! - [`producer`]: cutting recipients into chunks and appending them.
 //! - [`verify`]: the invariant checks; [`metrics`]: the metric catalogue.
-//! - [`cli`]: one file per command; [`board`]: the operator's web page;
+//! - [`cli`]: one file per command (`cli::board`: the operator's web page);
 //!   [`human`]: durations and times as people write them; [`redact`]:
 //!   secrets out of URLs before anything prints them.
+//!
+//! Layers, lowest first: a module imports only from its own layer's
+//! modules below it (`tests/layers.rs` checks it) and no two import each other:
+//! 1. [`batch_id`], [`human`], [`phone`], [`seq_ranges`], [`redact`];
+//! 2. [`events`] (work items too: [`events::work_item`]), then [`keys`];
+//! 3. [`projection`], then [`protocol`];
+//! 4. [`store`] and [`provider`];
+//! 5. [`verify`], [`producer`], [`metrics`];
+//! 6. [`worker`];
+//! 7. [`cli`] (the commands, the board among them).
 //!
 //! The mock provider and the test servers (`mock`, `redis_server`,
 //! `redis_cluster`) serve the binary's `demo`, `bench` and `mock-provider`
@@ -29,7 +39,7 @@
 
 #![warn(unreachable_pub, missing_docs)]
 
-pub mod board;
+pub mod batch_id;
 pub mod cli;
 pub mod events;
 pub mod human;

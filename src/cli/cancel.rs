@@ -36,7 +36,7 @@ pub struct CancelArgs {
     pub reason: String,
     /// How long the batch's events are kept once it reports (use the
     /// workers' `--retention`).
-    #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = super::worker::duration)]
+    #[arg(long, default_value_t = WorkerConfig::RETENTION.into(), value_parser = crate::human::flag_duration)]
     pub retention: crate::human::FlagDuration,
     /// Cancel a batch id never seen too (nothing recorded, no chunk
     /// queued): its chunks, when they come, are refused.

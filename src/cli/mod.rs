@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod board;
 pub mod cancel;
 pub mod close;
 pub mod demo;
@@ -72,7 +73,7 @@ pub enum Command {
     /// Run a whole campaign on this machine and print its costs as JSON.
     Bench(bench::BenchArgs),
     /// Serve the operator board: every batch, stream health, dead letters.
-    Board(crate::board::BoardArgs),
+    Board(board::BoardArgs),
 }
 
 impl Command {
@@ -453,7 +454,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Demo(a) => demo::run(a).await,
         Command::MockProvider(a) => mock_provider::run(a).await,
         Command::Bench(a) => bench::run(a).await,
-        Command::Board(a) => crate::board::run(a).await,
+        Command::Board(a) => board::run(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,10 +10,7 @@ use crate::provider::{ProviderClient, ProviderConfig, RetryDecision};
 use crate::store::{Store, StoreError};
 use crate::worker::{Ctx, DurableWait, Role, Worker, WorkerConfig};
 
-pub(crate) fn duration(s: &str) -> Result<crate::human::FlagDuration, String> {
-    s.parse::<crate::human::FlagDuration>()
-        .map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
-}
+pub(crate) use crate::human::flag_duration as duration;
 
 /// The durability the deployment expects from Redis, and so what adds and
 /// sends wait for (see `docs/durability.md`).
@@ -575,12 +572,12 @@ pub const DEFAULT_METRICS_PORTS: u16 = 32;
 
 /// The addresses a worker without `--metrics-listen` tries, in order:
 /// [`DEFAULT_METRICS_PORT`] and the ports after it, except the board's
-/// default ([`crate::board::DEFAULT_LISTEN`]), which a board started later
+/// default ([`crate::cli::board::DEFAULT_LISTEN`]), which a board started later
 /// would find taken.
 pub fn default_metrics_addrs() -> Vec<SocketAddr> {
     (DEFAULT_METRICS_PORT..DEFAULT_METRICS_PORT + DEFAULT_METRICS_PORTS)
         .map(|port| SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)))
-        .filter(|a| a.to_string() != crate::board::DEFAULT_LISTEN)
+        .filter(|a| a.to_string() != crate::cli::board::DEFAULT_LISTEN)
         .collect()
 }
 

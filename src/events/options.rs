@@ -193,7 +193,7 @@ impl BatchOptions {
             None => None,
             Some(a) => {
                 if let Some(pair) = &a.pair {
-                    crate::keys::validate_batch_id(pair)
+                    crate::batch_id::validate_batch_id(pair)
                         .map_err(|_| OptionsError::Pair(crate::events::clip(pair, 64)))?;
                 }
                 Some(Ad {
@@ -262,7 +262,7 @@ impl Ad {
         for part in parts {
             match part.split_once('=') {
                 None if part == "night-consent" => ad.night_consent = true,
-                Some(("pair", id)) if crate::keys::validate_batch_id(id).is_ok() => {
+                Some(("pair", id)) if crate::batch_id::validate_batch_id(id).is_ok() => {
                     ad.pair = Some(id.to_string())
                 }
                 _ => return None,

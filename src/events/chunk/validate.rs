@@ -5,9 +5,9 @@ use thiserror::Error;
 
 use super::codec;
 use super::model::{placeholders, Chunk, ChunkRef, Parts, RecipientFields, Template, TemplateRef};
+use crate::batch_id::{validate_batch_id, BatchIdError};
 use crate::events::options::{check_ad_text, AdTextError, OptionsError};
 use crate::events::{clip, QUOTE_MAX};
-use crate::keys::{validate_batch_id, BatchIdError};
 
 /// The most recipients one chunk may carry (one provider add request).
 pub const MAX_CHUNK_RECIPIENTS: usize = 10_000;

@@ -53,7 +53,7 @@ pub struct BoardArgs {
     pub reported: usize,
     /// How long a batch closed or cancelled from the board keeps its events
     /// once it reports (use the workers' `--retention`).
-    #[arg(long, default_value_t = crate::worker::WorkerConfig::RETENTION.into(), value_parser = crate::cli::worker::duration)]
+    #[arg(long, default_value_t = crate::worker::WorkerConfig::RETENTION.into(), value_parser = crate::human::flag_duration)]
     pub retention: crate::human::FlagDuration,
 }
 
