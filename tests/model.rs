@@ -69,6 +69,8 @@ fn quiet_hours() -> Schedule {
         hours: 2,
         send_at: None,
         quiet: Some((1, 2)),
+        from: 0,
+        ad: None,
     }
 }
 
@@ -457,10 +459,33 @@ fn configurations() -> Vec<Exhaustive> {
                     hours: 4,
                     send_at: Some(1),
                     quiet: Some((2, 3)),
+                    from: 0,
+                    ad: None,
                 }),
                 ..base("send-at-and-quiet-hours")
             },
             mutants: &[ScheduleNotInClaim, SendPastClaim],
+        },
+        // An advertising batch without night consent whose chunk arrives
+        // at 20:00 KST (11:00 on the UTC clock), a worker crashing: sent
+        // before 21:00 or held to 08:00 KST (23:00), never in between; the
+        // product's own options and window decide, the property judges
+        // from the law's hours.
+        Exhaustive {
+            cfg: Config {
+                workers: 1,
+                ingest: vec![chunk(0, true, &[1, 2])],
+                crashes: 1,
+                schedule: Some(Schedule {
+                    hours: 24,
+                    send_at: None,
+                    quiet: None,
+                    from: 11,
+                    ad: Some(false),
+                }),
+                ..base("ad-night-rule")
+            },
+            mutants: &[NightRuleIgnored],
         },
     ]
 }

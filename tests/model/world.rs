@@ -16,7 +16,7 @@ use std::hash::Hash;
 
 use std::time::Duration;
 
-use groupcast::events::options::{BatchOptions, QuietHours, ScheduleArgs, SendWindow};
+use groupcast::events::options::{AdOptions, BatchOptions, QuietHours, ScheduleArgs, SendWindow};
 use groupcast::protocol::claim_send::{ClaimArgs, ClaimMode};
 use groupcast::protocol::{self, BatchPolicy, Db};
 use groupcast::store::batch::dedupe_records;
@@ -69,6 +69,10 @@ pub enum Mutant {
     /// batch (the rule before `fail_generation.lua`): its chunks are never
     /// released, and the batch never reports.
     CreateGivenUpUnrecorded,
+    /// The worker computes an advertising batch's window without the
+    /// night-time rule (its own quiet hours only): a send ready at 21:00 KST
+    /// goes out at night.
+    NightRuleIgnored,
 }
 
 /// The batch's schedule on an abstract clock of whole hours: hour `h` is
@@ -82,7 +86,18 @@ pub struct Schedule {
     pub send_at: Option<u8>,
     /// Quiet hours `opens..closes`, hours of the day (UTC).
     pub quiet: Option<(u8, u8)>,
+    /// The hour the clock starts at.
+    pub from: u8,
+    /// An advertising batch (`Some(night_consent)`): the night-time rule
+    /// holds it 21:00-08:00 Asia/Seoul, 12:00-23:00 on this UTC clock,
+    /// unless its recipients consented.
+    pub ad: Option<bool>,
 }
+
+/// The night-time rule's hours on the model's UTC clock: 21:00-08:00 KST
+/// (UTC+9, no daylight saving), told apart from the product's own
+/// [`groupcast::events::options::NIGHT_RULE`], which the property checks.
+const NIGHT_UTC: (u8, u8) = (12, 23);
 
 /// Hour 0 of the model's clock: 2026-01-01T00:00:00Z.
 pub const BASE_MS: u64 = 1_767_225_600_000;
@@ -157,8 +172,9 @@ pub struct Config {
 }
 
 impl Schedule {
-    /// The options a producer would write, resolved by the product (UTC).
-    fn window(&self) -> SendWindow {
+    /// The options a producer would write, resolved by the product (UTC);
+    /// `mutant` may break how the worker resolves them.
+    fn window(&self, mutant: Option<Mutant>) -> SendWindow {
         let hm = |h: u8| format!("{:02}:00", h % 24);
         let options = BatchOptions {
             send_at: self.send_at.map(|h| {
@@ -172,7 +188,13 @@ impl Schedule {
                 end: hm(c),
                 tz: "UTC".into(),
             }),
-            ad: None,
+            ad: self
+                .ad
+                .filter(|_| mutant != Some(Mutant::NightRuleIgnored))
+                .map(|night_consent| AdOptions {
+                    night_consent,
+                    pair: None,
+                }),
         };
         options
             .resolve()
@@ -185,14 +207,18 @@ impl Schedule {
         if self.send_at.is_some_and(|s| h < s) {
             return Some("before send_at");
         }
-        let (o, c) = self.quiet?;
         let d = h % 24;
-        let inside = if o <= c {
-            o <= d && d < c
-        } else {
-            d >= o || d < c
+        let inside = |(o, c): (u8, u8)| {
+            if o <= c {
+                o <= d && d < c
+            } else {
+                d >= o || d < c
+            }
         };
-        inside.then_some("inside quiet hours")
+        if self.ad == Some(false) && inside(NIGHT_UTC) {
+            return Some("inside the night-time advertising rule (21:00-08:00 KST)");
+        }
+        inside(self.quiet?).then_some("inside quiet hours")
     }
 }
 
@@ -404,11 +430,11 @@ impl World {
             cancels: cfg.cancels,
             cancelled: None,
             late_send: None,
-            clock: 0,
+            clock: cfg.schedule.as_ref().map_or(0, |s| s.from),
             granted: BTreeMap::new(),
             off_schedule_send: None,
             due: BTreeMap::new(),
-            window: cfg.schedule.as_ref().map(|s| std::rc::Rc::new(s.window())),
+            window: (cfg.schedule.as_ref()).map(|s| std::rc::Rc::new(s.window(cfg.mutant))),
             cfg: std::rc::Rc::new(cfg),
         }
     }
