@@ -340,6 +340,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("renew_lease", vec![keys.work(s)]),
         ("renew_lease", vec![keys.ingest(s)]),
         ("restore", vec![k.state.clone(), k.events.clone()]),
+        ("note", vec![k.state.clone()]),
         ("promote", vec![keys.delayed(s), keys.work(s)]),
         ("rate_limit", vec![keys.limiter()]),
         // watchdog.rs.
