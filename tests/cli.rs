@@ -1267,3 +1267,31 @@ async fn two_workers_with_default_metrics_flags_serve_metrics_on_different_ports
         "{log}"
     );
 }
+
+/// `status --wait` of an id never seen (no state, nothing queued) says so
+/// at once instead of waiting forever for a mistyped batch.
+#[test]
+fn status_wait_refuses_a_batch_never_seen() {
+    let server = redis();
+    let mut child = Command::new(BIN)
+        .args(["status", "never-seen", "--wait"])
+        .env("GROUPCAST_REDIS_URL", server.url())
+        .env("GROUPCAST_PREFIX", "gct")
+        .env_remove("GROUPCAST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run groupcast");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("status --wait waited for a batch never seen");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("nothing to wait for"), "{stderr}");
+}

@@ -40,6 +40,16 @@ async fn wait_for_report(store: &Store, batch: &str) -> Result<(), CliError> {
         if p.get("report").is_some() {
             return Ok(());
         }
+        // A mistyped id would be waited for forever: a batch must have a
+        // state or chunks queued (the same rule as without --wait).
+        if p.fields.is_empty() {
+            let queued = store.queued(store.keys.shard_of(batch)).await?;
+            if queued.of(batch).is_none() {
+                return Err(CliError::Failed(format!(
+                    "no state for batch {batch} (unknown, or past its retention), and no chunk of it waits in the ingest stream: nothing to wait for"
+                )));
+            }
+        }
         if !said {
             eprintln!(
                 "waiting for batch {batch}'s report (Ctrl-C stops waiting; the batch goes on)"
