@@ -12,7 +12,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -39,17 +38,6 @@ fn groupcast(redis_url: &str, zone: Option<&str>, args: &[&str]) -> Output {
     c.output().expect("run groupcast")
 }
 
-fn ok_stdout(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}: {stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 /// The stderr of a command that must have failed with a usage error.
 fn refused(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -60,12 +48,6 @@ fn refused(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     stderr
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write");
-    p.display().to_string()
 }
 
 /// Every chunk appended to shard 0's normal lane, decoded, in order.

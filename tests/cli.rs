@@ -23,25 +23,6 @@ fn groupcast(redis_url: &str, args: &[&str]) -> Output {
         .expect("run groupcast")
 }
 
-/// The stdout of a command that must have succeeded (else a panic with
-/// its output).
-fn ok_stdout(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}: {stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write");
-    p.display().to_string()
-}
-
 const TEMPLATE: &str = r##"{"type": "ATA", "from": "0212345678", "text": "#{name}님 안녕하세요", "kakaoOptions": {"pfId": "PF", "templateId": "T"}}"##;
 
 #[tokio::test]

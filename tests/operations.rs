@@ -28,18 +28,6 @@ fn groupcast(redis_url: &str, args: &[&str]) -> Output {
         .expect("run groupcast")
 }
 
-/// The stdout of a command that must have succeeded.
-fn ok_stdout(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{}: {stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 /// A `groupcast worker` against the provider at `provider_url` with
 /// `secret`, logging at INFO to a pipe.
 fn worker(redis_url: &str, provider_url: &str, secret: &str) -> std::process::Child {

@@ -332,3 +332,24 @@ pub async fn command_calls(store: &Store, name: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// The stdout of a command that must have succeeded (else a panic with
+/// its output).
+pub fn ok_stdout(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Writes `text` to `dir/name`, and returns the path as a command line
+/// takes it.
+pub fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p.display().to_string()
+}
