@@ -38,6 +38,24 @@ fn groupcast(redis_url: &str, zone: Option<&str>, args: &[&str]) -> Output {
     c.output().expect("run groupcast")
 }
 
+/// `groupcast submit --ad` of batch `spring`, as on a container.
+fn submit_ad(redis_url: &str, template: &str, recipients: &str) -> Output {
+    groupcast(
+        redis_url,
+        None,
+        &[
+            "submit",
+            "--ad",
+            "--batch",
+            "spring",
+            "--template",
+            template,
+            "--recipients",
+            recipients,
+        ],
+    )
+}
+
 /// The stderr of a command that must have failed with a usage error.
 fn refused(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -224,20 +242,7 @@ async fn submit_refuses_an_advertising_text_without_its_marks_before_appending()
             "t.json",
             &format!(r#"{{"type": "SMS", "from": "0212345678", "text": "{text}"}}"#),
         );
-        let why = refused(&groupcast(
-            &url,
-            None,
-            &[
-                "submit",
-                "--ad",
-                "--batch",
-                "spring",
-                "--template",
-                &template,
-                "--recipients",
-                &recipients,
-            ],
-        ));
+        let why = refused(&submit_ad(&url, &template, &recipients));
         assert!(why.contains(says) && why.contains("--ad"), "{text}: {why}");
     }
     // A bad consent value: its line, and nothing appended.
@@ -247,20 +252,7 @@ async fn submit_refuses_an_advertising_text_without_its_marks_before_appending()
         "bad.csv",
         "to,name,night_consent\n01012345678,Kim,Y\n01012345679,Lee,maybe\n",
     );
-    let why = refused(&groupcast(
-        &url,
-        None,
-        &[
-            "submit",
-            "--ad",
-            "--batch",
-            "spring",
-            "--template",
-            &template,
-            "--recipients",
-            &bad,
-        ],
-    ));
+    let why = refused(&submit_ad(&url, &template, &bad));
     assert!(
         why.contains("bad.csv:3") && why.contains("night_consent") && why.contains("\"maybe\""),
         "{why}"
@@ -346,20 +338,7 @@ async fn submit_ad_splits_by_night_consent_and_holds_only_the_others_at_night() 
         ),
     );
     let submitted = Timestamp::now();
-    let text = ok_stdout(&groupcast(
-        &url,
-        None,
-        &[
-            "submit",
-            "--ad",
-            "--batch",
-            "spring",
-            "--template",
-            &template,
-            "--recipients",
-            &recipients,
-        ],
-    ));
+    let text = ok_stdout(&submit_ad(&url, &template, &recipients));
     assert!(
         text.contains("submitted batch spring: 3 recipients")
             && text.contains("submitted batch spring.night-consent: 3 recipients")
