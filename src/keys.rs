@@ -295,6 +295,8 @@ impl Keyspace {
             parked_prefix: format!("{base}:parked:"),
             dedupe: format!("{base}:dedupe"),
             dedupe_mobile: format!("{base}:dedupe:mobile"),
+            results: format!("{base}:results"),
+            delivery: format!("{base}:delivery"),
             reported: self.reported(shard),
             work: self.work_in(shard, lane),
             lane,
@@ -354,6 +356,13 @@ pub struct BatchKeys {
     /// The mobile numbers given to a large batch so far, one bit each
     /// (`accept.lua`), until its report.
     pub dedupe_mobile: String,
+    /// The recipients' outcomes other than delivered, one field per number
+    /// (see `track_page.lua`), until `--results-retention` after the
+    /// delivery report.
+    pub results: String,
+    /// Delivery tracking's counts, one field per page of a group's message
+    /// list (`<gen>|<page>` → `<delivered>|<failed>|<unknown>|<code>=<n>,...`).
+    pub delivery: String,
     /// The shard's tombstones (see [`Keyspace::reported`]).
     pub reported: String,
     /// The work stream of the shard's lane that the batch's work goes
@@ -408,6 +417,8 @@ mod tests {
             &k.reports,
             &k.dedupe,
             &k.dedupe_mobile,
+            &k.results,
+            &k.delivery,
             &k.reported,
             &ks.batch_in("campaign-7", Priority::Urgent).work,
             &ks.ingest_in(k.shard, Priority::Bulk),

@@ -25,7 +25,8 @@
 //!
 //! Layers, lowest first: a module imports only from its own layer's
 //! modules below it (`tests/layers.rs` checks it) and no two import each other:
-//! 1. [`batch_id`], [`human`], [`phone`], [`seq_ranges`], [`redact`];
+//! 1. [`batch_id`], [`human`], [`phone`], [`seq_ranges`], [`redact`],
+//!    [`results`] (the recipients' outcomes and their stored record);
 //! 2. [`events`] (work items too: [`events::work_item`]), then [`keys`];
 //! 3. [`projection`], then [`protocol`];
 //! 4. [`store`] and [`provider`];
@@ -53,6 +54,7 @@ pub mod projection;
 pub mod protocol;
 pub mod provider;
 pub mod redact;
+pub mod results;
 #[doc(hidden)]
 pub mod redis_cluster;
 #[doc(hidden)]

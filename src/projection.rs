@@ -35,6 +35,10 @@
 //! | `cancelled`, `stopped` | why the batch was cancelled; generations it stopped (done with status `cancelled`) |
 //! | `unsent`, `unknown` | registered recipients never sent to (in generations a cancel stopped, or whose send was given up); registered recipients whose messages' fate is unknown (a poll or recall given up) |
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
+//! | `g:<g>:dl` | `1` once generation g's delivery results are all in (or its delivery window ended) |
+//! | `dl_delivered`, `dl_failed`, `dl_unknown`, `dl_gens`, `dlc:<code>` | delivery results of the generations delivered so far: delivered, failed at delivery, unknown, how many generations, failed at delivery by code |
+//! | `dl_report` | `1` once the delivery report is decided |
+//! | `origin` | the batch this one follows up (`<batch> (<filter>)`) |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //! | `dkept` | the numbers the batch's dedupe buckets keep, once its mobile numbers went to the dedupe bitmap (`accept.lua`): bookkeeping of the dedupe keys, **not** derived from events ([`LIVE_ONLY`]) |
 //! | `after_end` | chunks that arrived after the batch had ended (reported, cancelled or closed), counted instead of dead-lettered (`note.lua`), **not** derived from events ([`LIVE_ONLY`]) |
@@ -197,6 +201,29 @@ pub mod field {
         self::gen(gen, "at")
     }
 
+    /// Messages delivered, over the generations delivered so far.
+    pub const DL_DELIVERED: &str = "dl_delivered";
+    /// Messages failed at delivery, over the generations delivered so far.
+    pub const DL_FAILED: &str = "dl_failed";
+    /// Messages without a result at the end of the delivery window.
+    pub const DL_UNKNOWN: &str = "dl_unknown";
+    /// Generations whose delivery results are all in.
+    pub const DL_GENS: &str = "dl_gens";
+    /// `1` once the delivery report is decided.
+    pub const DL_REPORT: &str = "dl_report";
+    /// The batch this one follows up.
+    pub const ORIGIN: &str = "origin";
+
+    /// `dlc:<code>`: messages failed at delivery with the provider's `code`.
+    pub fn delivery_failed_for(code: &str) -> String {
+        format!("dlc:{code}")
+    }
+
+    /// `g:<gen>:dl`: generation `gen`'s delivery results are all in.
+    pub fn delivered_in(gen: u32) -> String {
+        self::gen(gen, "dl")
+    }
+
     /// Why the batch was cancelled.
     pub const CANCELLED: &str = "cancelled";
     /// Generations the cancel stopped.
@@ -294,6 +321,20 @@ pub mod event_key {
 
     /// `report_delivered`.
     pub const DELIVERED: &str = "delivered";
+
+    /// `batch_delivered`, the delivery report.
+    pub const DELIVERY_REPORT: &str = "delivery_report";
+
+    /// `report_delivered` of the delivery report.
+    pub const DELIVERY_REPORT_DELIVERED: &str = "delivery_report_delivered";
+
+    /// `generation_delivered` of generation `gen`.
+    pub fn gen_delivered(gen: u32) -> String {
+        format!("delivered/{gen}")
+    }
+
+    /// `batch_origin`.
+    pub const ORIGIN: &str = "origin";
 }
 
 fn g(gen: u32, name: &str) -> String {
@@ -420,6 +461,21 @@ pub fn updates(event: &Event) -> Vec<Update> {
         // An operator's act on a dead letter: in the log for `audit`,
         // nothing in the state.
         Event::DeadLetterHandled(_) => vec![],
+        Event::GenerationDelivered(e) => {
+            let mut u = vec![
+                Set(field::delivered_in(e.gen), "1".into()),
+                Incr(field::DL_DELIVERED.into(), e.delivered as i64),
+                Incr(field::DL_FAILED.into(), e.failed as i64),
+                Incr(field::DL_UNKNOWN.into(), e.unknown as i64),
+                Incr(field::DL_GENS.into(), 1),
+            ];
+            for (code, n) in &e.failed_by_code {
+                u.push(Incr(field::delivery_failed_for(code), *n as i64));
+            }
+            u
+        }
+        Event::BatchDelivered(_) => vec![Set(field::DL_REPORT.into(), "1".into())],
+        Event::BatchOrigin(e) => vec![Set(field::ORIGIN.into(), e.describe())],
         Event::ChunkParked(_)
         | Event::GroupRequested(_)
         | Event::ChunksReleased(_)

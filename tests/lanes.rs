@@ -395,6 +395,7 @@ async fn a_delete_of_a_group_already_deleted_is_recorded_under_a_busy_limiter() 
         attempt: 0,
         since: 0,
         poll_delay_ms: 0,
+        cursor: None,
     };
     rig.store
         .enqueue(

@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("phone", 0),
     ("seq_ranges", 0),
     ("redact", 0),
+    ("results", 0),
     ("redis_server", 0),
     ("events", 1),
     ("keys", 2),

@@ -125,6 +125,7 @@ async fn the_same_send_run_by_two_workers_at_once_sends_once() {
         attempt: 0,
         since: 0,
         poll_delay_ms: 0,
+        cursor: None,
     };
     let a = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());
     let b = Ctx::new(rig.store.clone(), rig.provider.clone(), rig.config.clone());

@@ -45,6 +45,15 @@ pub fn batch_zone(events: &[Result<Recorded, (String, String)>]) -> TimeZone {
         .map_or_else(deployment_zone, |w| w.zone())
 }
 
+/// ` [code n, ...]` of failures by code, or nothing.
+fn by_code(by: &std::collections::BTreeMap<String, u64>) -> String {
+    if by.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = by.iter().map(|(c, n)| format!("{c}: {n}")).collect();
+    format!(" [{}]", parts.join(", "))
+}
+
 /// [`summary`], its times in `tz` with their offset.
 pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
     let num = |n: &str| if show_numbers { n.to_string() } else { mask(n) };
@@ -210,6 +219,36 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
             }
             s
         }
+        Event::GenerationDelivered(e) => format!(
+            "generation {} delivery results{}: {} delivered, {} failed{}, {} unknown",
+            e.gen,
+            if e.window_ended {
+                " (the delivery window ended)"
+            } else {
+                ""
+            },
+            e.delivered,
+            e.failed,
+            by_code(&e.failed_by_code),
+            e.unknown
+        ),
+        Event::BatchDelivered(e) => format!(
+            "delivery report: of {} recipients, {} delivered, {} failed ({} at registration, {} at delivery){}, {} unknown, {} duplicates, {} not sent{}",
+            e.recipients,
+            e.delivered,
+            e.failed,
+            e.failed_at_registration,
+            e.failed_at_delivery,
+            by_code(&e.failed_by_code),
+            e.unknown,
+            e.duplicates,
+            e.not_sent,
+            e.origin
+                .as_deref()
+                .map(|o| format!("; follows up {o}"))
+                .unwrap_or_default()
+        ),
+        Event::BatchOrigin(e) => format!("follows up batch {}", e.describe()),
         Event::DeadLetterHandled(e) => format!(
             "dead letter {} ({}) {} by {}; it had been dead-lettered: {}",
             e.entry,

@@ -142,6 +142,15 @@ pub struct WorkerFlags {
     /// How long a finished batch's events are kept.
     #[arg(long, env = "GROUPCAST_RETENTION", default_value_t = WorkerConfig::RETENTION.into(), value_parser = duration)]
     pub retention: crate::human::FlagDuration,
+    /// How long after a group's send its messages' delivery results are
+    /// read from the provider; those without one then count as `unknown`.
+    /// `0` turns delivery tracking off.
+    #[arg(long, env = "GROUPCAST_DELIVERY_WINDOW", default_value_t = WorkerConfig::DELIVERY_WINDOW.into(), value_parser = duration)]
+    pub delivery_window: crate::human::FlagDuration,
+    /// How long the recipients' outcomes (`groupcast results`) are kept
+    /// after the delivery report.
+    #[arg(long, env = "GROUPCAST_RESULTS_RETENTION", default_value_t = WorkerConfig::RESULTS_RETENTION.into(), value_parser = duration)]
+    pub results_retention: crate::human::FlagDuration,
     /// How long a reported batch's id is remembered after its events
     /// expire: later chunks of it are dead-lettered, never sent again.
     #[arg(long, env = "GROUPCAST_REMEMBER", default_value_t = WorkerConfig::REMEMBER.into(), value_parser = duration)]
@@ -237,6 +246,8 @@ impl WorkerFlags {
             webhook_secrets: webhook_secrets()?,
             webhook_field_names: self.webhook_field_names,
             retention: self.retention.into(),
+            delivery_window: self.delivery_window.into(),
+            results_retention: self.results_retention.into(),
             remember: self.remember.into(),
             give_up_after: self.give_up_after.map(Into::into),
             stall_after: self.stall_after.into(),

@@ -180,6 +180,85 @@ events! {
     /// An operator purged or redrove a dead letter of this batch
     /// (`groupcast dlq purge|redrive`).
     DeadLetterHandled(DeadLetterHandled) = "dead_letter_handled",
+    /// Every message of a sent generation's group has its delivery result,
+    /// or the delivery window ended first (the rest are `unknown`).
+    GenerationDelivered(GenerationDelivered) = "generation_delivered",
+    /// Every sent generation of a reported batch is delivered: the batch's
+    /// second report, with every recipient's outcome counted (once).
+    BatchDelivered(BatchDelivered) = "batch_delivered",
+    /// The batch is a follow-up of another batch's recipients (a fallback
+    /// resend): which batch, and which of its outcomes it was cut from.
+    BatchOrigin(BatchOrigin) = "batch_origin",
+}
+
+/// See [`Event::GenerationDelivered`]. Key `delivered/<gen>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationDelivered {
+    /// The generation.
+    pub gen: u32,
+    /// Its group.
+    pub group_id: String,
+    /// Messages delivered (`4000`).
+    pub delivered: u64,
+    /// Messages whose delivery failed (a final code other than `4000`),
+    /// registration failures not included (the report counts those).
+    pub failed: u64,
+    /// Messages still without a final result when the delivery window ended.
+    pub unknown: u64,
+    /// `failed`, by the provider's code.
+    #[serde(default)]
+    pub failed_by_code: std::collections::BTreeMap<String, u64>,
+    /// Whether the delivery window ended before every result came.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub window_ended: bool,
+}
+
+/// See [`Event::BatchDelivered`]. Key `delivery_report`. Every accepted
+/// recipient is counted in exactly one of `delivered`, `failed`, `unknown`,
+/// `duplicates` and `not_sent`: they add up to `recipients`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchDelivered {
+    /// Recipients accepted, copies of a number included.
+    pub recipients: u64,
+    /// Delivered.
+    pub delivered: u64,
+    /// Failed: refused at registration, or failed at delivery.
+    pub failed: u64,
+    /// Of `failed`: refused at registration.
+    pub failed_at_registration: u64,
+    /// Of `failed`: failed at delivery.
+    pub failed_at_delivery: u64,
+    /// Sent, without a result within the delivery window (or the group's
+    /// outcome could not be learned).
+    pub unknown: u64,
+    /// Copies of a number the batch already had: never sent.
+    pub duplicates: u64,
+    /// Never sent: their chunk was given up, or their generation was
+    /// stopped by a cancel or its send given up.
+    pub not_sent: u64,
+    /// `failed`, by the provider's code.
+    #[serde(default)]
+    pub failed_by_code: std::collections::BTreeMap<String, u64>,
+    /// The batch this one follows up ([`BatchOrigin`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+}
+
+/// See [`Event::BatchOrigin`]. Key `origin`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchOrigin {
+    /// The batch whose recipients this one follows up.
+    pub batch: String,
+    /// Which of them: the outcome (`failed`, `unknown`, ...) and codes
+    /// filtered on, as `groupcast submit --follow-up` was given them.
+    pub filter: String,
+}
+
+impl BatchOrigin {
+    /// How reports name the origin: `<batch> (<filter>)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.batch, self.filter)
+    }
 }
 
 /// See [`Event::DeadLetterHandled`]. Key `dlq/<action>/<dead letter id>`.
@@ -449,6 +528,9 @@ pub struct BatchReported {
     /// batch ended at the highest seq received instead, and this says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_conflict: Option<String>,
+    /// The batch this one follows up ([`BatchOrigin::describe`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 fn is_zero32(v: &u32) -> bool {

@@ -26,6 +26,11 @@ pub enum Op {
     Recall,
     /// POST the batch's report to the webhook.
     Report,
+    /// Read a finished group's delivery results until each message has one
+    /// or the delivery window ends.
+    Track,
+    /// POST the batch's delivery report to the webhook.
+    DeliveryReport,
 }
 
 impl Op {
@@ -39,6 +44,8 @@ impl Op {
             Op::Delete => "delete",
             Op::Recall => "recall",
             Op::Report => "report",
+            Op::Track => "track",
+            Op::DeliveryReport => "delivery_report",
         }
     }
 
@@ -52,6 +59,8 @@ impl Op {
             "delete" => Op::Delete,
             "recall" => Op::Recall,
             "report" => Op::Report,
+            "track" => Op::Track,
+            "delivery_report" => Op::DeliveryReport,
             _ => return None,
         })
     }
@@ -88,6 +97,11 @@ pub struct WorkItem {
     /// [`WorkerConfig::next_poll`]: crate::worker::WorkerConfig::next_poll
     #[serde(default, skip_serializing_if = "is_zero")]
     pub poll_delay_ms: u64,
+    /// For `track`: the page of the group's message list from which not
+    /// every message had its final result yet (the provider's `startKey`;
+    /// absent: the first page). The pages before it are final and counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {

@@ -46,6 +46,10 @@ pub fn completed(db: &mut Db, batch: &str, policy: &BatchPolicy, a: &CompletedAr
     r.put("done", done + 1);
     r.put("sent_success", ss + a.sent_success as i64);
     r.put("sent_failed", sf + a.sent_failed as i64);
+    if policy.track && (a.status == "COMPLETE" || a.status == "FAILED") {
+        let item = super::work_item(&r.batch, gen, None, Some(a.group));
+        r.db.add_work("track", item, None);
+    }
     if try_report(&mut r, policy) {
         return reply(["reported"]);
     }

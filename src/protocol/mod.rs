@@ -52,6 +52,9 @@ pub struct BatchPolicy {
     /// memory, a few times less Redis CPU per number than the buckets); see
     /// `accept.lua`.
     pub bitmap_from: u64,
+    /// Whether a group the provider finished gets a `track` work item that
+    /// reads its messages' delivery results (`completed.lua`).
+    pub track: bool,
 }
 
 impl BatchPolicy {
@@ -61,13 +64,15 @@ impl BatchPolicy {
     /// buckets hold ~0.7 MB; the bitmap is at most 12.5 MB).
     pub const BITMAP_FROM: u64 = 100_000;
 
-    /// The scripts' policy argument: `<retention s>|<deliver 0|1>|<bitmap from>`.
+    /// The scripts' policy argument:
+    /// `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`.
     pub(crate) fn script_arg(&self) -> String {
         format!(
-            "{}|{}|{}",
+            "{}|{}|{}|{}",
             self.retention.as_secs(),
             u8::from(self.deliver),
-            self.bitmap_from
+            self.bitmap_from,
+            u8::from(self.track)
         )
     }
 }
@@ -78,6 +83,7 @@ impl Default for BatchPolicy {
             retention: Self::RETENTION,
             deliver: false,
             bitmap_from: Self::BITMAP_FROM,
+            track: false,
         }
     }
 }
@@ -288,6 +294,7 @@ pub fn work_item(batch: &str, gen: u32, seq: Option<u32>, group: Option<&str>) -
         attempt: 0,
         since: 0,
         poll_delay_ms: 0,
+        cursor: None,
     }
 }
 

@@ -126,6 +126,7 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
         unsent: unsent as u64,
         unknown: unknown as u64,
         last_conflict: r.get("last_conflict"),
+        origin: r.get("origin"),
     };
     r.emit("report", Event::BatchReported(report.clone()), true);
     r.put("report", outcome);

@@ -331,9 +331,9 @@ pub enum Completion {
 /// The log of one batch.
 #[derive(Clone)]
 pub struct BatchLog {
-    conn: RedisConn,
+    pub(super) conn: RedisConn,
     witnesses: std::sync::Arc<super::witness::Witnesses>,
-    policy: BatchPolicy,
+    pub(super) policy: BatchPolicy,
     /// The batch id.
     pub batch: String,
     /// Its keys.
@@ -374,7 +374,7 @@ fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEven
     Ok((r, witness))
 }
 
-fn unexpected(script: &'static str, reply: &[String]) -> StoreError {
+pub(super) fn unexpected(script: &'static str, reply: &[String]) -> StoreError {
     StoreError::UnexpectedReply {
         script,
         reply: reply.join(" "),
@@ -445,7 +445,7 @@ pub fn lane_of_opts(opts: Option<&str>) -> Priority {
 impl BatchLog {
     /// A script's own reply fields; the event it appended last, if any, is
     /// remembered to be read back later (see [`super::witness`]).
-    fn reply(&self, script: &'static str, v: Value) -> StoreResult<Vec<String>> {
+    pub(super) fn reply(&self, script: &'static str, v: Value) -> StoreResult<Vec<String>> {
         let (r, witness) = strings(script, v)?;
         if let Some((key, id)) = witness {
             self.witnesses

@@ -21,6 +21,7 @@ pub mod aof;
 pub mod batch;
 pub mod clock;
 pub mod coord;
+pub mod delivery;
 pub mod info;
 pub mod notes;
 pub mod overview;

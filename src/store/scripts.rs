@@ -72,6 +72,10 @@ pub struct Scripts {
     pub give_up_send: Script,
     /// `note.lua`.
     pub note: Script,
+    /// `track_page.lua`.
+    pub track_page: Script,
+    /// `delivered.lua`.
+    pub delivered: Script,
 }
 
 /// The scripts.
@@ -103,4 +107,6 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     fail_generation: settling_script(include_str!("../../streams/scripts/fail_generation.lua")),
     give_up_send: settling_script(include_str!("../../streams/scripts/give_up_send.lua")),
     note: Script::new(include_str!("../../streams/scripts/note.lua")),
+    track_page: batch_script(include_str!("../../streams/scripts/track_page.lua")),
+    delivered: batch_script(include_str!("../../streams/scripts/delivered.lua")),
 });

@@ -115,6 +115,17 @@ pub struct WorkerConfig {
     pub webhook_field_names: crate::worker::webhook::FieldNames,
     /// How long a finished batch's events and state are kept. Default 7 days.
     pub retention: Duration,
+    /// How long after a group's send its messages' delivery results are
+    /// read (`track`); messages without a final result then count as
+    /// `unknown`. Zero: delivery results are not tracked. Default 72 h.
+    pub delivery_window: Duration,
+    /// The first wait between two passes over a group's message list while
+    /// results are missing; each next one twice as long, up to
+    /// [`WorkerConfig::TRACK_MAX_WAIT`]. Default 2 s.
+    pub track_first_wait: Duration,
+    /// How long the per-recipient outcomes (and the delivery counts) are
+    /// kept after the delivery report. Default 30 days.
+    pub results_retention: Duration,
     /// How long a reported batch's id is remembered (a tombstone, a few
     /// dozen bytes) after its events expire: later chunks of it are
     /// dead-lettered as "already reported", never sent. Default 180 days.
@@ -188,6 +199,14 @@ impl WorkerConfig {
     pub const FIRST_POLL: Duration = Duration::from_millis(100);
     /// Default of [`WorkerConfig::retention`].
     pub const RETENTION: Duration = crate::store::batch::BatchPolicy::RETENTION;
+    /// Default of [`WorkerConfig::delivery_window`].
+    pub const DELIVERY_WINDOW: Duration = Duration::from_secs(72 * 3600);
+    /// Default of [`WorkerConfig::track_first_wait`].
+    pub const TRACK_FIRST_WAIT: Duration = Duration::from_secs(2);
+    /// The longest wait between two passes of delivery tracking.
+    pub const TRACK_MAX_WAIT: Duration = Duration::from_secs(10 * 60);
+    /// Default of [`WorkerConfig::results_retention`].
+    pub const RESULTS_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
     /// Default of [`WorkerConfig::remember`].
     pub const REMEMBER: Duration = Duration::from_secs(180 * 24 * 3600);
     /// Default of [`WorkerConfig::stall_after`].
@@ -225,6 +244,9 @@ impl Default for WorkerConfig {
             webhook_secrets: None,
             webhook_field_names: Default::default(),
             retention: Self::RETENTION,
+            delivery_window: Self::DELIVERY_WINDOW,
+            track_first_wait: Self::TRACK_FIRST_WAIT,
+            results_retention: Self::RESULTS_RETENTION,
             remember: Self::REMEMBER,
             give_up_after: None,
             stall_after: Self::STALL_AFTER,
@@ -272,6 +294,7 @@ impl WorkerConfig {
         crate::store::batch::BatchPolicy {
             retention: self.retention,
             deliver: self.report_webhook.is_some(),
+            track: !self.delivery_window.is_zero(),
             ..Default::default()
         }
     }

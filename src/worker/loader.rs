@@ -272,6 +272,7 @@ async fn accept_and_load(
         attempt: 0,
         since: 0,
         poll_delay_ms: 0,
+        cursor: None,
     };
     Ok(Some(Handled {
         outcome,

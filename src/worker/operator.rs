@@ -59,6 +59,8 @@ async fn run(
         Op::Delete => ops::delete_group::run(ctx, lane, &item).await?,
         Op::Recall => ops::recall_send::run(ctx, lane, &item).await?,
         Op::Report => ops::deliver_report::run(ctx, lane, &item).await?,
+        Op::Track => ops::track_delivery::run(ctx, lane, &mut item).await?,
+        Op::DeliveryReport => ops::deliver_report::run_delivery(ctx, lane, &item).await?,
         Op::Load => {
             let (Some(seq), Some(group), Some(bytes)) =
                 (item.seq, item.group_id.as_deref(), chunk_bytes.as_deref())

@@ -27,7 +27,7 @@ pub fn needs_clock(cause: RetryCause) -> bool {
 
 /// How long `op` may retry.
 pub fn budget(config: &WorkerConfig, op: Op) -> Duration {
-    if op == Op::Report {
+    if matches!(op, Op::Report | Op::DeliveryReport) {
         config.report_retry_for
     } else {
         config.retry_for
@@ -63,6 +63,10 @@ pub fn decide(
         item.poll_delay_ms = next.as_millis() as u64;
         delay = Some(next);
     }
+    if cause == RetryCause::AwaitingResults {
+        // The provider answered: the budget starts over.
+        item.since = 0;
+    }
     if let (true, Some(now)) = (cause.spends_budget(), now) {
         if item.since == 0 {
             item.since = now;
@@ -78,7 +82,7 @@ pub fn decide(
             ));
         }
     }
-    if spend && config.max_attempts > 0 && op != Op::Report && item.attempt >= config.max_attempts {
+    if spend && config.max_attempts > 0 && !matches!(op, Op::Report | Op::DeliveryReport) && item.attempt >= config.max_attempts {
         return Decision::GiveUp(format!("gave up after {} attempts: {reason}", item.attempt));
     }
     Decision::Retry(delay.unwrap_or_else(|| config.backoff(item.attempt)))
@@ -101,6 +105,7 @@ mod tests {
             attempt: 0,
             since: 0,
             poll_delay_ms: 0,
+            cursor: None,
         }
     }
 

@@ -2,6 +2,11 @@
 -- was the last thing the batch waited for (see settle.lua).
 -- KEYS, ARGV[1..2]: see settle.lua
 -- ARGV: 3 gen, 4 group id, 5 status, 6 sent success, 7 sent failed
+-- A group the provider finished (COMPLETE or FAILED) gets a `track` work
+-- item when the policy says so: it reads the messages' delivery results
+-- (src/worker/ops/track_delivery.rs) until each has one or the delivery
+-- window ends. Enqueued here, with the fact, so that no finished group goes
+-- untracked whatever crashes after.
 -- Returns {'completed'} or {'reported'} or {'duplicate'}
 local gen, ss, sf = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
 -- One read: this group's key, then the fields the report decision reads.
@@ -18,6 +23,9 @@ put('g:' .. gen .. ':done', ARGV[5])
 put('done', f[7])
 put('sent_success', f[11])
 put('sent_failed', f[12])
+if TRACK == '1' and (ARGV[5] == 'COMPLETE' or ARGV[5] == 'FAILED') then
+  redis.call('XADD', WORK, '*', 'op', 'track', 'd', cmsgpack.pack({batch = BATCH, gen = gen, group_id = ARGV[4], attempt = 0}))
+end
 if report_from(f) then
   return reply({'reported'})
 end

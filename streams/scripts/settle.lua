@@ -4,9 +4,10 @@
 -- They share one layout:
 -- KEYS: state, events, work, active, reports, dedupe, reported (tombstones),
 --       dedupe's mobile bitmap
--- ARGV: batch, policy `<retention s>|<deliver 0|1>|<bitmap from>` (the
---       recipients from which a batch's mobile numbers are deduped in the
---       bitmap, see accept.lua), then their own.
+-- ARGV: batch, policy `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`
+--       (the recipients from which a batch's mobile numbers are deduped in
+--       the bitmap, see accept.lua; whether a sent group's delivery results
+--       are tracked, see completed.lua), then their own.
 --
 -- A batch ends (its report is decided, once) when it takes no more chunks
 -- and every generation is done. It takes no more chunks when every seq
@@ -15,7 +16,7 @@
 -- cancelled it (`cancelled`).
 local WORK, ACTIVE, REPORTS, DEDUPE, REPORTED = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local DEDUPE_MOBILE = KEYS[8]
-local RETENTION, DELIVER, BITMAP_FROM = string.match(ARGV[2], '^(%d+)|([01])|(%d+)$')
+local RETENTION, DELIVER, BITMAP_FROM, TRACK = string.match(ARGV[2], '^(%d+)|([01])|(%d+)|([01])$')
 RETENTION, BITMAP_FROM = tonumber(RETENTION), tonumber(BITMAP_FROM)
 
 -- Whether the batch takes no more chunks, from its fields.
@@ -64,7 +65,7 @@ end
 -- what the caller put() is written with the report, in one HSET.
 local REPORT_FIELDS = {'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'done', 'recipients', 'registered',
   'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing', 'cancelled', 'stopped', 'unsent',
-  'last_conflict', 'unknown'}
+  'last_conflict', 'unknown', 'origin'}
 
 local function report_from(f)
   if f[1] or not settled(f[2] or f[16], f[3], f[4], f[5]) then
@@ -101,6 +102,9 @@ local function report_from(f)
   end
   if f[19] then
     report.last_conflict = f[19]
+  end
+  if f[21] then
+    report.origin = f[21]
   end
   if failed > 0 then
     -- `fr:<code>`: failed recipients by reason (once per batch, so one full read).

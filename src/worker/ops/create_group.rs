@@ -66,6 +66,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         attempt: 0,
         since: 0,
         poll_delay_ms: 0,
+        cursor: None,
     };
     ctx.enqueue(&log.keys.work, Op::Delete, &delete, None)
         .await?;

@@ -92,6 +92,7 @@ pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
         "sent_generations": sent.len(),
         "sent_recipients": sent_recipients,
         "groups": groups,
+        "origin": p.get(field::ORIGIN),
     })
 }
 
@@ -191,15 +192,75 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         report_json(&item.batch, &state),
         ctx.config.webhook_field_names,
     );
-    // Signed over these exact bytes; serializing a JSON value cannot fail.
-    let body = serde_json::to_vec(&body).unwrap_or_default();
     // The same on every retry of this report, so a receiver can drop a
     // second copy; the idempotency key earlier releases sent already.
     let id = format!("{}:report", item.batch);
+    post(ctx, &log, url, &id, &body, event_key::DELIVERED).await
+}
+
+/// The delivery report of a batch, as JSON: its `batch_delivered` event's
+/// fields (`docs/reports.md`), with the batch id and `report` =
+/// `delivery`.
+pub fn delivery_report_json(batch: &str, e: &crate::events::BatchDelivered) -> serde_json::Value {
+    let mut v = serde_json::to_value(e).unwrap_or_default();
+    v["batch_id"] = json!(batch);
+    v["report"] = json!("delivery");
+    v
+}
+
+/// Runs a delivery report item: the batch's second report, with its own
+/// idempotency key (`<batch>:delivery`).
+pub async fn run_delivery(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+    let Some(url) = ctx.config.report_webhook.as_deref() else {
+        return Ok(Outcome::Done);
+    };
+    let log = ctx.store.batch_in(&item.batch, lane);
+    if log
+        .appended(event_key::DELIVERY_REPORT_DELIVERED)
+        .await?
+        .is_some()
+    {
+        return Ok(Outcome::Done);
+    }
+    let Some(recorded) = log.recorded(event_key::DELIVERY_REPORT).await? else {
+        return Ok(Outcome::Dead(
+            "delivery report work item for a batch with no delivery report".into(),
+        ));
+    };
+    let Event::BatchDelivered(e) = recorded.event else {
+        return Ok(Outcome::Dead(
+            "the batch's delivery_report event is not a batch_delivered".into(),
+        ));
+    };
+    let body = delivery_report_json(&item.batch, &e);
+    let id = format!("{}:delivery", item.batch);
+    post(
+        ctx,
+        &log,
+        url,
+        &id,
+        &body,
+        event_key::DELIVERY_REPORT_DELIVERED,
+    )
+    .await
+}
+
+/// POSTs `body` to the webhook with the idempotency key `id` (signed when
+/// secrets are configured) and records its acceptance under `delivered_key`.
+async fn post(
+    ctx: &Ctx,
+    log: &crate::store::batch::BatchLog,
+    url: &str,
+    id: &str,
+    body: &serde_json::Value,
+    delivered_key: &str,
+) -> Result<Outcome, OpError> {
+    // Signed over these exact bytes; serializing a JSON value cannot fail.
+    let body = serde_json::to_vec(body).unwrap_or_default();
     let mut request = ctx
         .webhook
         .post(url)
-        .header("Idempotency-Key", &id)
+        .header("Idempotency-Key", id)
         .header(reqwest::header::CONTENT_TYPE, "application/json");
     if let Some(secrets) = &ctx.config.webhook_secrets {
         // The attempt's time, on this machine's clock: the receiver compares
@@ -208,12 +269,9 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         request = request
-            .header("webhook-id", &id)
+            .header("webhook-id", id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header(
-                "webhook-signature",
-                secrets.signature(&id, timestamp, &body),
-            );
+            .header("webhook-signature", secrets.signature(id, timestamp, &body));
     }
     let sent = request.body(body).send().await;
     match sent {
@@ -221,7 +279,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             let e = Event::ReportDelivered(ReportDelivered {
                 status: r.status().as_u16(),
             });
-            log.append(event_key::DELIVERED, &e).await?;
+            log.append(delivered_key, &e).await?;
             Ok(Outcome::Done)
         }
         Ok(r) => Ok(Outcome::Retry {
@@ -249,7 +307,7 @@ mod tests {
 
     /// The report's fields that earlier releases did not send (left out of
     /// the camelCase body).
-    const NEW_FIELDS: &[&str] = &["generations", "held_for_night"];
+    const NEW_FIELDS: &[&str] = &["generations", "held_for_night", "origin"];
 
     fn keys(v: &serde_json::Value) -> Vec<String> {
         v.as_object()

@@ -12,6 +12,7 @@ pub mod load_chunk;
 pub mod poll_group;
 pub mod recall_send;
 pub mod send_group;
+pub mod track_delivery;
 
 use std::time::Duration;
 
@@ -82,6 +83,10 @@ pub enum RetryCause {
     /// A send whose claim's lifetime ran out before the provider call could
     /// start (a limiter or durability wait): claimed again at once.
     ClaimExpired,
+    /// Delivery tracking: some messages of a sent group have no final
+    /// result yet; the list is read again after a wait that grows from
+    /// seconds to minutes (carried in the item's `poll_delay_ms`).
+    AwaitingResults,
 }
 
 impl RetryCause {
@@ -96,6 +101,7 @@ impl RetryCause {
             RetryCause::Limiter => "limiter",
             RetryCause::Scheduled => "scheduled",
             RetryCause::ClaimExpired => "claim_expired",
+            RetryCause::AwaitingResults => "awaiting_results",
         }
     }
 

@@ -250,6 +250,7 @@ pub(crate) fn first_poll(
             attempt: 0,
             since: 0,
             poll_delay_ms: poll_ms,
+            cursor: None,
         }),
         c: None,
         lane,

@@ -1,0 +1,210 @@
+//! Delivery tracking's Redis calls: a page of a group's message list
+//! recorded (`track_page.lua`), a generation's tracking ended and the
+//! batch's delivery report decided (`delivered.lua`), and the results hash
+//! read back for `groupcast results`.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::batch::{unexpected, BatchLog};
+use super::scripts::SCRIPTS;
+use super::StoreResult;
+
+/// One page of a group's message list, as delivery tracking counted it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageCounts {
+    /// Messages delivered.
+    pub delivered: u64,
+    /// Messages failed at delivery.
+    pub failed: u64,
+    /// Messages counted unknown (only once the delivery window ended).
+    pub unknown: u64,
+    /// `failed` by code.
+    pub failed_by_code: std::collections::BTreeMap<String, u64>,
+}
+
+impl PageCounts {
+    /// `<delivered>|<failed>|<unknown>|<code>=<n>,...` (`delivered.lua` sums them).
+    fn encode(&self) -> String {
+        let codes: Vec<String> = self
+            .failed_by_code
+            .iter()
+            .map(|(c, n)| format!("{c}={n}"))
+            .collect();
+        format!(
+            "{}|{}|{}|{}",
+            self.delivered,
+            self.failed,
+            self.unknown,
+            codes.join(",")
+        )
+    }
+}
+
+/// What `delivered.lua` said about the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchDelivery {
+    /// The delivery report was decided now.
+    Decided,
+    /// It had been decided before.
+    Already,
+    /// The batch has no report yet: asked again later.
+    Unreported,
+    /// Another generation's results are still coming (its tracking decides).
+    Tracking,
+}
+
+impl BatchLog {
+    /// Records one page of generation `gen`'s message list: its counts under
+    /// `page` (the page's `startKey`, '' for the first), and `records`
+    /// (number → [`crate::results::Record::encode`]). Both hashes live at
+    /// least `keep`. Returns false when the generation's results were
+    /// counted already (nothing written).
+    pub async fn track_page(
+        &self,
+        gen: u32,
+        group_id: &str,
+        page: &str,
+        counts: &PageCounts,
+        keep: Duration,
+        records: &[(String, String)],
+    ) -> StoreResult<bool> {
+        let k = &self.keys;
+        let mut inv = SCRIPTS.track_page.prepare_invoke();
+        inv.key(&k.state)
+            .key(&k.events)
+            .key(&k.results)
+            .key(&k.delivery)
+            .arg(&self.batch)
+            .arg(gen)
+            .arg(group_id)
+            .arg(page)
+            .arg(counts.encode())
+            .arg(keep.as_secs());
+        for (number, record) in records {
+            inv.arg(number).arg(record);
+        }
+        let v: Value = inv.invoke_async(&mut self.conn.clone()).await?;
+        let r = self.reply("track_page", v)?;
+        match r.first().map(String::as_str) {
+            Some("recorded") => Ok(true),
+            Some("delivered") => Ok(false),
+            _ => Err(unexpected("track_page", &r)),
+        }
+    }
+
+    /// Ends tracking of generation `gen` (its pages summed into
+    /// `generation_delivered`, once) and decides the batch's delivery
+    /// report if it was the last (see `delivered.lua`). `keep`: how long
+    /// the results live after the report (`--results-retention`).
+    pub async fn delivered(
+        &self,
+        gen: u32,
+        group_id: &str,
+        window_ended: bool,
+        keep: Duration,
+    ) -> StoreResult<BatchDelivery> {
+        let k = &self.keys;
+        let v: Value = SCRIPTS
+            .delivered
+            .prepare_invoke()
+            .key(&k.state)
+            .key(&k.events)
+            .key(&k.work)
+            .key(&k.reports)
+            .key(&k.results)
+            .key(&k.delivery)
+            .arg(&self.batch)
+            .arg(gen)
+            .arg(group_id)
+            .arg(u8::from(window_ended))
+            .arg(keep.as_secs())
+            .arg(u8::from(self.policy.deliver))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("delivered", v)?;
+        match r.as_slice() {
+            [_, b, ..] if b == "decided" => Ok(BatchDelivery::Decided),
+            [_, b, ..] if b == "already" => Ok(BatchDelivery::Already),
+            [_, b, ..] if b == "unreported" => Ok(BatchDelivery::Unreported),
+            [_, b, ..] if b == "tracking" => Ok(BatchDelivery::Tracking),
+            _ => Err(unexpected("delivered", &r)),
+        }
+    }
+
+    /// The event recorded under `event_key`, if any (one `HGET`, one `XRANGE`).
+    pub async fn recorded(&self, event_key: &str) -> StoreResult<Option<crate::events::Recorded>> {
+        let Some(id) = self.appended(event_key).await? else {
+            return Ok(None);
+        };
+        let v: Value = redis::cmd("XRANGE")
+            .arg(&self.keys.events)
+            .arg(&id)
+            .arg(&id)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(super::queue::parse_entries(&v)
+            .first()
+            .and_then(|e| crate::events::Recorded::from_fields(&e.id, &e.fields).ok()))
+    }
+
+    /// One step of a scan of the results hash: `(next cursor, [(number,
+    /// record)])`; cursor 0 starts, and a next cursor of 0 ends.
+    pub async fn scan_results(&self, cursor: u64) -> StoreResult<(u64, Vec<(String, String)>)> {
+        let (next, pairs): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+            .arg(&self.keys.results)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok((next, pairs))
+    }
+
+    /// The provider group of each tracked generation, as delivery tracking
+    /// recorded it (kept as long as the results).
+    pub async fn tracked_groups(&self) -> StoreResult<std::collections::BTreeMap<u32, String>> {
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(&self.keys.delivery)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.strip_suffix("|group")?.parse().ok()?, v)))
+            .collect())
+    }
+
+    /// The stored outcome records of `numbers` (None: no record, i.e.
+    /// delivered, or not sent through a tracked group).
+    pub async fn results_of(&self, numbers: &[&str]) -> StoreResult<Vec<Option<String>>> {
+        if numbers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let v: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&self.keys.results)
+            .arg(numbers)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_counts_are_written_as_delivered_lua_reads_them() {
+        let mut c = PageCounts {
+            delivered: 480,
+            failed: 19,
+            unknown: 1,
+            ..Default::default()
+        };
+        assert_eq!(c.encode(), "480|19|1|");
+        c.failed_by_code.insert("3104".into(), 12);
+        c.failed_by_code.insert("3043".into(), 7);
+        assert_eq!(c.encode(), "480|19|1|3043=7,3104=12");
+    }
+}
