@@ -771,7 +771,7 @@ async fn count_reports(store: &Store, batch: &str) -> StoreResult<usize> {
         .entries(&stream)
         .await?
         .iter()
-        .filter(|e| e.get("batch") == Some(batch.as_bytes()))
+        .filter(|e| e.get("batch") == Some(batch.as_bytes()) && !e.is_delivery_report())
         .count())
 }
 

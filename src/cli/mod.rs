@@ -9,6 +9,7 @@ pub mod demo;
 pub mod dlq;
 pub mod mock_provider;
 pub mod replay;
+pub mod results;
 pub mod status;
 pub mod submit;
 pub mod verify;
@@ -60,6 +61,8 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Inspect and redrive dead letters.
     Dlq(dlq::DlqArgs),
+    /// Export the recipients' outcomes (failed, unknown, not sent, ...).
+    Results(results::ResultsArgs),
     /// Stop waiting for a batch's missing seqs: send what was loaded, report.
     Close(close::CloseArgs),
     /// Cancel a batch: stop every generation not yet claimed for sending.
@@ -88,6 +91,7 @@ impl Command {
             Command::Replay(a) => Some(&a.redis),
             Command::Status(a) => Some(&a.redis),
             Command::Dlq(a) => Some(&a.redis),
+            Command::Results(a) => Some(&a.redis),
             Command::Close(a) => Some(&a.redis),
             Command::Cancel(a) => Some(&a.redis),
             Command::Verify(a) => Some(&a.redis),
@@ -445,6 +449,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Worker(a) => worker::run(*a).await,
         Command::Submit(a) => submit::run(a).await,
         Command::Audit(a) => audit::run(a).await,
+        Command::Results(a) => results::run(a).await,
         Command::Replay(a) => replay::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Dlq(a) => dlq::run(a).await,

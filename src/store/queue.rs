@@ -18,6 +18,13 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// Whether this reports stream entry is a delivery report
+    /// (`t` = `batch_delivered`, see `delivered.lua`) rather than a
+    /// batch's report (no `t`).
+    pub fn is_delivery_report(&self) -> bool {
+        self.get("t") == Some(b"batch_delivered".as_slice())
+    }
+
     /// A field's value.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.fields

@@ -187,7 +187,7 @@ async fn stream_report(store: &Store, batch: &str) -> Value {
         .await
         .expect("the reports stream")
         .into_iter()
-        .find(|e| e.text("batch").as_deref() == Some(batch))
+        .find(|e| e.text("batch").as_deref() == Some(batch) && !e.is_delivery_report())
         .and_then(|e| rmp_serde::from_slice::<Value>(e.get("d")?).ok())
         .unwrap_or_else(|| panic!("no report of {batch} in the reports stream"))
 }

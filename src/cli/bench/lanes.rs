@@ -90,6 +90,10 @@ pub(super) async fn run(args: &BenchArgs) -> Result<(), CliError> {
             )));
         }
         for e in read_after(&mut reader, &reports, &after, 10, 250).await? {
+            if e.is_delivery_report() {
+                after = e.id;
+                continue;
+            }
             let at = entry_millis(&e.id);
             match e.get("batch") {
                 Some(b) if b == urgent.as_bytes() => {

@@ -337,8 +337,8 @@ async fn wait_for_reports(
     let mut done = 0;
     loop {
         for e in read_after(&mut reader, &reports, &after, 1000, 250).await? {
+            done += usize::from(!e.is_delivery_report());
             after = e.id;
-            done += 1;
         }
         if let Some(m) = used_memory(store).await? {
             *peak_memory = peak_memory.max(m);

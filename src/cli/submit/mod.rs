@@ -52,6 +52,7 @@ mod check;
 mod cut;
 #[cfg(test)]
 mod fixtures;
+pub(crate) mod follow_up;
 mod input;
 mod options;
 mod problems;
@@ -152,6 +153,11 @@ pub struct SubmitArgs {
     /// second batch, `<batch>.night-consent`); the others are held to 08:00.
     #[arg(long)]
     pub ad: bool,
+    /// This batch follows up the recipients of another batch (a fallback
+    /// resend to those `groupcast results BATCH --from FILE` listed): the
+    /// batch records its origin and its reports name it.
+    #[arg(long, value_name = "BATCH")]
+    pub follow_up_of: Option<String>,
 }
 
 /// The encoding of a recipients file (`--encoding`).
@@ -252,6 +258,34 @@ async fn refuse_an_ended_batch(store: &crate::store::Store, b: &str) -> Result<(
     )))
 }
 
+/// Records that `batch` follows up recipients of `origin` (listed in
+/// `path`), before its first chunk: its reports name the origin.
+async fn record_origin(
+    store: &crate::store::Store,
+    batch: &str,
+    origin: &str,
+    path: &std::path::Path,
+) -> Result<(), CliError> {
+    validate_batch_id(origin).map_err(|e| usage(format!("--follow-up-of {origin:?}: {e}")))?;
+    if origin == batch {
+        return Err(usage(format!(
+            "--follow-up-of {origin}: a batch cannot follow itself up; give the follow-up its own --batch"
+        )));
+    }
+    let file = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    let event = crate::events::Event::BatchOrigin(crate::events::BatchOrigin {
+        batch: origin.to_string(),
+        filter: format!("recipients in {file}"),
+    });
+    let lane_log = store.batch_in_its_lane(batch).await?;
+    lane_log
+        .append(crate::projection::event_key::ORIGIN, &event)
+        .await?;
+    Ok(())
+}
+
 /// A producer that waits while `max_unread` chunks are unread, and says
 /// once (after [`TELL_WAIT_AFTER`]) that it is waiting for the workers.
 fn producer(store: crate::store::Store, max_unread: u64) -> Producer {
@@ -349,6 +383,9 @@ async fn submit_file(
 
     let store = args.redis.connect().await?;
     refuse_an_ended_batch(&store, &file.batch).await?;
+    if let Some(origin) = &args.follow_up_of {
+        record_origin(&store, &file.batch, origin, &file.path).await?;
+    }
     let shard = store.keys.shard_of(&file.batch);
     refuse_a_far_send_at(&store, shard, &options).await?;
     let lane = options.priority();

@@ -1,0 +1,361 @@
+//! `groupcast results BATCH`: every recipient's outcome, exported.
+//!
+//! What is stored is what was not delivered: the results hash (failures
+//! at registration and delivery, unknowns; written by delivery tracking)
+//! and the batch's events (chunks given up: `not_sent`; registration
+//! failures of generations never tracked). Those are streamed, a thousand
+//! at a time. Delivered recipients are counted, not stored: `--from FILE`
+//! (the batch's recipients file) lists any outcome, delivered included, by
+//! looking each row up; its output is a recipients file of the rows that
+//! match, with their variables, ready for a follow-up batch
+//! (`groupcast submit --follow-up-of BATCH`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::submit::follow_up::{each_rows, write_rows, FileRow};
+use super::submit::FileEncoding;
+use super::{CliError, RedisArgs};
+use crate::events::Event;
+use crate::keys::validate_batch_id;
+use crate::phone::mask;
+use crate::projection::field;
+use crate::results::{Outcome, Record, Stage};
+use crate::store::batch::BatchLog;
+
+/// Results flags.
+#[derive(Debug, Args)]
+pub struct ResultsArgs {
+    /// The connection (global flags: `--redis`, `--prefix`, `--shards`, TLS).
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// The batch.
+    pub batch: String,
+    /// Which recipients: failed, unknown, not_sent, delivered, duplicate,
+    /// or all (delivered and duplicate need `--from`).
+    #[arg(long, default_value = "failed", value_parser = parse_filter)]
+    pub status: Filter,
+    /// Only these provider codes, comma-separated (e.g. `3104,3043`).
+    #[arg(long, value_delimiter = ',')]
+    pub code: Vec<String>,
+    /// `csv` or `jsonl`.
+    #[arg(long, value_enum, default_value_t = Format::Csv)]
+    pub format: Format,
+    /// Show numbers in full (masked as 010****5678 by default).
+    #[arg(long)]
+    pub show_numbers: bool,
+    /// The batch's recipients file: print its rows whose recipient matches
+    /// (each once, with its variables), as a recipients file for a
+    /// follow-up batch.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// The encoding of `--from` (as `submit --encoding`).
+    #[arg(long, value_enum, default_value_t = FileEncoding::Auto)]
+    pub encoding: FileEncoding,
+}
+
+/// The output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// CSV with a header.
+    Csv,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+/// Which outcomes to list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter(Vec<Outcome>);
+
+impl Filter {
+    fn wants(&self, o: Outcome) -> bool {
+        self.0.contains(&o)
+    }
+}
+
+fn parse_filter(s: &str) -> Result<Filter, String> {
+    if s == "all" {
+        return Ok(Filter(Outcome::ALL.to_vec()));
+    }
+    s.split(',')
+        .map(|part| {
+            Outcome::parse(part.trim()).ok_or_else(|| {
+                format!("{part:?}: expected failed, unknown, not_sent, delivered, duplicate or all")
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Filter)
+}
+
+/// One exported recipient.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Row {
+    /// The number (masked unless `--show-numbers`).
+    pub number: String,
+    /// The outcome.
+    pub outcome: String,
+    /// `registration` or `delivery` (failures and unknowns).
+    pub stage: String,
+    /// The provider's code, or `given_up`.
+    pub code: String,
+    /// The generation.
+    pub generation: Option<u32>,
+    /// Its provider group.
+    pub group_id: String,
+    /// The provider's message id.
+    pub message_id: String,
+}
+
+const HEADER: [&str; 7] = [
+    "number",
+    "outcome",
+    "stage",
+    "code",
+    "generation",
+    "group_id",
+    "message_id",
+];
+
+/// Writes rows in the chosen format.
+struct Out<W: Write> {
+    w: W,
+    format: Format,
+    started: bool,
+}
+
+impl<W: Write> Out<W> {
+    fn row(&mut self, r: &Row) -> Result<(), CliError> {
+        let io = |e: std::io::Error| CliError::Failed(format!("results: cannot write: {e}"));
+        match self.format {
+            Format::Jsonl => {
+                let line = serde_json::to_string(r).unwrap_or_default();
+                writeln!(self.w, "{line}").map_err(io)
+            }
+            Format::Csv => {
+                let mut c = csv::WriterBuilder::new().from_writer(&mut self.w);
+                if !self.started {
+                    c.write_record(HEADER).map_err(|e| io(e.into()))?;
+                }
+                let gen = r.generation.map(|g| g.to_string()).unwrap_or_default();
+                c.write_record([
+                    &r.number,
+                    &r.outcome,
+                    &r.stage,
+                    &r.code,
+                    &gen,
+                    &r.group_id,
+                    &r.message_id,
+                ])
+                .map_err(|e| io(e.into()))?;
+                self.started = true;
+                c.flush().map_err(io)
+            }
+        }
+    }
+}
+
+/// Runs results.
+pub async fn run(args: ResultsArgs) -> Result<(), CliError> {
+    validate_batch_id(&args.batch)
+        .map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
+    let store = args.redis.connect().await?;
+    let log = store.batch(&args.batch);
+    let p = log
+        .read(&[field::REPORT.into(), field::DL_REPORT.into()])
+        .await?;
+    let delivery_done = p.get(field::DL_REPORT).is_some();
+    match &args.from {
+        Some(path) => from_file(&args, &log, path.clone(), delivery_done).await,
+        None => stored(&args, &log).await,
+    }
+}
+
+/// The stored outcomes (everything but delivered and duplicates).
+async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
+    for o in [Outcome::Delivered, Outcome::Duplicate] {
+        if args.status.wants(o) && args.status.0.len() == 1 {
+            return Err(CliError::Usage(format!(
+                "{o} recipients are counted, not stored one by one: pass --from FILE (the batch's recipients file) to list them"
+            )));
+        }
+    }
+    let groups = log.tracked_groups().await?;
+    let show = |n: &str| {
+        if args.show_numbers {
+            n.to_string()
+        } else {
+            mask(n)
+        }
+    };
+    let codes: HashSet<&str> = args.code.iter().map(String::as_str).collect();
+    let code_ok = |c: &str| codes.is_empty() || codes.contains(c);
+    let stdout = std::io::stdout();
+    let mut out = Out {
+        w: std::io::BufWriter::new(stdout.lock()),
+        format: args.format,
+        started: false,
+    };
+    // The results hash.
+    let mut cursor = 0;
+    loop {
+        let (next, pairs) = log.scan_results(cursor).await?;
+        for (number, record) in pairs {
+            let Some(r) = Record::decode(&record) else {
+                continue;
+            };
+            if !args.status.wants(r.outcome) || !code_ok(&r.code) {
+                continue;
+            }
+            out.row(&Row {
+                number: show(&number),
+                outcome: r.outcome.name().into(),
+                stage: r.stage.name().into(),
+                code: r.code.clone(),
+                generation: Some(r.gen),
+                group_id: groups.get(&r.gen).cloned().unwrap_or_default(),
+                message_id: r.message_id,
+            })?;
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    // The events: chunks given up, and registration failures tracking did
+    // not record (their generation was never tracked).
+    for recorded in log.events().await?.into_iter().flatten() {
+        let Event::ChunkLoaded(e) = recorded.event else {
+            continue;
+        };
+        let given_up = e.given_up.is_some();
+        let outcome = if given_up {
+            Outcome::NotSent
+        } else {
+            Outcome::Failed
+        };
+        if e.failed.is_empty() || !args.status.wants(outcome) {
+            continue;
+        }
+        let numbers: Vec<&str> = e.failed.iter().map(|f| f.to.as_str()).collect();
+        let known = if given_up {
+            vec![None; numbers.len()]
+        } else {
+            log.results_of(&numbers).await?
+        };
+        for (f, known) in e.failed.iter().zip(known) {
+            if known.is_some() || !code_ok(&f.code) {
+                continue;
+            }
+            out.row(&Row {
+                number: show(&f.to),
+                outcome: outcome.name().into(),
+                stage: if given_up {
+                    String::new()
+                } else {
+                    Stage::Registration.name().into()
+                },
+                code: f.code.clone(),
+                generation: Some(e.gen),
+                group_id: e.group_id.clone(),
+                message_id: String::new(),
+            })?;
+        }
+    }
+    out.w
+        .flush()
+        .map_err(|e| CliError::Failed(format!("results: cannot write: {e}")))
+}
+
+/// The rows of the recipients file whose outcome matches, as a recipients
+/// file.
+async fn from_file(
+    args: &ResultsArgs,
+    log: &BatchLog,
+    path: PathBuf,
+    delivery_done: bool,
+) -> Result<(), CliError> {
+    if args.status.wants(Outcome::Delivered) && !delivery_done {
+        return Err(CliError::Failed(format!(
+            "batch {}'s delivery results are not all in yet (no delivery report): who was delivered is not known; try again later, or ask for failed or unknown",
+            args.batch
+        )));
+    }
+    // Given-up recipients (not sent), from the events: few.
+    let mut not_sent: BTreeMap<String, String> = BTreeMap::new();
+    for recorded in log.events().await?.into_iter().flatten() {
+        if let Event::ChunkLoaded(e) = recorded.event {
+            for f in &e.failed {
+                let kind = if e.given_up.is_some() { "given_up" } else { "reg" };
+                not_sent.insert(f.to.clone(), format!("{kind}|{}", f.code));
+            }
+        }
+    }
+    // Read on a blocking thread, looked up here, a group at a time.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<FileRow>>(2);
+    let encoding = args.encoding;
+    let reader = tokio::task::spawn_blocking(move || {
+        each_rows(&path, encoding, |group| {
+            tx.blocking_send(group)
+                .map_err(|_| CliError::Failed("results: stopped".into()))
+        })
+    });
+    let codes: HashSet<&str> = args.code.iter().map(String::as_str).collect();
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut header = None;
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    let show = |n: &str| {
+        if args.show_numbers {
+            n.to_string()
+        } else {
+            mask(n)
+        }
+    };
+    let mut matched = 0u64;
+    while let Some(group) = rx.recv().await {
+        let numbers: Vec<&str> = group.iter().map(|r| r.to.as_str()).collect();
+        let records = log.results_of(&numbers).await?;
+        let mut keep = Vec::new();
+        for (row, record) in group.iter().zip(records) {
+            // A later copy of a number is the batch's duplicate.
+            let first = seen.insert(row.to.clone());
+            let (outcome, code) = if !first {
+                (Outcome::Duplicate, String::new())
+            } else if let Some(r) = record.as_deref().and_then(Record::decode) {
+                (r.outcome, r.code)
+            } else if let Some(k) = not_sent.get(&row.to) {
+                match k.split_once('|') {
+                    Some(("given_up", c)) => (Outcome::NotSent, c.to_string()),
+                    Some((_, c)) => (Outcome::Failed, c.to_string()),
+                    None => (Outcome::Failed, String::new()),
+                }
+            } else {
+                (Outcome::Delivered, String::new())
+            };
+            if args.status.wants(outcome) && (codes.is_empty() || codes.contains(code.as_str())) {
+                keep.push(row);
+            }
+        }
+        matched += keep.len() as u64;
+        write_rows(&mut w, &keep, &mut header, show)
+            .map_err(|e| CliError::Failed(format!("results: cannot write: {e}")))?;
+    }
+    reader
+        .await
+        .map_err(|e| CliError::Failed(format!("results: the file reader stopped: {e}")))??;
+    w.flush()
+        .map_err(|e| CliError::Failed(format!("results: cannot write: {e}")))?;
+    eprintln!(
+        "groupcast: {matched} recipient(s) of batch {} matched{}",
+        args.batch,
+        if args.show_numbers {
+            ""
+        } else {
+            " (numbers masked: pass --show-numbers for a file to submit)"
+        }
+    );
+    Ok(())
+}

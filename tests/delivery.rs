@@ -1,0 +1,292 @@
+//! Who got it, who did not, and why: delivery tracking against the mock
+//! provider's message-level results (registration failures, delivery
+//! failures over two codes, messages that never get a result), checked
+//! against the mock's ledger; the results export; the fallback resend to
+//! exactly the failed recipients of one code; and tracking through a
+//! worker killed with SIGKILL. Real redis-server, the `groupcast` binary
+//! for the commands.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use groupcast::events::{BatchDelivered, Event};
+use groupcast::mock::{Faults, LedgerSnapshot, MockConfig};
+use groupcast::producer::append_chunks;
+use groupcast::projection::{event_key, field};
+use groupcast::worker::WorkerConfig;
+
+const BIN: &str = env!("CARGO_BIN_EXE_groupcast");
+
+fn groupcast(redis_url: &str, dir: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("GROUPCAST_REDIS_URL", redis_url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env_remove("GROUPCAST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run groupcast")
+}
+
+/// 2 % refused at registration (1062), 5 % failed at delivery over two
+/// codes, 0.5 % never final; results come 200-400 ms after the send.
+fn delivery_faults() -> Faults {
+    Faults {
+        registration_failure_rate: 0.02,
+        registration_failure_codes: vec!["1062".into()],
+        delivery_delay_ms: 200,
+        delivery_failure_rate: 0.05,
+        delivery_failure_codes: vec!["3104".into(), "3043".into()],
+        never_final_rate: 0.005,
+        ..Faults::default()
+    }
+}
+
+/// Workers that track delivery with a short window.
+fn tracking_config(window: Duration) -> WorkerConfig {
+    WorkerConfig {
+        group_cap: 20_000,
+        delivery_window: window,
+        track_first_wait: Duration::from_millis(200),
+        ..test_config()
+    }
+}
+
+/// What the ledger says became of each message of the batch's groups:
+/// number → (stage, code) for every failure, and the numbers that never
+/// got a final result.
+type Failures = BTreeMap<String, (String, String)>;
+
+fn ledger_outcomes(ledger: &LedgerSnapshot) -> (Failures, BTreeSet<String>, u64) {
+    let (mut failed, mut never, mut delivered) = (BTreeMap::new(), BTreeSet::new(), 0);
+    for g in &ledger.groups {
+        for m in &g.messages {
+            match (m.status_code.as_str(), m.final_status.as_deref()) {
+                ("1026", _) => {}
+                (_, Some("4000")) => delivered += 1,
+                (_, Some(code)) => {
+                    let stage = if code.starts_with('1') {
+                        "registration"
+                    } else {
+                        "delivery"
+                    };
+                    failed.insert(m.to.clone(), (stage.to_string(), code.to_string()));
+                }
+                (_, None) => {
+                    never.insert(m.to.clone());
+                }
+            }
+        }
+    }
+    (failed, never, delivered)
+}
+
+/// Waits (bounded) for the batch's delivery report and returns it.
+async fn delivery_report(store: &groupcast::store::Store, batch: &str) -> BatchDelivered {
+    let log = store.batch(batch);
+    wait_until(Duration::from_secs(90), "the delivery report", || async {
+        log.appended(event_key::DELIVERY_REPORT)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    let recorded = log
+        .recorded(event_key::DELIVERY_REPORT)
+        .await
+        .expect("read")
+        .expect("the delivery report");
+    match recorded.event {
+        Event::BatchDelivered(e) => e,
+        other => panic!("delivery_report is {other:?}"),
+    }
+}
+
+fn jsonl(out: &Output) -> Vec<serde_json::Value> {
+    ok_stdout(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger_shows() {
+    let mock = MockConfig {
+        faults: delivery_faults(),
+        ..mock_config()
+    };
+    let rig = Rig::start(2, tracking_config(Duration::from_secs(4)), mock).await;
+    let batch = "delivery-50k".to_string();
+    // Out of order, a third of the chunks twice.
+    let chunks = shuffled_chunks(&batch, 3, 50_000, 1_000, 7);
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(120))
+        .await;
+    let report = delivery_report(&rig.store, &batch).await;
+
+    let ledger = rig.mock.ledger();
+    let (failed, never, delivered) = ledger_outcomes(&ledger);
+    assert!(failed.len() > 2_000 && never.len() > 100, "{} {}", failed.len(), never.len());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = rig.server.url();
+
+    // The export of failures equals the ledger: number, stage, code.
+    let out = groupcast(
+        &url,
+        dir.path(),
+        &["results", &batch, "--status", "failed", "--show-numbers", "--format", "jsonl"],
+    );
+    let exported: Failures = jsonl(&out)
+        .into_iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("number"), (s("stage"), s("code")))
+        })
+        .collect();
+    assert_eq!(exported, failed);
+    // The unknown set is the never-final set.
+    let out = groupcast(
+        &url,
+        dir.path(),
+        &["results", &batch, "--status", "unknown", "--show-numbers", "--format", "jsonl"],
+    );
+    let unknown: BTreeSet<String> = jsonl(&out)
+        .into_iter()
+        .map(|r| r["number"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(unknown, never);
+    assert!(unknown.is_disjoint(&failed.keys().cloned().collect()));
+    // Masked unless asked.
+    let out = groupcast(&url, dir.path(), &["results", &batch, "--format", "csv"]);
+    let masked = ok_stdout(&out);
+    assert!(masked.lines().nth(1).is_some_and(|l| l.contains("****")), "{masked}");
+
+    // The delivery report's counts add up and agree with the ledger.
+    assert_eq!(report.recipients, 50_000);
+    assert_eq!(
+        report.delivered + report.failed + report.unknown + report.duplicates + report.not_sent,
+        report.recipients,
+        "{report:?}"
+    );
+    assert_eq!(report.delivered, delivered);
+    assert_eq!(report.failed, failed.len() as u64);
+    assert_eq!(report.unknown, never.len() as u64);
+    assert_eq!(
+        report.failed_by_code.values().sum::<u64>(),
+        report.failed,
+        "{report:?}"
+    );
+    // One delivery report, once, on the reports stream beside the report.
+    let reports = rig
+        .store
+        .entries(&rig.store.keys.reports(0))
+        .await
+        .expect("reports");
+    assert_eq!(reports.iter().filter(|e| e.is_delivery_report()).count(), 1);
+    assert_eq!(reports.iter().filter(|e| !e.is_delivery_report()).count(), 1);
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_once_each() {
+    let mock = MockConfig {
+        faults: Faults {
+            registration_failure_rate: 0.0,
+            never_final_rate: 0.0,
+            ..delivery_faults()
+        },
+        ..mock_config()
+    };
+    let rig = Rig::start(2, tracking_config(Duration::from_secs(30)), mock).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = rig.server.url();
+    // The campaign file, with one number twice (the second row a duplicate).
+    let people = recipients(5, 3_000);
+    let mut csv = String::from("to,name,order\n");
+    for r in people.iter().chain(people.iter().take(1)) {
+        csv.push_str(&format!("{},{},{}\n", r.to, r.vars["name"], r.vars["order"]));
+    }
+    write(dir.path(), "campaign.csv", &csv);
+    write(
+        dir.path(),
+        "alimtalk.json",
+        r##"{"type": "ATA", "from": "0212345678", "text": "#{name}님, 주문 #{order} 배송이 시작되었습니다.",
+            "kakaoOptions": {"pfId": "PF1", "templateId": "T1"}}"##,
+    );
+    write(
+        dir.path(),
+        "sms.json",
+        r##"{"type": "SMS", "from": "0212345678", "text": "#{name}님, 주문 #{order} 배송 시작"}"##,
+    );
+    let submit = |batch: &str, file: &str, template: &str, extra: &[&str]| {
+        let mut args = vec![
+            "submit", "--batch", batch, "--recipients", file, "--template", template,
+        ];
+        args.extend_from_slice(extra);
+        ok_stdout(&groupcast(&url, dir.path(), &args))
+    };
+    submit("spring", "campaign.csv", "alimtalk.json", &[]);
+    let first = delivery_report(&rig.store, "spring").await;
+    assert_eq!(first.duplicates, 1);
+    let (failed, _, _) = ledger_outcomes(&rig.mock.ledger());
+    let expected: BTreeSet<String> = failed
+        .iter()
+        .filter(|(_, (_, code))| code == "3104")
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(expected.len() > 20, "{}", expected.len());
+
+    // Command one: the failed-with-3104 rows of the campaign file.
+    let out = groupcast(
+        &url,
+        dir.path(),
+        &[
+            "results", "spring", "--status", "failed", "--code", "3104", "--from",
+            "campaign.csv", "--show-numbers",
+        ],
+    );
+    let followup = ok_stdout(&out);
+    write(dir.path(), "followup.csv", &followup);
+    // Each once, with its original variables.
+    let by_number: BTreeMap<&str, &groupcast::events::Recipient> =
+        people.iter().map(|r| (r.to.as_str(), r)).collect();
+    let mut rows = BTreeSet::new();
+    for line in followup.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let r = by_number[f[0]];
+        assert_eq!((f[1], f[2]), (r.vars["name"].as_str(), r.vars["order"].as_str()));
+        assert!(rows.insert(f[0].to_string()), "{} twice", f[0]);
+    }
+    assert_eq!(rows, expected);
+    // Command two: the follow-up batch, by SMS, naming its origin.
+    submit(
+        "spring-sms",
+        "followup.csv",
+        "sms.json",
+        &["--follow-up-of", "spring"],
+    );
+    let batches = ["spring-sms".to_string()];
+    rig.wait_reported(&batches, Duration::from_secs(60)).await;
+    let p = rig.store.batch("spring-sms").state().await.expect("state");
+    assert_eq!(p.get(field::ORIGIN), Some("spring (recipients in followup.csv)"));
+    // The provider got the follow-up for exactly those numbers, once each.
+    let ledger = rig.mock.ledger();
+    let mut sent: Vec<String> = ledger
+        .groups
+        .iter()
+        .filter(|g| g.custom_fields.values().any(|v| v == "spring-sms"))
+        .flat_map(|g| g.messages.iter().map(|m| m.to.clone()))
+        .collect();
+    sent.sort();
+    let unique: BTreeSet<String> = sent.iter().cloned().collect();
+    assert_eq!(sent.len(), unique.len(), "someone got the follow-up twice");
+    assert_eq!(unique, expected);
+    rig.stop().await;
+}
