@@ -41,6 +41,29 @@ pub struct MockProviderArgs {
     /// Requests per second above which 429 is answered.
     #[arg(long)]
     pub rate_limit: Option<u32>,
+    /// Share of messages that would be registered but are answered with a
+    /// registration failure code instead (decided by the number: a retry
+    /// gets the same answer).
+    #[arg(long, default_value_t = 0.0)]
+    pub registration_failure_rate: f64,
+    /// The codes injected registration failures get, comma-separated
+    /// (e.g. 1062,1000).
+    #[arg(long, value_delimiter = ',', default_value = "1062")]
+    pub registration_failure_codes: Vec<String>,
+    /// Registered messages become final between this and twice this after
+    /// the send (never before the group is COMPLETE), e.g. 500ms, 2s, 1h.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub delivery_delay: Duration,
+    /// Share of registered messages whose delivery fails.
+    #[arg(long, default_value_t = 0.0)]
+    pub delivery_failure_rate: f64,
+    /// The codes failed deliveries get, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "3104,3043")]
+    pub delivery_failure_codes: Vec<String>,
+    /// Share of registered messages that never get a final result (they
+    /// stay 3000).
+    #[arg(long, default_value_t = 0.0)]
+    pub never_final_rate: f64,
 }
 
 /// Runs the mock provider until interrupted.
@@ -65,6 +88,12 @@ pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
     for (name, v) in [
         ("--error-rate", args.error_rate),
         ("--drop-rate", args.drop_rate),
+        (
+            "--registration-failure-rate",
+            args.registration_failure_rate,
+        ),
+        ("--delivery-failure-rate", args.delivery_failure_rate),
+        ("--never-final-rate", args.never_final_rate),
     ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(CliError::Usage(format!(
@@ -72,18 +101,26 @@ pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
             )));
         }
     }
+    let faults = Faults {
+        error_rate: args.error_rate,
+        drop_rate: args.drop_rate,
+        latency_ms: args.latency_ms,
+        rate_limit_per_sec: args.rate_limit,
+        registration_failure_rate: args.registration_failure_rate,
+        registration_failure_codes: trimmed(args.registration_failure_codes),
+        delivery_delay_ms: u64::try_from(args.delivery_delay.as_millis()).unwrap_or(u64::MAX),
+        delivery_failure_rate: args.delivery_failure_rate,
+        delivery_failure_codes: trimmed(args.delivery_failure_codes),
+        never_final_rate: args.never_final_rate,
+        ..Faults::default()
+    };
+    faults.validate().map_err(CliError::Usage)?;
     let config = MockConfig {
         api_key: key,
         api_secret: secret,
         cap: args.cap,
         complete_after: Duration::from_millis(args.complete_after_ms),
-        faults: Faults {
-            error_rate: args.error_rate,
-            drop_rate: args.drop_rate,
-            latency_ms: args.latency_ms,
-            rate_limit_per_sec: args.rate_limit,
-            ..Faults::default()
-        },
+        faults,
         ..MockConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -99,4 +136,13 @@ pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
         r = crate::mock::serve(listener, config) => r.map_err(|e| CliError::Failed(format!("mock provider stopped: {e}"))),
         _ = tokio::signal::ctrl_c() => Ok(()),
     }
+}
+
+/// Codes as given on the command line, without blanks around them.
+fn trimmed(codes: Vec<String>) -> Vec<String> {
+    codes
+        .into_iter()
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty())
+        .collect()
 }

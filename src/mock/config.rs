@@ -59,7 +59,13 @@ impl fmt::Debug for MockConfig {
 /// Faults apply to the provider API routes only (never to `/_mock/...`),
 /// in this order: stall, latency, refused credentials, rate limit, error,
 /// then (after the request took effect) drop.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+/// The delivery hooks ([`registration_failure_rate`](Self::registration_failure_rate)
+/// and the `delivery_*` / `never_final_rate` fields) are not faults of the
+/// transport but of the messages: they decide, by a hash of each message's
+/// `to`, which registrations fail and how each registered message ends. They
+/// apply to adds (registration) and to sends (delivery) made after they are
+/// set. Their defaults keep every message registered and delivered.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Faults {
     /// Share (0..=1) of requests answered `500 InternalError` before they
@@ -85,6 +91,27 @@ pub struct Faults {
     /// had been revoked: what a worker sees when its credentials stop
     /// working after it started.
     pub refuse_credentials: bool,
+    /// Share (0..=1) of messages that would be registered (`"2000"`) but are
+    /// answered with one of
+    /// [`registration_failure_codes`](Self::registration_failure_codes)
+    /// instead, chosen by a hash of the `to`: the same number always gets
+    /// the same answer (a retried add too).
+    pub registration_failure_rate: f64,
+    /// The `"1xxx"` codes injected registration failures are answered with.
+    /// Default `["1062"]`.
+    pub registration_failure_codes: Vec<String>,
+    /// Registered messages of a sent group become final between
+    /// `delivery_delay_ms` and twice that after the send (by a hash of the
+    /// `to`), but never before the group is `COMPLETE`. Default 0.
+    pub delivery_delay_ms: u64,
+    /// Share (0..=1) of registered messages whose delivery fails, with one
+    /// of [`delivery_failure_codes`](Self::delivery_failure_codes).
+    pub delivery_failure_rate: f64,
+    /// The codes failed deliveries end with. Default `["3104", "3043"]`.
+    pub delivery_failure_codes: Vec<String>,
+    /// Share (0..=1) of registered messages that never get a final result
+    /// (they stay `"3000"`).
+    pub never_final_rate: f64,
 }
 
 impl Default for Faults {
@@ -97,6 +124,66 @@ impl Default for Faults {
             retry_after_secs: 1,
             stall_ms: 0,
             refuse_credentials: false,
+            registration_failure_rate: 0.0,
+            registration_failure_codes: vec!["1062".to_owned()],
+            delivery_delay_ms: 0,
+            delivery_failure_rate: 0.0,
+            delivery_failure_codes: vec!["3104".to_owned(), "3043".to_owned()],
+            never_final_rate: 0.0,
         }
+    }
+}
+
+/// Most distinct codes a code list of [`Faults`] may hold.
+pub const MAX_FAULT_CODES: usize = 32;
+
+impl Faults {
+    /// Checks the settings: rates within 0..=1, code lists non-empty (at
+    /// most [`MAX_FAULT_CODES`]), registration failure codes `"1xxx"` (not
+    /// `"1026"`, which means a duplicate), delivery failure codes four digits
+    /// other than `"2000"`, `"3000"` and `"4000"`.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("errorRate", self.error_rate),
+            ("dropRate", self.drop_rate),
+            ("registrationFailureRate", self.registration_failure_rate),
+            ("deliveryFailureRate", self.delivery_failure_rate),
+            ("neverFinalRate", self.never_final_rate),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be between 0 and 1, got {v}"));
+            }
+        }
+        if self.delivery_failure_rate + self.never_final_rate > 1.0 {
+            return Err(format!(
+                "deliveryFailureRate + neverFinalRate must be at most 1, got {}",
+                self.delivery_failure_rate + self.never_final_rate
+            ));
+        }
+        let four_digits = |c: &str| c.len() == 4 && c.bytes().all(|b| b.is_ascii_digit());
+        for (name, codes, ok) in [
+            (
+                "registrationFailureCodes",
+                &self.registration_failure_codes,
+                &(|c: &str| four_digits(c) && c.starts_with('1') && c != "1026")
+                    as &dyn Fn(&str) -> bool,
+            ),
+            (
+                "deliveryFailureCodes",
+                &self.delivery_failure_codes,
+                &|c: &str| four_digits(c) && !matches!(c, "2000" | "3000" | "4000"),
+            ),
+        ] {
+            if codes.is_empty() || codes.len() > MAX_FAULT_CODES {
+                return Err(format!(
+                    "{name} must hold 1 to {MAX_FAULT_CODES} codes, got {}",
+                    codes.len()
+                ));
+            }
+            if let Some(bad) = codes.iter().find(|c| !ok(c)) {
+                return Err(format!("{name}: {bad:?} is not allowed there"));
+            }
+        }
+        Ok(())
     }
 }

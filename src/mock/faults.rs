@@ -77,7 +77,7 @@ impl FaultController {
     }
 
     pub(super) fn get(&self) -> Faults {
-        lock(&self.state).faults
+        lock(&self.state).faults.clone()
     }
 
     pub(super) fn reset_counters(&self) {
@@ -102,7 +102,7 @@ impl FaultController {
     /// Rate limit, error and drop decisions for a request about to be handled.
     pub(super) fn verdict(&self) -> Verdict {
         let now_window = self.epoch.elapsed().as_secs();
-        let faults = {
+        let (error_rate, drop_rate) = {
             let mut s = lock(&self.state);
             if s.faults.refuse_credentials {
                 return Verdict::RefuseCredentials;
@@ -122,13 +122,13 @@ impl FaultController {
                     };
                 }
             }
-            s.faults
+            (s.faults.error_rate, s.faults.drop_rate)
         };
-        if faults.error_rate > 0.0 && rand::random::<f64>() < faults.error_rate {
+        if error_rate > 0.0 && rand::random::<f64>() < error_rate {
             self.errors.fetch_add(1, Ordering::Relaxed);
             return Verdict::Error;
         }
-        let drop = faults.drop_rate > 0.0 && rand::random::<f64>() < faults.drop_rate;
+        let drop = drop_rate > 0.0 && rand::random::<f64>() < drop_rate;
         Verdict::Proceed { drop }
     }
 }

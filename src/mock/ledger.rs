@@ -7,10 +7,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::config::Faults;
+use super::delivery::{self, Deliveries, DeliveryPlan, Fate};
 use crate::phone;
 use crate::provider::model::{Group, GroupCount, GroupStatus};
 
@@ -77,6 +80,106 @@ pub(crate) enum Code {
     Duplicate = 1,
     InvalidNumber = 2,
     Rejected = 3,
+}
+
+/// Code bytes from this one on index the group's table of injected
+/// registration failure codes.
+const TABLE_BASE: u8 = 4;
+
+/// The status code a stored code byte stands for.
+pub(crate) fn code_str(b: u8, table: &[Box<str>]) -> &str {
+    if b < TABLE_BASE {
+        Code::from_u8(b).status_code()
+    } else {
+        table
+            .get(usize::from(b - TABLE_BASE))
+            .map_or(Code::Rejected.status_code(), |c| c)
+    }
+}
+
+/// The `statusMessage` of an add result for a stored code byte.
+pub(crate) fn code_message(b: u8, table: &[Box<str>]) -> &'static str {
+    if b < TABLE_BASE {
+        Code::from_u8(b).status_message()
+    } else {
+        delivery::reason(code_str(b, table))
+    }
+}
+
+/// A message's status as the list shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status<'a> {
+    /// `"2000"`: registered, the group not sent.
+    Registered,
+    /// `"3000"`: sent, no final result (yet, or ever).
+    Pending,
+    /// `"4000"`, this many ms after the send.
+    Delivered(u32),
+    /// Failed with this code, this many ms after the send.
+    Failed(&'a str, u32),
+    /// A registration failure (`"1xxx"`): never sent.
+    Refused(&'a str),
+}
+
+impl<'a> Status<'a> {
+    pub(crate) fn code(self) -> &'a str {
+        match self {
+            Status::Registered => Code::Registered.status_code(),
+            Status::Pending => "3000",
+            Status::Delivered(_) => "4000",
+            Status::Failed(c, _) | Status::Refused(c) => c,
+        }
+    }
+
+    /// The final code: delivered, failed, or refused at registration
+    /// (`None` for a duplicate, which is not a message of its own).
+    pub(crate) fn final_code(self) -> Option<&'a str> {
+        match self {
+            Status::Registered | Status::Pending => None,
+            Status::Refused(c) if c == Code::Duplicate.status_code() => None,
+            s => Some(s.code()),
+        }
+    }
+
+    /// When it became final, in ms after the send (delivery results only).
+    pub(crate) fn final_offset_ms(self) -> Option<u32> {
+        match self {
+            Status::Delivered(o) | Status::Failed(_, o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// The status of one stored message: `plan` is set once the group is sent,
+/// `elapsed_ms` (since the send) once it is `COMPLETE`: no result comes
+/// before that.
+fn message_status<'a>(
+    key: u64,
+    byte: u8,
+    table: &'a [Box<str>],
+    plan: Option<&'a DeliveryPlan>,
+    elapsed_ms: Option<u64>,
+) -> Status<'a> {
+    if byte != Code::Registered as u8 {
+        return Status::Refused(code_str(byte, table));
+    }
+    let Some(plan) = plan else {
+        return Status::Registered;
+    };
+    let Some(e) = elapsed_ms else {
+        return Status::Pending;
+    };
+    match plan.fate(key) {
+        Fate::Delivered(o) if u64::from(o) <= e => Status::Delivered(o),
+        Fate::Failed(i, o) if u64::from(o) <= e => Status::Failed(&plan.failure_codes[i], o),
+        _ => Status::Pending,
+    }
+}
+
+/// The ids of a group's messages without their index (the add answer and
+/// the list append it as 9 digits: `M4V{nonce}{group_seq:06}{index:09}`).
+fn id_prefix(nonce: &str, group_seq: u64) -> String {
+    format!("M4V{nonce}{group_seq:06}")
 }
 
 impl Code {
@@ -151,6 +254,12 @@ struct GroupRec {
     registered: FastSet,
     registered_success: u64,
     send_calls: Vec<(u16, Option<&'static str>)>,
+    /// Injected registration failure codes, indexed by code byte − 4.
+    code_table: Vec<Box<str>>,
+    /// Decided at the send.
+    deliveries: Option<Deliveries>,
+    /// Ms from the send to the last refresh, once `COMPLETE`.
+    elapsed_ms: Option<u64>,
 }
 
 impl GroupRec {
@@ -164,6 +273,55 @@ impl GroupRec {
                 }
             }
         }
+        if self.state == State::Complete {
+            if let Some((at, _)) = self.sent_at {
+                self.elapsed_ms = Some(now.saturating_duration_since(at).as_millis() as u64);
+            }
+        }
+    }
+
+    /// The code byte of an injected registration failure code.
+    fn intern(&mut self, code: &str) -> u8 {
+        if let Some(i) = self.code_table.iter().position(|c| &**c == code) {
+            return TABLE_BASE + i as u8;
+        }
+        if self.code_table.len() >= usize::from(u8::MAX - TABLE_BASE) {
+            return Code::Rejected as u8;
+        }
+        self.code_table.push(code.into());
+        TABLE_BASE + (self.code_table.len() - 1) as u8
+    }
+
+    fn plan(&self) -> Option<&DeliveryPlan> {
+        self.deliveries.as_ref().map(|d| &*d.plan)
+    }
+
+    /// Final results so far by code: registration failures (duplicates
+    /// aside), then deliveries and delivery failures.
+    fn final_codes(&self) -> BTreeMap<String, u64> {
+        let mut by_byte = [0u64; 256];
+        for &c in &self.codes {
+            by_byte[usize::from(c)] += 1;
+        }
+        let mut out = BTreeMap::new();
+        for (b, &n) in by_byte.iter().enumerate().skip(1) {
+            if n > 0 && b != Code::Duplicate as usize {
+                *out.entry(code_str(b as u8, &self.code_table).to_owned())
+                    .or_default() += n;
+            }
+        }
+        if let (Some(d), Some(e)) = (&self.deliveries, self.elapsed_ms) {
+            let ok = d.delivered_by(e);
+            if ok > 0 {
+                *out.entry("4000".to_owned()).or_default() += ok;
+            }
+            for (code, n) in d.failed_by(e) {
+                if n > 0 {
+                    *out.entry(code.to_owned()).or_default() += n;
+                }
+            }
+        }
+        out
     }
 
     fn status(&self) -> GroupStatus {
@@ -186,10 +344,20 @@ impl GroupRec {
         };
         match self.state {
             State::Pending | State::Deleted => {}
-            State::Sending => c.sent_pending = ok,
+            State::Sending => {
+                c.sent_total = ok;
+                c.sent_pending = ok;
+            }
             State::Complete => {
                 c.sent_total = ok;
-                c.sent_success = ok;
+                match (&self.deliveries, self.elapsed_ms) {
+                    (Some(d), Some(e)) => {
+                        c.sent_success = d.delivered_by(e);
+                        c.sent_failed = d.failed_by(e).map(|(_, n)| n).sum();
+                    }
+                    _ => c.sent_success = ok,
+                }
+                c.sent_pending = ok - c.sent_success - c.sent_failed;
             }
         }
         c
@@ -208,7 +376,7 @@ impl GroupRec {
     }
 }
 
-fn fmt_date(t: SystemTime) -> String {
+pub(crate) fn fmt_date(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
@@ -217,7 +385,34 @@ pub(crate) struct AddOutcome {
     pub group_seq: u64,
     /// Index in the group of the first message of this request.
     pub base_index: u64,
-    pub codes: Vec<Code>,
+    /// Code bytes (see [`code_str`]).
+    pub codes: Vec<u8>,
+    /// The group's table of injected codes, for [`code_str`].
+    pub table: Vec<Box<str>>,
+}
+
+/// One page of `GET /messages/v4/list`, to be written outside the lock.
+pub(crate) struct ListPage {
+    pub group_id: String,
+    /// The group's (the mock keeps no time per message).
+    pub date_created: String,
+    /// The group's send, for `dateProcessed` of sent messages.
+    pub date_sent: Option<String>,
+    pub items: Vec<ListItem>,
+    /// The id of the first message of the next page.
+    pub next_key: Option<String>,
+}
+
+/// One message of a [`ListPage`].
+pub(crate) struct ListItem {
+    pub message_id: String,
+    pub to: String,
+    pub status_code: String,
+    pub reason: &'static str,
+    /// Sent (`dateProcessed` is the send's date).
+    pub processed: bool,
+    /// When its delivery result came (`dateReported`).
+    pub reported: Option<SystemTime>,
 }
 
 /// Everything the mock remembers.
@@ -282,6 +477,9 @@ impl Ledger {
             registered: FastSet::default(),
             registered_success: 0,
             send_calls: Vec::new(),
+            code_table: Vec::new(),
+            deliveries: None,
+            elapsed_ms: None,
         };
         let g = rec.to_group();
         self.by_id.insert(group_id, self.groups.len());
@@ -293,13 +491,15 @@ impl Ledger {
     /// invalid number (`"1062"`). Dedupe is against this group's `"2000"`
     /// registrations only: a `to` whose earlier attempt failed (say over the
     /// cap) gets the same answer again on a retry instead of a `"1026"` that
-    /// would pass for a registration.
+    /// would pass for a registration. A message that would be registered
+    /// may instead get an injected failure ([`Faults::registration_failure_rate`]).
     pub(super) fn add<'a>(
         &mut self,
         id: &str,
         msgs: impl ExactSizeIterator<Item = (Option<u64>, &'a str)>,
         cap: u64,
         complete_after: Duration,
+        faults: &Faults,
     ) -> Result<AddOutcome, MockError> {
         let g = self.find(id)?;
         g.refresh(Instant::now(), complete_after);
@@ -324,6 +524,13 @@ impl Ledger {
                 Some(k) if !g.allow_duplicates && g.registered.contains(&k) => (k, Code::Duplicate),
                 Some(k) if g.registered_success >= cap => (k, Code::Rejected),
                 Some(k) => {
+                    if let Some(c) = delivery::registration_failure(k, faults) {
+                        let b = g.intern(c);
+                        g.tos.push(k);
+                        g.codes.push(b);
+                        codes.push(b);
+                        continue;
+                    }
                     if !g.allow_duplicates {
                         g.registered.insert(k);
                     }
@@ -333,17 +540,25 @@ impl Ledger {
             };
             g.tos.push(stored);
             g.codes.push(code as u8);
-            codes.push(code);
+            codes.push(code as u8);
         }
         Ok(AddOutcome {
             group_seq: g.seq,
             base_index,
             codes,
+            table: g.code_table.clone(),
         })
     }
 
-    /// Triggers a send, recording the call and its answer.
-    pub(super) fn send(&mut self, id: &str, complete_after: Duration) -> Result<Group, MockError> {
+    /// Triggers a send, recording the call and its answer. The fate of
+    /// every registered message is decided now, with the delivery settings
+    /// of `faults`.
+    pub(super) fn send(
+        &mut self,
+        id: &str,
+        complete_after: Duration,
+        faults: &Faults,
+    ) -> Result<Group, MockError> {
         let g = self.find(id)?;
         let now = Instant::now();
         g.refresh(now, complete_after);
@@ -353,6 +568,16 @@ impl Ledger {
                 g.state = State::Sending;
                 g.sent_at = Some((now, sys));
                 g.date_sent = Some(fmt_date(sys));
+                let registered = g
+                    .tos
+                    .iter()
+                    .zip(&g.codes)
+                    .filter(|(_, c)| **c == Code::Registered as u8)
+                    .map(|(k, _)| *k);
+                g.deliveries = Some(Deliveries::decide(
+                    DeliveryPlan::from_faults(faults),
+                    registered,
+                ));
                 // The answer says SENDING even with `complete_after` 0, as
                 // the real service does: completion is seen on later reads.
                 Ok(g.to_group())
@@ -377,6 +602,81 @@ impl Ledger {
         let g = self.find(id)?;
         g.refresh(Instant::now(), complete_after);
         Ok(g.to_group())
+    }
+
+    /// One page of a group's messages in index order: at most `limit`
+    /// from the one `start_key` names (from the first without), only those
+    /// whose status is `status_code` if given. `Ok(None)` for an unknown
+    /// group; `400 ValidationError` for a key that names no message of it.
+    pub(super) fn list(
+        &mut self,
+        id: &str,
+        start_key: Option<&str>,
+        limit: usize,
+        status_code: Option<&str>,
+        complete_after: Duration,
+    ) -> Result<Option<ListPage>, MockError> {
+        let Some(&gi) = self.by_id.get(id) else {
+            return Ok(None);
+        };
+        let prefix = id_prefix(&self.nonce, self.groups[gi].seq);
+        let g = &mut self.groups[gi];
+        g.refresh(Instant::now(), complete_after);
+        let len = g.tos.len();
+        let start = match start_key {
+            None => 0,
+            Some(key) => key
+                .strip_prefix(&prefix)
+                .filter(|i| i.len() == 9 && i.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|i| i.parse::<usize>().ok())
+                .filter(|i| *i <= len)
+                .ok_or_else(|| {
+                    MockError::new(
+                        400,
+                        "ValidationError",
+                        format!("startKey {key:?} names no message of group {id}"),
+                    )
+                })?,
+        };
+        let plan = g.plan();
+        let sent = g.sent_at.map(|(_, sys)| sys);
+        let mut items = Vec::with_capacity(limit.min(len - start));
+        let mut next_key = None;
+        for i in start..len {
+            let (k, c) = (g.tos[i], g.codes[i]);
+            let status = message_status(k, c, &g.code_table, plan, g.elapsed_ms);
+            let code = status.code();
+            if status_code.is_some_and(|want| want != code) {
+                continue;
+            }
+            if items.len() == limit {
+                next_key = Some(format!("{prefix}{i:09}"));
+                break;
+            }
+            items.push(ListItem {
+                message_id: format!("{prefix}{i:09}"),
+                to: unpack(k, &g.odd),
+                status_code: code.to_owned(),
+                reason: match status {
+                    Status::Refused(_) => code_message(c, &g.code_table),
+                    _ => delivery::reason(code),
+                },
+                processed: plan.is_some() && c == Code::Registered as u8,
+                reported: match (status.final_offset_ms(), sent) {
+                    (Some(o), Some(sys)) => {
+                        Some(sys + Duration::from_millis(u64::from(o)).max(complete_after))
+                    }
+                    _ => None,
+                },
+            });
+        }
+        Ok(Some(ListPage {
+            group_id: g.group_id.clone(),
+            date_created: g.date_created.clone(),
+            date_sent: g.date_sent.clone(),
+            items,
+            next_key,
+        }))
     }
 
     pub(super) fn delete(
@@ -404,11 +704,17 @@ impl Ledger {
     /// expensive formatting happens after the lock is released.
     pub(super) fn raw_snapshot(&mut self, complete_after: Duration) -> Vec<RawGroup> {
         let now = Instant::now();
+        let nonce = &self.nonce;
         self.groups
             .iter_mut()
             .map(|g| {
                 g.refresh(now, complete_after);
                 RawGroup {
+                    id_prefix: id_prefix(nonce, g.seq),
+                    code_table: g.code_table.clone(),
+                    plan: g.deliveries.as_ref().map(|d| d.plan.clone()),
+                    elapsed_ms: g.elapsed_ms,
+                    final_codes: g.final_codes(),
                     group_id: g.group_id.clone(),
                     custom_fields: g.custom_fields.clone(),
                     allow_duplicates: g.allow_duplicates,
@@ -427,6 +733,12 @@ impl Ledger {
 
 /// A group copied out of the ledger.
 pub(crate) struct RawGroup {
+    /// Message ids without the index.
+    id_prefix: String,
+    code_table: Vec<Box<str>>,
+    plan: Option<Arc<DeliveryPlan>>,
+    elapsed_ms: Option<u64>,
+    final_codes: BTreeMap<String, u64>,
     group_id: String,
     custom_fields: BTreeMap<String, String>,
     allow_duplicates: bool,
@@ -491,10 +803,20 @@ pub struct LedgerGroup {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct LedgerMessage {
+    /// The id the add answer gave it (`M4V...`).
+    #[serde(default)]
+    pub message_id: String,
     /// Recipient as received.
     pub to: String,
-    /// The code it was answered with (`"2000"`, `"1026"`, `"1062"`, `"1000"`).
+    /// The code it was answered with (`"2000"`, `"1026"`, `"1062"`,
+    /// `"1000"`, or an injected registration failure code).
     pub status_code: String,
+    /// Its final code at snapshot time: `"4000"`, a delivery failure code,
+    /// or its registration failure code (`"1xxx"`). `None` while it has no
+    /// final result (not sent, pending, never final) and for a duplicate
+    /// (`"1026"`).
+    #[serde(default)]
+    pub final_status: Option<String>,
 }
 
 /// One send call and its answer.
@@ -516,6 +838,10 @@ pub struct LedgerSummary {
     /// Every `to` answered `"2000"` more than once, across all groups.
     /// Empty unless something registered a recipient twice.
     pub duplicate_registrations: Vec<DuplicateRegistration>,
+    /// Messages by final code so far across all groups (the sum of
+    /// [`GroupSummary::final_status_codes`]).
+    #[serde(default)]
+    pub final_status_codes: BTreeMap<String, u64>,
     /// Request and fault totals since start (or the last reset).
     pub totals: Totals,
 }
@@ -536,6 +862,10 @@ pub struct GroupSummary {
     pub count: GroupCount,
     /// Stored messages by status code, e.g. `{"2000": 9998, "1062": 2}`.
     pub status_codes: BTreeMap<String, u64>,
+    /// Messages by final code so far (as [`LedgerMessage::final_status`]),
+    /// e.g. `{"4000": 9000, "3104": 998, "1062": 2}`.
+    #[serde(default)]
+    pub final_status_codes: BTreeMap<String, u64>,
     /// Every send call on this group and how it was answered.
     pub send_calls: Vec<SendCall>,
     /// When the group was sent (the accepted send call), Unix ms.
@@ -558,7 +888,8 @@ pub struct DuplicateRegistration {
 #[serde(rename_all = "camelCase")]
 pub struct Totals {
     /// API requests received by endpoint (`create`, `add`, `send`, `get`,
-    /// `delete`, `other`), faulted ones included.
+    /// `delete`, `messages` (the message list), `other`), faulted ones
+    /// included.
     pub requests: BTreeMap<String, u64>,
     /// Faults injected.
     pub faults: FaultTotals,
@@ -591,9 +922,16 @@ pub(crate) fn snapshot(raw: Vec<RawGroup>) -> LedgerSnapshot {
                     .tos
                     .iter()
                     .zip(&g.codes)
-                    .map(|(&k, &c)| LedgerMessage {
-                        to: unpack(k, &g.odd),
-                        status_code: Code::from_u8(c).status_code().to_owned(),
+                    .enumerate()
+                    .map(|(i, (&k, &c))| {
+                        let status =
+                            message_status(k, c, &g.code_table, g.plan.as_deref(), g.elapsed_ms);
+                        LedgerMessage {
+                            message_id: format!("{}{i:09}", g.id_prefix),
+                            to: unpack(k, &g.odd),
+                            status_code: code_str(c, &g.code_table).to_owned(),
+                            final_status: status.final_code().map(str::to_owned),
+                        }
                     })
                     .collect(),
                 send_calls: g.send_calls(),
@@ -613,27 +951,28 @@ pub(crate) fn summary(raw: Vec<RawGroup>, totals: Totals) -> LedgerSummary {
     let mut seen: FastMap<Vec<u32>> = FastMap::default();
     let mut groups = Vec::with_capacity(raw.len());
     let mut totals = totals;
+    let mut final_status_codes: BTreeMap<String, u64> = BTreeMap::new();
     for (gi, g) in raw.iter().enumerate() {
-        let mut by_code = [0u64; 4];
+        let mut by_code = [0u64; 256];
         for (&k, &c) in g.tos.iter().zip(&g.codes) {
-            let code = Code::from_u8(c);
-            by_code[code as usize] += 1;
-            if code == Code::Registered {
+            by_code[usize::from(c)] += 1;
+            if c == Code::Registered as u8 {
                 seen.entry(k).or_default().push(gi as u32);
             }
         }
         totals.messages += g.tos.len() as u64;
         totals.registered += by_code[Code::Registered as usize];
-        let status_codes = [
-            Code::Registered,
-            Code::Duplicate,
-            Code::InvalidNumber,
-            Code::Rejected,
-        ]
-        .into_iter()
-        .filter(|c| by_code[*c as usize] > 0)
-        .map(|c| (c.status_code().to_owned(), by_code[c as usize]))
-        .collect();
+        let mut status_codes: BTreeMap<String, u64> = BTreeMap::new();
+        for (b, &n) in by_code.iter().enumerate() {
+            if n > 0 {
+                *status_codes
+                    .entry(code_str(b as u8, &g.code_table).to_owned())
+                    .or_default() += n;
+            }
+        }
+        for (c, n) in &g.final_codes {
+            *final_status_codes.entry(c.clone()).or_default() += n;
+        }
         groups.push(GroupSummary {
             group_id: g.group_id.clone(),
             custom_fields: g.custom_fields.clone(),
@@ -641,6 +980,7 @@ pub(crate) fn summary(raw: Vec<RawGroup>, totals: Totals) -> LedgerSummary {
             status: g.status,
             count: g.count,
             status_codes,
+            final_status_codes: g.final_codes.clone(),
             send_calls: g.send_calls(),
             sent_at_ms: g.sent_at_ms,
         });
@@ -660,6 +1000,7 @@ pub(crate) fn summary(raw: Vec<RawGroup>, totals: Totals) -> LedgerSummary {
     LedgerSummary {
         groups,
         duplicate_registrations,
+        final_status_codes,
         totals,
     }
 }
@@ -694,6 +1035,7 @@ mod tests {
                 tos.iter().map(|t| (pack(t), *t)),
                 2,
                 Duration::ZERO,
+                &Faults::default(),
             )
             .unwrap();
         assert_eq!(
@@ -705,6 +1047,7 @@ mod tests {
                 Code::InvalidNumber,
                 Code::Rejected
             ]
+            .map(|c| c as u8)
         );
         let s = snapshot(l.raw_snapshot(Duration::ZERO));
         assert_eq!(s.groups[0].messages[3].to, "bad");

@@ -20,6 +20,7 @@
 //! - `POST /_mock/reset`: forget every group and counter.
 
 mod config;
+mod delivery;
 mod faults;
 pub mod invariants;
 mod ledger;
@@ -36,7 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{Faults, MockConfig};
+pub use config::{Faults, MockConfig, MAX_FAULT_CODES};
 pub use ledger::{
     DuplicateRegistration, FaultTotals, GroupSummary, LedgerGroup, LedgerMessage, LedgerSnapshot,
     LedgerSummary, SendCall, Totals,
@@ -100,7 +101,7 @@ impl MockState {
             error_count_as_string: config.error_count_as_string,
             refused_number: Mutex::new(None),
             endpoint_faults: Mutex::new(Default::default()),
-            initial_faults: config.faults,
+            initial_faults: config.faults.clone(),
             ledger: Mutex::new(Ledger::new(nonce.clone())),
             nonce,
             faults: FaultController::new(config.faults),
@@ -140,7 +141,7 @@ impl MockState {
     /// captured request replayable.
     fn reset(&self) {
         lock(&self.ledger).clear();
-        self.faults.set(self.initial_faults);
+        self.faults.set(self.initial_faults.clone());
         self.faults.reset_counters();
         for r in &self.requests {
             r.store(0, Ordering::Relaxed);
@@ -258,7 +259,7 @@ impl MockHandle {
     }
 
     /// From now on, every request to `endpoint` (`create`, `add`, `send`,
-    /// `get` or `delete`) fails as `fault` says (None: stop). For tests: a
+    /// `get`, `delete` or `messages`) fails as `fault` says (None: stop). For tests: a
     /// provider that refuses one operation for good, or loses its answers.
     /// An unknown endpoint name is ignored.
     pub fn fail_endpoint(&self, endpoint: &str, fault: Option<EndpointFault>) {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -19,7 +20,7 @@ use serde::Deserialize;
 
 use super::config::Faults;
 use super::faults::Verdict;
-use super::ledger::{self, Code, MockError};
+use super::ledger::{self, Code, ListPage, MockError};
 use super::{lock, EndpointFault, MockState};
 use crate::provider::auth::{self, AuthError};
 use crate::provider::model::{CreateGroupRequest, ErrorBody};
@@ -31,7 +32,17 @@ use crate::provider::MAX_MESSAGES_PER_REQUEST;
 const MAX_BODY: usize = 256 * 1024 * 1024;
 
 /// Endpoint names, as counted in the totals and used in the client metrics.
-pub(crate) const ENDPOINTS: [&str; 6] = ["create", "add", "send", "get", "delete", "other"];
+/// `messages` is the message list (`GET /messages/v4/list`).
+pub(crate) const ENDPOINTS: [&str; 7] = [
+    "create", "add", "send", "get", "delete", "messages", "other",
+];
+
+/// Index of `other` in [`ENDPOINTS`].
+const OTHER: usize = ENDPOINTS.len() - 1;
+
+/// Most messages a list page holds; the default when `limit` is missing.
+const MAX_LIST_LIMIT: usize = 500;
+const DEFAULT_LIST_LIMIT: usize = 100;
 
 pub(crate) fn router(state: Arc<MockState>) -> Router {
     let api = Router::new()
@@ -42,6 +53,7 @@ pub(crate) fn router(state: Arc<MockState>) -> Router {
         )
         .route("/messages/v4/groups/{id}/messages", put(add_messages))
         .route("/messages/v4/groups/{id}/send", post(send_group))
+        .route("/messages/v4/list", get(list_messages))
         .layer(middleware::from_fn_with_state(state.clone(), guard));
     let hooks = Router::new()
         .route("/_mock/faults", get(get_faults).post(set_faults))
@@ -77,8 +89,11 @@ impl IntoResponse for MockError {
 
 fn classify(method: &Method, path: &str) -> usize {
     let path = path.trim_end_matches('/');
-    let Some(rest) = path.strip_prefix("/messages/v4/groups") else {
+    if path == "/messages/v4/list" && method == Method::GET {
         return 5;
+    }
+    let Some(rest) = path.strip_prefix("/messages/v4/groups") else {
+        return OTHER;
     };
     let segments = rest.split('/').filter(|s| !s.is_empty()).count();
     match (method, segments, rest.rsplit('/').next()) {
@@ -87,7 +102,7 @@ fn classify(method: &Method, path: &str) -> usize {
         (&Method::POST, 2, Some("send")) => 2,
         (&Method::GET, 1, _) => 3,
         (&Method::DELETE, 1, _) => 4,
-        _ => 5,
+        _ => OTHER,
     }
 }
 
@@ -253,6 +268,7 @@ async fn add_messages(
                 .map(|(k, m)| (*k, m.to.as_ref())),
             s.cap,
             s.complete_after,
+            &s.faults.get(),
         )
     };
     let outcome = match outcome {
@@ -263,7 +279,7 @@ async fn add_messages(
     let errors = outcome
         .codes
         .iter()
-        .filter(|c| **c != Code::Registered)
+        .filter(|c| **c != Code::Registered as u8)
         .count();
     let mut out = Vec::with_capacity(64 + n * 128);
     out.extend_from_slice(b"{\"groupId\":");
@@ -286,8 +302,8 @@ async fn add_messages(
             s.nonce,
             outcome.group_seq,
             outcome.base_index + i as u64,
-            code.status_code(),
-            code.status_message()
+            ledger::code_str(*code, &outcome.table),
+            ledger::code_message(*code, &outcome.table)
         );
     }
     out.extend_from_slice(b"]}");
@@ -309,7 +325,8 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 async fn send_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
-    let r = lock(&s.ledger).send(&id, s.complete_after);
+    let faults = s.faults.get();
+    let r = lock(&s.ledger).send(&id, s.complete_after, &faults);
     match r {
         Ok(g) => Json(g).into_response(),
         Err(e) => e.into_response(),
@@ -328,6 +345,104 @@ async fn list_groups() -> Response {
         "groupList": {},
     }))
     .into_response()
+}
+
+/// The query of `GET /messages/v4/list` (other parameters are ignored).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    group_id: Option<String>,
+    limit: Option<String>,
+    start_key: Option<String>,
+    status_code: Option<String>,
+}
+
+/// `GET /messages/v4/list?groupId=G&limit=N[&startKey=K][&statusCode=C]`.
+async fn list_messages(
+    State(s): State<Arc<MockState>>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(400, "ValidationError", format!("invalid query: {e}")),
+    };
+    let limit = match q.limit.as_deref() {
+        None => DEFAULT_LIST_LIMIT,
+        Some(l) => match l.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => n,
+            _ => {
+                return error(
+                    400,
+                    "ValidationError",
+                    format!("limit must be 1 to {MAX_LIST_LIMIT}, got {l:?}"),
+                )
+            }
+        },
+    };
+    let Some(group_id) = q.group_id.filter(|g| !g.is_empty()) else {
+        return error(400, "ValidationError", "groupId is required");
+    };
+    let page = lock(&s.ledger).list(
+        &group_id,
+        q.start_key.as_deref(),
+        limit,
+        q.status_code.as_deref(),
+        s.complete_after,
+    );
+    match page {
+        Ok(page) => list_answer(q.start_key.as_deref(), limit, page),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Writes a list page by hand into one buffer, in index order.
+fn list_answer(start_key: Option<&str>, limit: usize, page: Option<ListPage>) -> Response {
+    let mut out = Vec::with_capacity(128 + limit * 400);
+    out.extend_from_slice(b"{\"startKey\":");
+    match start_key {
+        Some(k) => json_str(&mut out, k),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"nextKey\":");
+    match page.as_ref().and_then(|p| p.next_key.as_deref()) {
+        Some(k) => json_str(&mut out, k),
+        None => out.extend_from_slice(b"null"),
+    }
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, ",\"limit\":{limit},\"messageList\":{{");
+    if let Some(p) = &page {
+        for (i, m) in p.items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json_str(&mut out, &m.message_id);
+            out.extend_from_slice(b":{\"messageId\":");
+            json_str(&mut out, &m.message_id);
+            out.extend_from_slice(b",\"groupId\":");
+            json_str(&mut out, &p.group_id);
+            out.extend_from_slice(b",\"to\":");
+            json_str(&mut out, &m.to);
+            out.extend_from_slice(b",\"type\":\"ATA\",\"statusCode\":");
+            json_str(&mut out, &m.status_code);
+            out.extend_from_slice(b",\"reason\":");
+            json_str(&mut out, m.reason);
+            out.extend_from_slice(b",\"replacement\":false,\"dateCreated\":");
+            json_str(&mut out, &p.date_created);
+            out.extend_from_slice(b",\"dateProcessed\":");
+            match (&p.date_sent, m.processed) {
+                (Some(d), true) => json_str(&mut out, d),
+                _ => out.extend_from_slice(b"null"),
+            }
+            out.extend_from_slice(b",\"dateReported\":");
+            match m.reported {
+                Some(t) => json_str(&mut out, &ledger::fmt_date(t)),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.push(b'}');
+        }
+    }
+    out.extend_from_slice(b"}}");
+    ([(CONTENT_TYPE, "application/json")], out).into_response()
 }
 
 async fn get_group(State(s): State<Arc<MockState>>, Path(id): Path<String>) -> Response {
@@ -353,7 +468,10 @@ async fn get_faults(State(s): State<Arc<MockState>>) -> Json<Faults> {
 async fn set_faults(State(s): State<Arc<MockState>>, body: Bytes) -> Response {
     match serde_json::from_slice::<Faults>(&body) {
         Ok(f) => {
-            s.faults.set(f);
+            if let Err(e) = f.validate() {
+                return error(400, "ValidationError", format!("invalid faults: {e}"));
+            }
+            s.faults.set(f.clone());
             Json(f).into_response()
         }
         Err(e) => error(400, "ValidationError", format!("invalid faults: {e}")),
@@ -384,7 +502,10 @@ mod tests {
         assert_eq!(classify(&Method::POST, "/messages/v4/groups/G1/send"), 2);
         assert_eq!(classify(&Method::GET, "/messages/v4/groups/G1"), 3);
         assert_eq!(classify(&Method::DELETE, "/messages/v4/groups/G1"), 4);
-        assert_eq!(classify(&Method::GET, "/elsewhere"), 5);
+        assert_eq!(classify(&Method::GET, "/messages/v4/list"), 5);
+        assert_eq!(classify(&Method::POST, "/messages/v4/list"), OTHER);
+        assert_eq!(classify(&Method::GET, "/elsewhere"), OTHER);
+        assert_eq!(ENDPOINTS[OTHER], "other");
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct GroupCount {
     pub sent_failed: u64,
     /// Messages sent but without a result yet.
     pub sent_pending: u64,
+    /// Messages that went out as the SMS fallback of a failed AlimTalk.
+    pub sent_replacement: u64,
 }
 
 /// A provider group.

@@ -261,12 +261,13 @@ impl Rig {
             retry_after_secs: 1,
             stall_ms: 0,
             refuse_credentials: false,
+            ..Faults::default()
         };
         let mock = mock::start(
             MockConfig {
                 cap: plan.cap,
                 complete_after: Duration::from_millis(300),
-                faults: base_faults,
+                faults: base_faults.clone(),
                 ..common::mock_config()
             },
             "127.0.0.1:0".parse().expect("addr"),
@@ -546,7 +547,7 @@ impl Rig {
     pub fn open_stall(&mut self, ms: u64) {
         self.mock.set_faults(Faults {
             stall_ms: ms,
-            ..self.base_faults
+            ..self.base_faults.clone()
         });
         self.stats.stalls_opened += 1;
         self.log(format!("provider stall window of {ms} ms"));
@@ -556,7 +557,7 @@ impl Rig {
     /// 5xx, stall windows included, until it ends.
     pub fn provider_outage(&mut self, on: bool) {
         self.base_faults.error_rate = if on { 1.0 } else { NORMAL_ERROR_RATE };
-        self.mock.set_faults(self.base_faults);
+        self.mock.set_faults(self.base_faults.clone());
         if on {
             self.stats.outages += 1;
         }
