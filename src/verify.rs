@@ -156,6 +156,9 @@ impl Tally {
                     | Event::BatchReported(_)
                     // An operator's purge or redrive of a dead letter: no work.
                     | Event::DeadLetterHandled(_)
+                    // The delivery results of what was sent.
+                    | Event::GenerationDelivered(_)
+                    | Event::BatchDelivered(_)
             );
             if t.reported() && !may_follow {
                 t.after_report.push((r.key.clone(), r.event.type_name()));

@@ -341,6 +341,27 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("renew_lease", vec![keys.ingest(s)]),
         ("restore", vec![k.state.clone(), k.events.clone()]),
         ("note", vec![k.state.clone()]),
+        // store/delivery.rs.
+        (
+            "track_page",
+            vec![
+                k.state.clone(),
+                k.events.clone(),
+                k.results.clone(),
+                k.delivery.clone(),
+            ],
+        ),
+        (
+            "delivered",
+            vec![
+                k.state.clone(),
+                k.events.clone(),
+                k.work.clone(),
+                k.reports.clone(),
+                k.results.clone(),
+                k.delivery.clone(),
+            ],
+        ),
         ("promote", vec![keys.delayed(s), keys.work(s)]),
         ("rate_limit", vec![keys.limiter()]),
         // watchdog.rs.
@@ -481,6 +502,21 @@ async fn run_every_script(store: &Store, round: u32) {
                 .await
                 .expect("completed"),
             Completion::Reported
+        );
+        // Delivery tracking of the group, and the delivery report.
+        let page = groupcast::store::delivery::PageCounts {
+            delivered: 2,
+            ..Default::default()
+        };
+        assert!(log
+            .track_page(0, "G1", "", &page, Duration::from_secs(60), &[])
+            .await
+            .expect("track_page"));
+        assert_eq!(
+            log.delivered(0, "G1", false, Duration::from_secs(60))
+                .await
+                .expect("delivered"),
+            groupcast::store::delivery::BatchDelivery::Decided
         );
         let stall = Event::BatchStalled(BatchStalled {
             quiet_since_ms: 1,

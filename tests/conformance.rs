@@ -298,6 +298,7 @@ fn policy(rng: &mut StdRng, bitmap_from: u64) -> BatchPolicy {
         retention: Duration::from_secs(if rng.random_bool(0.5) { 3600 } else { 0 }),
         deliver: rng.random_bool(0.5),
         bitmap_from,
+        track: rng.random_bool(0.5),
     }
 }
 

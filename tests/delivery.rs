@@ -234,7 +234,8 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
     };
     submit("spring", "campaign.csv", "alimtalk.json", &[]);
     let first = delivery_report(&rig.store, "spring").await;
-    assert_eq!(first.duplicates, 1);
+    // submit drops the file's second copy of a number before the batch sees it.
+    assert_eq!(first.recipients, 3_000);
     let (failed, _, _) = ledger_outcomes(&rig.mock.ledger());
     let expected: BTreeSet<String> = failed
         .iter()
