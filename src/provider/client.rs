@@ -314,11 +314,6 @@ impl ProviderClient {
         Ok(())
     }
 
-    /// The base URL, for the endpoints outside `/messages/v4/groups`.
-    pub(super) fn base_url_parsed(&self) -> Url {
-        self.inner.base_url.clone()
-    }
-
     /// `<base>/messages/v4/groups/<segments...>`, each segment escaped.
     fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.inner.base_url.clone();
@@ -352,7 +347,7 @@ impl ProviderClient {
     /// Sends one signed request and returns the body of a 2xx answer; any
     /// other outcome becomes a classified [`ProviderError`]. Records the
     /// request metrics.
-    pub(super) async fn execute(
+    async fn execute(
         &self,
         endpoint: &'static str,
         method: Method,

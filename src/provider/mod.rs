@@ -11,11 +11,9 @@ pub mod add_body;
 pub mod auth;
 pub mod client;
 pub mod error;
-mod message_list;
 pub mod model;
 
 pub use client::{ProviderClient, ProviderConfig, MAX_MESSAGES_PER_REQUEST};
-pub use message_list::{ListedMessage, MessagePage};
 pub use error::{ProviderError, ProviderErrorKind, RetryDecision};
 pub use model::{
     AddMessagesResponse, CreateGroupRequest, Group, GroupCount, GroupStatus, KakaoOptions, Message,
