@@ -16,7 +16,7 @@ use super::auth;
 use super::error::{kind_for_status, ProviderError, ProviderErrorKind, DEFAULT_RETRY_AFTER};
 use super::model::{
     AddMessagesRequest, AddMessagesResponse, AddSummary, CreateGroupRequest, ErrorBody, Group,
-    Message, Registration,
+    Message, MessagePage, Registration,
 };
 
 /// The provider refuses requests with more messages than this
@@ -291,6 +291,30 @@ impl ProviderClient {
         self.call("get", Method::GET, url, None).await
     }
 
+    /// `GET /messages/v4/list?groupId=..&limit=..[&startKey=..]`: one page
+    /// of a group's messages with their status (delivery results once
+    /// sent). `limit` is 1 to 500 (else `400`, kind `Permanent`); pass a
+    /// page's [`next_key`](MessagePage::next_key) as the next call's
+    /// `start_key` until it is `None`. An unknown group is an empty page.
+    /// Errors and retry classification as [`get_group`](Self::get_group).
+    pub async fn list_messages(
+        &self,
+        group_id: &str,
+        start_key: Option<&str>,
+        limit: u32,
+    ) -> Result<MessagePage, ProviderError> {
+        let mut url = self.url_at(&["messages", "v4", "list"]);
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("groupId", group_id)
+                .append_pair("limit", &limit.to_string());
+            if let Some(k) = start_key {
+                q.append_pair("startKey", k);
+            }
+        }
+        self.call("messages", Method::GET, url, None).await
+    }
+
     /// `DELETE /messages/v4/groups/{groupId}`: only a `PENDING` group
     /// (else `400 NotOperationalStatus`, kind `Permanent`). The answer's
     /// body is not needed and not parsed.
@@ -316,12 +340,20 @@ impl ProviderClient {
 
     /// `<base>/messages/v4/groups/<segments...>`, each segment escaped.
     fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.url_at(&["messages", "v4", "groups"]);
+        // `new` checked that the base URL can have path segments.
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.extend(segments);
+        }
+        url
+    }
+
+    /// `<base>/<segments...>`, each segment escaped.
+    fn url_at(&self, segments: &[&str]) -> Url {
         let mut url = self.inner.base_url.clone();
         // `new` checked that the base URL can have path segments.
         if let Ok(mut path) = url.path_segments_mut() {
-            path.pop_if_empty()
-                .extend(["messages", "v4", "groups"])
-                .extend(segments);
+            path.pop_if_empty().extend(segments);
         }
         url
     }
@@ -510,6 +542,10 @@ mod tests {
         assert_eq!(
             c.url(&["G4V/x", "send"]).as_str(),
             "http://127.0.0.1:1/prefix/messages/v4/groups/G4V%2Fx/send"
+        );
+        assert_eq!(
+            c.url_at(&["messages", "v4", "list"]).as_str(),
+            "http://127.0.0.1:1/prefix/messages/v4/list"
         );
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("KEY123") && !dbg.contains("SECRET456"));

@@ -16,6 +16,6 @@ pub mod model;
 pub use client::{ProviderClient, ProviderConfig, MAX_MESSAGES_PER_REQUEST};
 pub use error::{ProviderError, ProviderErrorKind, RetryDecision};
 pub use model::{
-    AddMessagesResponse, CreateGroupRequest, Group, GroupCount, GroupStatus, KakaoOptions, Message,
-    MessageResult, MessageType, Registration,
+    AddMessagesResponse, CreateGroupRequest, Group, GroupCount, GroupStatus, KakaoOptions,
+    ListedMessage, Message, MessagePage, MessageResult, MessageType, Registration,
 };

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::de::{SeqAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Kind of message. Serialised as `SMS`, `LMS`, `ATA` (AlimTalk) or `CTA`.
@@ -174,6 +174,104 @@ pub const CODE_DUPLICATE: &str = "1026";
 pub const CODE_INVALID_NUMBER: &str = "1062";
 /// Status code: rejected for any other reason (including the group cap).
 pub const CODE_REJECTED: &str = "1000";
+
+/// Status code: delivered.
+pub const CODE_DELIVERED: &str = "4000";
+/// Status code: sent (handed on), no result yet.
+pub const CODE_SENDING: &str = "3000";
+
+/// One page of `GET /messages/v4/list`.
+#[derive(Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MessagePage {
+    /// The `startKey` of the next page; `None` on the last page.
+    #[serde(default)]
+    pub next_key: Option<String>,
+    /// The page's messages, in the provider's order (`messageList` is a
+    /// JSON object keyed by message id; its order is kept).
+    #[serde(
+        default,
+        rename = "messageList",
+        deserialize_with = "messages_in_order"
+    )]
+    pub messages: Vec<ListedMessage>,
+}
+
+/// A message as the list shows it.
+#[derive(Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedMessage {
+    /// Provider message id (the one the add answer gave it).
+    #[serde(default)]
+    pub message_id: String,
+    /// Its group.
+    #[serde(default)]
+    pub group_id: String,
+    /// Recipient.
+    #[serde(default)]
+    pub to: String,
+    /// `"2000"` registered, `"3000"` sent without a result yet, `"4000"`
+    /// delivered, any other code failed (`"1xxx"` at registration).
+    pub status_code: String,
+    /// Why it failed, in words (empty when the provider gave none).
+    #[serde(default, deserialize_with = "string_or_null")]
+    pub reason: String,
+    /// It went out as the SMS fallback of a failed AlimTalk.
+    #[serde(default, deserialize_with = "bool_or_null")]
+    pub replacement: bool,
+}
+
+impl ListedMessage {
+    /// Whether its status can no longer change: every code but `"2000"`
+    /// (not sent yet) and `"3000"` (sent, no result yet). A `"1xxx"`
+    /// registration failure (`"1026"` included) is final: never sent.
+    pub fn is_final(&self) -> bool {
+        !matches!(self.status_code.as_str(), CODE_REGISTERED | CODE_SENDING)
+    }
+
+    /// Whether it was delivered (`"4000"`).
+    pub fn is_delivered(&self) -> bool {
+        self.status_code == CODE_DELIVERED
+    }
+}
+
+/// `messageList`: an object keyed by message id, read into a `Vec` in the
+/// order the provider wrote it (`null` reads as empty). A value without a
+/// `messageId` takes its key.
+fn messages_in_order<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ListedMessage>, D::Error> {
+    struct InOrder;
+    impl<'de> Visitor<'de> for InOrder {
+        type Value = Vec<ListedMessage>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object of messages keyed by message id")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0).min(1000));
+            while let Some((key, mut m)) = map.next_entry::<String, ListedMessage>()? {
+                if m.message_id.is_empty() {
+                    m.message_id = key;
+                }
+                out.push(m);
+            }
+            Ok(out)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+    }
+    d.deserialize_any(InOrder)
+}
+
+fn string_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+}
+
+fn bool_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or_default())
+}
 
 /// Outcome of adding one message, as the rest of the system needs it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -612,6 +710,43 @@ fn number_or_digit_string<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Err
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn message_page_keeps_the_provider_order() {
+        let p: MessagePage = serde_json::from_str(
+            r#"{"startKey": null, "nextKey": "M4Vb", "limit": 3, "extra": 1,
+                "messageList": {
+                  "M4Vz": {"messageId": "M4Vz", "groupId": "G", "to": "010", "statusCode": "4000",
+                           "reason": null, "replacement": false, "dateReported": "x"},
+                  "M4Va": {"groupId": "G", "to": "011", "statusCode": "3104",
+                           "reason": "the recipient does not use KakaoTalk"},
+                  "M4Vm": {"messageId": "M4Vm", "statusCode": "3000", "replacement": null}}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.next_key.as_deref(), Some("M4Vb"));
+        let ids: Vec<_> = p.messages.iter().map(|m| m.message_id.as_str()).collect();
+        assert_eq!(ids, ["M4Vz", "M4Va", "M4Vm"]);
+        assert_eq!(p.messages[0].reason, "");
+        assert!(p.messages[0].is_final() && p.messages[0].is_delivered());
+        assert!(p.messages[1].is_final() && !p.messages[1].is_delivered());
+        assert!(!p.messages[2].is_final());
+        assert!(!p.messages[2].replacement);
+        let last: MessagePage =
+            serde_json::from_str(r#"{"nextKey": null, "messageList": null}"#).unwrap();
+        assert_eq!(last, MessagePage::default());
+        for (code, fin) in [
+            ("2000", false),
+            ("3000", false),
+            ("1062", true),
+            ("1026", true),
+        ] {
+            let m = ListedMessage {
+                status_code: code.into(),
+                ..ListedMessage::default()
+            };
+            assert_eq!(m.is_final(), fin, "{code}");
+        }
+    }
 
     #[test]
     fn error_count_number_or_string() {
