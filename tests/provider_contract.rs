@@ -1,6 +1,8 @@
 //! The provider contract (`docs/provider-api.md`), exercised
 //! with the real client against the in-process mock on a free port.
 
+#[path = "provider_contract/delivery.rs"]
+mod delivery;
 #[path = "provider_contract/failures.rs"]
 mod failures;
 #[path = "provider_contract/groups.rs"]
