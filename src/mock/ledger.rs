@@ -1053,4 +1053,48 @@ mod tests {
         assert_eq!(s.groups[0].messages[3].to, "bad");
         assert_eq!(s.groups[0].count.registered_failed, 3);
     }
+
+    #[test]
+    fn million_message_group_is_counted_without_rehashing() {
+        let faults = Faults {
+            delivery_failure_rate: 0.3,
+            never_final_rate: 0.1,
+            ..Faults::default()
+        };
+        let mut l = Ledger::new("T".into());
+        let g = l.create(BTreeMap::new(), false);
+        let tos: Vec<String> = (0..1_000_000).map(|i| format!("010{i:08}")).collect();
+        for chunk in tos.chunks(10_000) {
+            l.add(
+                &g.group_id,
+                chunk.iter().map(|t| (pack(t), t.as_str())),
+                u64::MAX,
+                Duration::ZERO,
+                &faults,
+            )
+            .unwrap();
+        }
+        let started = Instant::now();
+        l.send(&g.group_id, Duration::ZERO, &faults).unwrap();
+        let sent_in = started.elapsed();
+        let started = Instant::now();
+        let mut last = None;
+        for _ in 0..100 {
+            last = Some(l.get(&g.group_id, Duration::ZERO).unwrap());
+        }
+        let read_in = started.elapsed() / 100;
+        let c = last.unwrap().count;
+        eprintln!("send {sent_in:?}, one read {read_in:?}");
+        assert_eq!(c.sent_total, 1_000_000);
+        assert_eq!(c.sent_success + c.sent_failed + c.sent_pending, 1_000_000);
+        assert!((290_000..310_000).contains(&c.sent_failed), "{c:?}");
+        assert!((90_000..110_000).contains(&c.sent_pending), "{c:?}");
+        // The list's first page agrees with the fates.
+        let page = l
+            .list(&g.group_id, None, 500, None, Duration::ZERO)
+            .unwrap()
+            .unwrap();
+        assert_eq!(page.items.len(), 500);
+        assert_eq!(page.next_key.as_deref(), Some("M4VT000001000000500"));
+    }
 }
