@@ -68,6 +68,7 @@ pub struct MockProviderArgs {
 
 /// Runs the mock provider until interrupted.
 pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
+    let faults = args.faults()?;
     let key = match args.api_key {
         Some(k) => k,
         None => secret_from_env("GROUPCAST_MOCK_API_KEY")?.ok_or_else(|| {
@@ -85,36 +86,6 @@ pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
             )
         })?,
     };
-    for (name, v) in [
-        ("--error-rate", args.error_rate),
-        ("--drop-rate", args.drop_rate),
-        (
-            "--registration-failure-rate",
-            args.registration_failure_rate,
-        ),
-        ("--delivery-failure-rate", args.delivery_failure_rate),
-        ("--never-final-rate", args.never_final_rate),
-    ] {
-        if !(0.0..=1.0).contains(&v) {
-            return Err(CliError::Usage(format!(
-                "{name} must be between 0 and 1, got {v}"
-            )));
-        }
-    }
-    let faults = Faults {
-        error_rate: args.error_rate,
-        drop_rate: args.drop_rate,
-        latency_ms: args.latency_ms,
-        rate_limit_per_sec: args.rate_limit,
-        registration_failure_rate: args.registration_failure_rate,
-        registration_failure_codes: trimmed(args.registration_failure_codes),
-        delivery_delay_ms: u64::try_from(args.delivery_delay.as_millis()).unwrap_or(u64::MAX),
-        delivery_failure_rate: args.delivery_failure_rate,
-        delivery_failure_codes: trimmed(args.delivery_failure_codes),
-        never_final_rate: args.never_final_rate,
-        ..Faults::default()
-    };
-    faults.validate().map_err(CliError::Usage)?;
     let config = MockConfig {
         api_key: key,
         api_secret: secret,
@@ -138,11 +109,107 @@ pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
     }
 }
 
+impl MockProviderArgs {
+    /// The faults and delivery hooks the flags ask for, checked.
+    fn faults(&self) -> Result<Faults, CliError> {
+        let args = self;
+        for (name, v) in [
+            ("--error-rate", args.error_rate),
+            ("--drop-rate", args.drop_rate),
+            (
+                "--registration-failure-rate",
+                args.registration_failure_rate,
+            ),
+            ("--delivery-failure-rate", args.delivery_failure_rate),
+            ("--never-final-rate", args.never_final_rate),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(CliError::Usage(format!(
+                    "{name} must be between 0 and 1, got {v}"
+                )));
+            }
+        }
+        let faults = Faults {
+            error_rate: args.error_rate,
+            drop_rate: args.drop_rate,
+            latency_ms: args.latency_ms,
+            rate_limit_per_sec: args.rate_limit,
+            registration_failure_rate: args.registration_failure_rate,
+            registration_failure_codes: trimmed(&args.registration_failure_codes),
+            delivery_delay_ms: u64::try_from(args.delivery_delay.as_millis()).unwrap_or(u64::MAX),
+            delivery_failure_rate: args.delivery_failure_rate,
+            delivery_failure_codes: trimmed(&args.delivery_failure_codes),
+            never_final_rate: args.never_final_rate,
+            ..Faults::default()
+        };
+        faults.validate().map_err(CliError::Usage)?;
+        Ok(faults)
+    }
+}
+
 /// Codes as given on the command line, without blanks around them.
-fn trimmed(codes: Vec<String>) -> Vec<String> {
+fn trimmed(codes: &[String]) -> Vec<String> {
     codes
-        .into_iter()
+        .iter()
         .map(|c| c.trim().to_owned())
         .filter(|c| !c.is_empty())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+    use super::*;
+
+    fn faults(flags: &[&str]) -> Result<Faults, CliError> {
+        let mut argv = vec!["groupcast", "mock-provider"];
+        argv.extend(flags);
+        let cli = Cli::try_parse_from(argv).expect("parse");
+        let Command::MockProvider(a) = cli.command else {
+            panic!("not mock-provider")
+        };
+        a.faults()
+    }
+
+    #[test]
+    fn delivery_flags() {
+        assert_eq!(faults(&[]).unwrap(), Faults::default());
+        let f = faults(&[
+            "--registration-failure-rate",
+            "0.1",
+            "--registration-failure-codes",
+            "1062, 1000",
+            "--delivery-delay",
+            "2s",
+            "--delivery-failure-rate",
+            "0.3",
+            "--delivery-failure-codes",
+            "3104,3107",
+            "--never-final-rate",
+            "0.05",
+        ])
+        .unwrap();
+        assert_eq!(f.registration_failure_rate, 0.1);
+        assert_eq!(f.registration_failure_codes, ["1062", "1000"]);
+        assert_eq!(f.delivery_delay_ms, 2_000);
+        assert_eq!(f.delivery_failure_rate, 0.3);
+        assert_eq!(f.delivery_failure_codes, ["3104", "3107"]);
+        assert_eq!(f.never_final_rate, 0.05);
+        for bad in [
+            &["--never-final-rate", "1.5"][..],
+            &["--registration-failure-codes", "2000"],
+            &["--registration-failure-codes", "1026"],
+            &["--delivery-failure-codes", "4000"],
+            &[
+                "--delivery-failure-rate",
+                "0.8",
+                "--never-final-rate",
+                "0.5",
+            ],
+        ] {
+            assert!(faults(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -11,6 +11,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Besides the group routes it serves the message list
+//! (`GET /messages/v4/list`), with delivery results decided per message by
+//! the delivery hooks of [`Faults`] (registration failure share, delivery
+//! delay, failure share and codes, never-final share).
+//!
 //! Test hooks over HTTP (no authentication, no faults):
 //! - `GET /_mock/ledger`: every group with its messages and send calls
 //!   ([`LedgerSnapshot`]);

@@ -271,11 +271,30 @@ async fn delivery_results_match_the_group_count() {
 #[tokio::test]
 async fn registration_failures_are_decided_by_the_number() {
     let mock = start(config()).await;
-    mock.set_faults(Faults {
-        registration_failure_rate: 0.25,
-        registration_failure_codes: vec!["1062".into(), "1000".into()],
-        ..Faults::default()
-    });
+    // Over HTTP too; settings that make no sense are refused.
+    let http = reqwest::Client::new();
+    for (body, status) in [
+        (serde_json::json!({"neverFinalRate": 2.0}), 400),
+        (
+            serde_json::json!({"registrationFailureCodes": ["2000"]}),
+            400,
+        ),
+        (serde_json::json!({"deliveryFailureCodes": []}), 400),
+        (
+            serde_json::json!({"registrationFailureRate": 0.25,
+                               "registrationFailureCodes": ["1062", "1000"]}),
+            200,
+        ),
+    ] {
+        let r = http
+            .post(format!("{}/_mock/faults", mock.base_url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+    }
+    assert_eq!(mock.faults().registration_failure_rate, 0.25);
     let c = client(&mock);
     let g = c.create_group(&BTreeMap::new()).await.unwrap();
     let batch = messages(2_000);
