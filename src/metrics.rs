@@ -234,6 +234,26 @@ pub const METRICS: &[Metric] = &[
         &[],
         "Batches whose report was decided",
     ),
+    counter(
+        "groupcast_recipients_delivered_total",
+        &[],
+        "Messages the provider reports delivered (delivery tracking)",
+    ),
+    counter(
+        "groupcast_recipients_delivery_failed_total",
+        &["code"],
+        "Messages whose delivery failed, by the provider's code (delivery tracking)",
+    ),
+    counter(
+        "groupcast_recipients_unknown_total",
+        &[],
+        "Messages without a delivery result when their delivery window ended",
+    ),
+    counter(
+        "groupcast_delivery_reports_total",
+        &[],
+        "Batches whose delivery report was decided",
+    ),
     histogram(
         "groupcast_fsync_wait_seconds",
         &[],

@@ -291,3 +291,133 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
     assert_eq!(unique, expected);
     rig.stop().await;
 }
+
+/// A `groupcast worker` process that tracks delivery with a short window.
+fn worker_process(redis_url: &str, provider_url: &str) -> std::process::Child {
+    Command::new(BIN)
+        .args([
+            "worker",
+            "--durability",
+            "none",
+            "--metrics-listen",
+            "off",
+            "--group-cap",
+            "10000",
+            "--visibility-timeout",
+            "2s",
+            "--delivery-window",
+            "6s",
+        ])
+        .env("GROUPCAST_REDIS_URL", redis_url)
+        .env("GROUPCAST_PREFIX", "gct")
+        .env("GROUPCAST_PROVIDER_URL", provider_url)
+        .env("GROUPCAST_PROVIDER_API_KEY", KEY)
+        .env("GROUPCAST_PROVIDER_API_SECRET", SECRET)
+        .env_remove("GROUPCAST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_killed_again_and_again_while_tracking_lose_nothing_and_count_nothing_twice() {
+    let (server, store) = store(1).await;
+    let mock = groupcast::mock::start(
+        MockConfig {
+            faults: Faults {
+                delivery_delay_ms: 1_500,
+                ..delivery_faults()
+            },
+            ..mock_config()
+        },
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await
+    .expect("mock");
+    let url = server.url();
+    let mut workers = [
+        worker_process(&url, &mock.base_url()),
+        worker_process(&url, &mock.base_url()),
+    ];
+    let batch = "delivery-kill".to_string();
+    let chunks = shuffled_chunks(&batch, 4, 30_000, 1_000, 11);
+    append_chunks(&store, &chunks).await.expect("append");
+    let log = store.batch(&batch);
+    wait_until(Duration::from_secs(90), "the report", || async {
+        log.state()
+            .await
+            .ok()
+            .and_then(|p| p.report().map(str::to_string))
+            .is_some()
+    })
+    .await;
+    // While the results come in: SIGKILL one worker after the other, every
+    // 300 ms, each replaced at once, until the delivery report is decided.
+    let mut kills = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while log
+        .appended(event_key::DELIVERY_REPORT)
+        .await
+        .expect("read")
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < deadline, "no delivery report after {kills} kills");
+        let w = &mut workers[kills % 2];
+        w.kill().expect("SIGKILL");
+        w.wait().expect("reap");
+        *w = worker_process(&url, &mock.base_url());
+        kills += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for w in workers.iter_mut() {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    assert!(kills >= 5, "only {kills} kills happened while tracking");
+    let report = delivery_report(&store, &batch).await;
+    let (failed, never, delivered) = ledger_outcomes(&mock.ledger());
+    assert_eq!(report.delivered, delivered, "{report:?}");
+    assert_eq!(report.failed, failed.len() as u64, "{report:?}");
+    assert_eq!(report.unknown, never.len() as u64, "{report:?}");
+    assert_eq!(report.recipients, 30_000);
+    assert_eq!(
+        report.delivered + report.failed + report.unknown + report.duplicates + report.not_sent,
+        report.recipients
+    );
+    // One generation_delivered per generation, the counts in the state
+    // equal to the events' (the fold).
+    let events = log.events().await.expect("events");
+    let per_gen: Vec<u32> = events
+        .iter()
+        .flatten()
+        .filter_map(|r| match &r.event {
+            Event::GenerationDelivered(e) => Some(e.gen),
+            _ => None,
+        })
+        .collect();
+    let unique: BTreeSet<u32> = per_gen.iter().copied().collect();
+    assert_eq!(per_gen.len(), unique.len(), "{per_gen:?}");
+    assert_eq!(unique.len(), 3);
+    let p = log.state().await.expect("state");
+    assert_eq!(p.int(field::DL_DELIVERED) as u64, delivered);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = groupcast(
+        &url,
+        dir.path(),
+        &["results", &batch, "--status", "failed", "--show-numbers", "--format", "jsonl"],
+    );
+    let exported: Failures = jsonl(&out)
+        .into_iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("number"), (s("stage"), s("code")))
+        })
+        .collect();
+    assert_eq!(exported, failed);
+    let v = groupcast::verify::verify_batch(&store, Some(&provider_for(&mock)), &batch, 10_000)
+        .await
+        .expect("verify");
+    assert!(v.passed(), "{:#?}", v.failures());
+}

@@ -78,6 +78,22 @@ const NOT_PROVOKED: &[(&str, &str)] = &[
         "Redis losing acknowledged writes (a restart without its log)",
     ),
     (
+        "groupcast_recipients_delivery_failed_total",
+        "a message whose delivery fails (tests/delivery.rs)",
+    ),
+    (
+        "groupcast_recipients_delivered_total",
+        "delivery tracking, which runs after the report: the scrape may come first",
+    ),
+    (
+        "groupcast_recipients_unknown_total",
+        "delivery tracking, which runs after the report: the scrape may come first",
+    ),
+    (
+        "groupcast_delivery_reports_total",
+        "delivery tracking, which runs after the report: the scrape may come first",
+    ),
+    (
         "groupcast_acks_withheld_total",
         "Redis losing acknowledged writes between an event and its entry's acknowledgement",
     ),

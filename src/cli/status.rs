@@ -202,6 +202,9 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
                  GROUPCAST_PROVIDER_API_SECRET, restart the workers, then {then}"
             );
         }
+        if let Some(line) = delivery_line(batch, &p) {
+            outln!("{line}");
+        }
         let after_end = p.int(field::AFTER_END);
         if after_end > 0 {
             outln!(
@@ -404,3 +407,43 @@ fn sent_count(p: &Projection) -> u32 {
         .filter(|g| p.gen_field(*g, "sent").is_some())
         .count() as u32
 }
+
+/// Delivery tracking's progress, once a generation was sent: how many
+/// sent generations have all their results, and the counts so far by
+/// outcome and by code. None before any send.
+fn delivery_line(batch: &str, p: &crate::projection::Projection) -> Option<String> {
+    let sent: Vec<u32> = (0..p.generations())
+        .filter(|&g| matches!(p.gen_field(g, "done"), Some("COMPLETE" | "FAILED")))
+        .collect();
+    if sent.is_empty() {
+        return None;
+    }
+    let done = sent
+        .iter()
+        .filter(|&&g| p.get(&field::delivered_in(g)).is_some())
+        .count();
+    let mut codes: Vec<String> = p
+        .fields
+        .iter()
+        .filter_map(|(k, v)| Some(format!("{} {v}", k.strip_prefix("dlc:")?)))
+        .collect();
+    codes.sort();
+    let state = if p.get(field::DL_REPORT).is_some() {
+        "delivery report decided".to_string()
+    } else {
+        format!("{done} of {} sent generation(s) have all their results", sent.len())
+    };
+    Some(format!(
+        "delivery: {state}; {} delivered, {} failed at delivery{}, {} unknown (`groupcast results {}` lists them)",
+        p.int(field::DL_DELIVERED),
+        p.int(field::DL_FAILED),
+        if codes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", codes.join(", "))
+        },
+        p.int(field::DL_UNKNOWN),
+        batch,
+    ))
+}
+
