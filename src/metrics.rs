@@ -419,8 +419,22 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
         ("groupcast_work_items_total", "outcome") => strs(&["done", "retry", "dead"]),
         ("groupcast_groups_sent_total", "outcome") => strs(&["sent", "already_sent"]),
         (_, "op") => strs(&[
-            "create", "load", "send", "poll", "delete", "recall", "report",
+            "create",
+            "load",
+            "send",
+            "poll",
+            "delete",
+            "recall",
+            "report",
+            "track",
+            "delivery_report",
         ]),
+        // The delivery failures the provider documents most (no KakaoTalk,
+        // no KakaoTalk use in 72 h, phone off, spam): others appear as they
+        // come.
+        ("groupcast_recipients_delivery_failed_total", "code") => {
+            strs(&["3104", "3107", "3043", "3054"])
+        }
         (_, "reason") => strs(&[
             "transient",
             "rate_limited",

@@ -528,3 +528,56 @@ async fn the_board_closes_and_cancels_a_batch_only_with_the_token() {
     assert!(button.contains("disabled"), "{button}");
     rig.stop().await;
 }
+
+/// The batch page's results download: refused without the token, the
+/// stored outcomes as CSV with it (numbers in full only when asked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_results_download_needs_the_token_and_lists_who_failed() {
+    let mock = groupcast::mock::MockConfig {
+        cap: 4,
+        ..mock_config()
+    };
+    let rig = Rig::start(1, test_config(), mock).await;
+    let batch = "download-me".to_string();
+    append_chunks(&rig.store, &cut(&batch, &template(), recipients(8, 10), 5))
+        .await
+        .expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
+        .await;
+    // Its delivery results in (the export reads what tracking wrote).
+    let log = rig.store.batch(&batch);
+    wait_until(Duration::from_secs(30), "the delivery report", || async {
+        log.read(&[groupcast::projection::field::DL_REPORT.into()])
+            .await
+            .is_ok_and(|p| p.get(groupcast::projection::field::DL_REPORT).is_some())
+    })
+    .await;
+    let board = start_board(&rig.server.url(), Some("s3cret")).await;
+    let url = format!("{}/api/batches/{batch}/results", board.base);
+    let http = reqwest::Client::new();
+    let refused = http
+        .get(&url)
+        .header("X-Groupcast-Board", "1")
+        .send()
+        .await
+        .expect("get");
+    assert!(refused.status().is_client_error(), "{}", refused.status());
+    let get = |q: &str| {
+        http.get(format!("{url}{q}"))
+            .header("X-Groupcast-Board", "1")
+            .header("Authorization", "Bearer s3cret")
+            .send()
+    };
+    let csv = get("").await.expect("get").text().await.expect("body");
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 6, "{csv}");
+    assert!(rows.iter().all(|r| r.contains("****") && r.contains(",failed,registration,1000,")), "{csv}");
+    let full = get("?show_numbers=1&format=jsonl").await.expect("get").text().await.expect("body");
+    let numbers: Vec<String> = full
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["number"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(numbers.len(), 6);
+    assert!(numbers.iter().all(|n| n.len() == 11 && !n.contains('*')), "{numbers:?}");
+    rig.stop().await;
+}

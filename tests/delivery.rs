@@ -353,30 +353,31 @@ async fn workers_killed_again_and_again_while_tracking_lose_nothing_and_count_no
             .is_some()
     })
     .await;
-    // While the results come in: SIGKILL one worker after the other, every
-    // 300 ms, each replaced at once, until the delivery report is decided.
+    // While the results come in (never-final messages keep tracking going
+    // until the 6 s window ends): SIGKILL one worker after the other, every
+    // 700 ms, each replaced at once, at most eight times; then let them
+    // finish.
     let mut kills = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while log
-        .appended(event_key::DELIVERY_REPORT)
-        .await
-        .expect("read")
-        .is_none()
+    while kills < 8
+        && log
+            .appended(event_key::DELIVERY_REPORT)
+            .await
+            .expect("read")
+            .is_none()
     {
-        assert!(std::time::Instant::now() < deadline, "no delivery report after {kills} kills");
         let w = &mut workers[kills % 2];
         w.kill().expect("SIGKILL");
         w.wait().expect("reap");
         *w = worker_process(&url, &mock.base_url());
         kills += 1;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
     }
+    let report = delivery_report(&store, &batch).await;
     for w in workers.iter_mut() {
         let _ = w.kill();
         let _ = w.wait();
     }
-    assert!(kills >= 5, "only {kills} kills happened while tracking");
-    let report = delivery_report(&store, &batch).await;
+    assert!(kills >= 3, "only {kills} kills happened while tracking");
     let (failed, never, delivered) = ledger_outcomes(&mock.ledger());
     assert_eq!(report.delivered, delivered, "{report:?}");
     assert_eq!(report.failed, failed.len() as u64, "{report:?}");

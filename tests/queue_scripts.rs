@@ -146,10 +146,12 @@ fn lane_index(name: &[u8]) -> usize {
         .expect("a lane")
 }
 
-/// `promote.lua`'s reading of a member, `^([a-z]+)@?([a-z]*)|(%d+)|`:
+/// `promote.lua`'s reading of a member, `^([a-z_]+)@?([a-z]*)|(%d+)|`:
 /// its lane and work entry, or None when unreadable.
 fn parse_member(m: &[u8]) -> Option<(usize, Work)> {
-    let op_end = m.iter().position(|c| !c.is_ascii_lowercase())?;
+    let op_end = m
+        .iter()
+        .position(|c| !(c.is_ascii_lowercase() || *c == b'_'))?;
     if op_end == 0 {
         return None;
     }
@@ -261,7 +263,20 @@ fn pick(rng: &mut StdRng, m: &Model, store: &Store) -> Step {
         (0..15, _) | (_, None) => Step::Deliver,
         (15..40, Some(id)) => {
             let lane = Priority::ALL[rng.random_range(0..3)];
-            let ops = ["load", "add", "send", "poll", "delete"];
+            // Every op a work item can have (`delivery_report` has an
+            // underscore), and one no worker knows.
+            let ops = [
+                "create",
+                "load",
+                "send",
+                "poll",
+                "delete",
+                "recall",
+                "report",
+                "track",
+                "delivery_report",
+                "add",
+            ];
             let entry = DelayedEntry {
                 op: ops[rng.random_range(0..ops.len())].into(),
                 d: bytes(rng, 12),

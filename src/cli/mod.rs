@@ -67,7 +67,7 @@ pub enum Command {
     Close(close::CloseArgs),
     /// Cancel a batch: stop every generation not yet claimed for sending.
     Cancel(cancel::CancelArgs),
-    /// Check the six invariants for a batch.
+    /// Check the invariants for a batch.
     Verify(verify::VerifyArgs),
     /// Run everything on this machine: workers, a mock provider, a batch.
     Demo(demo::DemoArgs),

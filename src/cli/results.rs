@@ -76,7 +76,8 @@ impl Filter {
     }
 }
 
-fn parse_filter(s: &str) -> Result<Filter, String> {
+/// Parses `--status` (`failed`, `failed,unknown`, `all`, ...).
+pub fn parse_filter(s: &str) -> Result<Filter, String> {
     if s == "all" {
         return Ok(Filter(Outcome::ALL.to_vec()));
     }
@@ -173,7 +174,7 @@ pub async fn run(args: ResultsArgs) -> Result<(), CliError> {
     }
 }
 
-/// The stored outcomes (everything but delivered and duplicates).
+/// The stored outcomes (everything but delivered and duplicates), to stdout.
 async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
     for o in [Outcome::Delivered, Outcome::Duplicate] {
         if args.status.wants(o) && args.status.0.len() == 1 {
@@ -182,20 +183,39 @@ async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
             )));
         }
     }
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    export_stored(log, &args.status, &args.code, args.show_numbers, args.format, &mut w).await?;
+    w.flush()
+        .map_err(|e| CliError::Failed(format!("results: cannot write: {e}")))
+}
+
+/// Writes the stored outcomes of `log`'s batch that `status` and `codes`
+/// (empty: any) select to `w`, a thousand at a time: the results hash, then
+/// the events' given-up chunks and the registration failures delivery
+/// tracking did not record. Shared by `groupcast results` and the board's
+/// download.
+pub(crate) async fn export_stored(
+    log: &BatchLog,
+    status: &Filter,
+    codes: &[String],
+    show_numbers: bool,
+    format: Format,
+    w: &mut impl Write,
+) -> Result<(), CliError> {
     let groups = log.tracked_groups().await?;
     let show = |n: &str| {
-        if args.show_numbers {
+        if show_numbers {
             n.to_string()
         } else {
             mask(n)
         }
     };
-    let codes: HashSet<&str> = args.code.iter().map(String::as_str).collect();
+    let codes: HashSet<&str> = codes.iter().map(String::as_str).collect();
     let code_ok = |c: &str| codes.is_empty() || codes.contains(c);
-    let stdout = std::io::stdout();
     let mut out = Out {
-        w: std::io::BufWriter::new(stdout.lock()),
-        format: args.format,
+        w,
+        format,
         started: false,
     };
     // The results hash.
@@ -206,7 +226,7 @@ async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
             let Some(r) = Record::decode(&record) else {
                 continue;
             };
-            if !args.status.wants(r.outcome) || !code_ok(&r.code) {
+            if !status.wants(r.outcome) || !code_ok(&r.code) {
                 continue;
             }
             out.row(&Row {
@@ -236,7 +256,7 @@ async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
         } else {
             Outcome::Failed
         };
-        if e.failed.is_empty() || !args.status.wants(outcome) {
+        if e.failed.is_empty() || !status.wants(outcome) {
             continue;
         }
         let numbers: Vec<&str> = e.failed.iter().map(|f| f.to.as_str()).collect();
@@ -264,9 +284,7 @@ async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
             })?;
         }
     }
-    out.w
-        .flush()
-        .map_err(|e| CliError::Failed(format!("results: cannot write: {e}")))
+    Ok(())
 }
 
 /// The rows of the recipients file whose outcome matches, as a recipients

@@ -1,4 +1,4 @@
-//! `groupcast verify BATCH`: checks the six invariants; exit 0 only if all hold.
+//! `groupcast verify BATCH`: checks the invariants; exit 0 only if all hold.
 
 use clap::Args;
 

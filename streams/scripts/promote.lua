@@ -9,7 +9,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 for _, member in ipairs(due) do
-  local op, lane, dlen, at = string.match(member, '^([a-z]+)@?([a-z]*)|(%d+)|()')
+  local op, lane, dlen, at = string.match(member, '^([a-z_]+)@?([a-z]*)|(%d+)|()')
   local work = lanes[lane] or KEYS[2]
   if op then
     local d = string.sub(member, at, at + tonumber(dlen) - 1)

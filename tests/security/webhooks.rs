@@ -197,15 +197,33 @@ async fn wait_delivered(store: &Store, batch: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while store
         .batch(batch)
-        .state()
+        .appended(groupcast::projection::event_key::DELIVERED)
         .await
         .expect("state")
-        .get("delivered")
         .is_none()
     {
         assert!(
             Instant::now() < deadline,
             "{batch}'s report never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) until the webhook accepted `batch`'s delivery report.
+async fn wait_delivery_report_delivered(store: &Store, batch: &str) {
+    let key = groupcast::projection::event_key::DELIVERY_REPORT_DELIVERED;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store
+        .batch(batch)
+        .appended(key)
+        .await
+        .expect("state")
+        .is_none()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{batch}'s delivery report never delivered"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -254,9 +272,25 @@ async fn reports_are_signed_as_standard_webhooks_specifies_and_named_as_everywhe
         .await
         .expect("store");
     wait_delivered(&store, batch).await;
+    wait_delivery_report_delivered(&store, batch).await;
     worker.terminate();
 
-    let got = deliveries.lock().expect("lock").clone();
+    // The delivery report, the batch's second: its own id, signed the same.
+    let all = deliveries.lock().expect("lock").clone();
+    let (got, second): (Vec<Delivery>, Vec<Delivery>) = all
+        .into_iter()
+        .partition(|d| d.header("webhook-id") == Some("signed-1:report"));
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_eq!(second[0].header("webhook-id"), Some("signed-1:delivery"));
+    let delivery: Value = serde_json::from_slice(&second[0].body).expect("json");
+    assert_eq!(delivery["report"], "delivery");
+    assert_eq!(delivery["delivered"], 120);
+    for s in [&current, &previous] {
+        assert_eq!(
+            verify(dir.path(), &second[0], &second[0].body, s, 0),
+            format!("ok {batch}")
+        );
+    }
     assert_eq!(got.len(), 2, "one refused, one accepted: {got:?}");
     // The same id on the retry (a receiver dedupes on it), a fresh timestamp
     // per attempt, one `v1,` signature per secret.

@@ -389,6 +389,54 @@ async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
     Ok(bytes as f64 / n as f64)
 }
 
+/// The share of a batch's recipients the results probe fails (the issue's
+/// "a batch with 5 % failures").
+const RESULTS_PROBE_FAILED: f64 = 0.05;
+
+/// Redis memory the per-recipient outcomes take per recipient, for a batch
+/// of the workload's size (at most [`DEDUPE_PROBE_MAX`]) of which 5 %
+/// failed at delivery: its pages recorded as delivery tracking records
+/// them (`track_page.lua`, 500 messages a page, the mock's message ids),
+/// then its results and delivery hashes measured.
+async fn results_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
+    use crate::results::{Outcome, Record, Stage};
+    use crate::store::delivery::PageCounts;
+    let n = plan.recipients.clamp(1, DEDUPE_PROBE_MAX);
+    let log = store.batch("bench-results-probe");
+    let every = (1.0 / RESULTS_PROBE_FAILED).round() as usize;
+    let keep = std::time::Duration::from_secs(3600);
+    for (page, from) in (0..n).step_by(500).enumerate() {
+        let to = (from + 500).min(n);
+        let mut counts = PageCounts::default();
+        let mut records = Vec::new();
+        for i in from..to {
+            if i % every == every - 1 {
+                let code = if i % 2 == 0 { "3104" } else { "3043" };
+                counts.failed += 1;
+                *counts.failed_by_code.entry(code.into()).or_default() += 1;
+                let r = Record {
+                    outcome: Outcome::Failed,
+                    stage: Stage::Delivery,
+                    gen: (i / 1_000_000) as u32,
+                    code: code.into(),
+                    message_id: format!("M4V20261204a1b2c3d4{:06}{i:09}", i / 1_000_000),
+                };
+                records.push((format!("010{:08}", 90_000_000 + i), r.encode()));
+            } else {
+                counts.delivered += 1;
+            }
+        }
+        let key = if page == 0 { String::new() } else { format!("M4V{from:09}") };
+        log.track_page(0, "G4V20261204a1b2c3d4000001", &key, &counts, keep, &records)
+            .await?;
+    }
+    let mut bytes = 0;
+    for key in [&log.keys.results, &log.keys.delivery] {
+        bytes += store.memory_usage(key, true).await?.unwrap_or(0);
+    }
+    Ok(bytes as f64 / n as f64)
+}
+
 /// The bytes the batches' state and events take.
 async fn retained_event_bytes(store: &Store, batches: &[String]) -> Result<u64, CliError> {
     let mut retained = 0u64;
@@ -614,6 +662,8 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
         .collect();
     // Last: its commands and keys are not the run's.
     let dedupe_bytes_per_recipient = during("the dedupe probe", dedupe_probe(&fresh, plan).await)?;
+    let results_bytes_per_recipient =
+        during("the results probe", results_probe(&fresh, plan).await)?;
 
     let measured = Measured {
         chunks,
@@ -629,6 +679,7 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
             largest_keys: largest,
             stats_end,
             dedupe_bytes_per_recipient,
+            results_bytes_per_recipient,
         },
         latencies,
         verified: violations.is_empty(),

@@ -125,6 +125,9 @@ pub(super) struct MemoryUse {
     /// in flight (a probe batch of the workload's size, measured just
     /// before its report would release it).
     pub(super) dedupe_bytes_per_recipient: f64,
+    /// What the per-recipient outcomes keep in Redis per recipient of a
+    /// batch of the workload's size with 5 % failures (a probe).
+    pub(super) results_bytes_per_recipient: f64,
 }
 
 /// Milliseconds between the events the result line reports on.
@@ -428,6 +431,7 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
         "largest_keys_end": largest,
         "redis_memory_stats_end": m.memory.stats_end,
         "dedupe_bytes_per_recipient": round(m.memory.dedupe_bytes_per_recipient),
+        "results_bytes_per_recipient": round(m.memory.results_bytes_per_recipient),
         "submit_seconds": submit.map(|s| round(s.seconds)),
         "submit_max_rss_mb": submit.map(|s| round(s.max_rss_bytes as f64 / (1024.0 * 1024.0))),
         "worker_durability": m.kind.durability,

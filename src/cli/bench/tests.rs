@@ -355,6 +355,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             }],
             stats_end: serde_json::Map::from_iter([("keys.count".to_string(), json!(6))]),
             dedupe_bytes_per_recipient: 7.0625,
+            results_bytes_per_recipient: 4.25,
         },
         latencies: Latencies {
             submit_to_loaded_ms: vec![449, 429, 431],
@@ -396,6 +397,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             "largest_keys_end": [["bench:{s0}:work", 6_194]],
             "redis_memory_stats_end": {"keys.count": 6},
             "dedupe_bytes_per_recipient": 7.063,
+            "results_bytes_per_recipient": 4.25,
             "submit_seconds": null,
             "submit_max_rss_mb": null,
             "worker_durability": null,

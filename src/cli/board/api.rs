@@ -206,6 +206,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
     let now = store.batch(&id).server_time_ms().await?;
     let mut rejected = Vec::new();
     let mut report = Value::Null;
+    let mut delivery = Value::Null;
     for r in events.iter().flatten() {
         match &r.event {
             Event::InputRejected(e) => rejected.push(json!({
@@ -217,6 +218,10 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
                 report = serde_json::to_value(e).unwrap_or(Value::Null);
                 report["time_ms"] = json!(r.millis());
             }
+            Event::BatchDelivered(e) => {
+                delivery = serde_json::to_value(e).unwrap_or(Value::Null);
+                delivery["time_ms"] = json!(r.millis());
+            }
             _ => {}
         }
     }
@@ -225,6 +230,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
     v["lastSeqKnown"] = json!(p.last_seq().is_some());
     v["rejected"] = json!(rejected);
     v["report"] = report;
+    v["delivery_report"] = delivery;
     v["events"] = json!(events.len());
     v["readOnly"] = json!(board.token.is_none());
     Ok(Json(v))
@@ -429,4 +435,66 @@ pub async fn close(
             format!("no chunk of batch {id} was ever recorded (or its events expired)"),
         )),
     }
+}
+
+/// What `GET /api/batches/{id}/results` exports.
+#[derive(Debug, serde::Deserialize)]
+pub struct ResultsQuery {
+    /// As `groupcast results --status` (default `failed`).
+    pub status: Option<String>,
+    /// As `--code`, comma-separated.
+    pub code: Option<String>,
+    /// `csv` (default) or `jsonl`.
+    pub format: Option<String>,
+    /// `1`/`true`: numbers in full (masked otherwise).
+    pub show_numbers: Option<String>,
+}
+
+/// `GET /api/batches/{id}/results?status=&code=&format=&show_numbers=`
+/// (token needed: recipient numbers): the stored outcomes, as
+/// `groupcast results` exports them, as a download.
+pub async fn results(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    Query(q): Query<ResultsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    use crate::cli::results::{export_stored, parse_filter, Format};
+    authorize(board.token.as_deref(), &headers)
+        .map_err(|refused| ApiError(refused.status(), refused.to_string()))?;
+    check_batch(&id)?;
+    let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
+    let status = parse_filter(q.status.as_deref().unwrap_or("failed")).map_err(bad)?;
+    let format = match q.format.as_deref().unwrap_or("csv") {
+        "csv" => Format::Csv,
+        "jsonl" => Format::Jsonl,
+        other => return Err(bad(format!("format {other:?}: csv or jsonl"))),
+    };
+    let codes: Vec<String> = q
+        .code
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect();
+    let show = matches!(q.show_numbers.as_deref(), Some("1" | "true"));
+    let mut body = Vec::new();
+    let log = board.store.batch(&id);
+    export_stored(&log, &status, &codes, show, format, &mut body)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let (kind, ext) = match format {
+        Format::Csv => ("text/csv; charset=utf-8", "csv"),
+        Format::Jsonl => ("application/x-ndjson", "jsonl"),
+    };
+    let disposition = format!("attachment; filename=\"{id}-results.{ext}\"");
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, kind.to_string()),
+            (axum::http::header::CONTENT_DISPOSITION, disposition),
+        ],
+        body,
+    )
+        .into_response())
 }

@@ -87,6 +87,7 @@ pub fn router(board: Arc<Board>) -> Router {
         .route("/api/overview", get(api::overview))
         .route("/api/batches/{id}", get(api::batch))
         .route("/api/batches/{id}/events", get(api::events))
+        .route("/api/batches/{id}/results", get(api::results))
         .route("/api/dlq", get(api::dead_letters))
         .route("/api/dlq/{id}/redrive", post(api::redrive))
         .route("/api/batches/{id}/close", post(api::close))

@@ -68,6 +68,18 @@ async function batchAction(batch, what, question) {
   if (r) { show("batch " + batch + ": " + what + (what === "cancel" ? "led: " + r.stopped + " generation(s) stopped" : "d: " + r.missing + " missing seq(s)")); refresh(); }
 }
 
+// Downloads a batch's stored outcomes (failed and unknown, numbers in
+// full): the API needs the token, so the file is fetched, then saved.
+async function downloadResults(batch) {
+  const token = sessionStorage.getItem("groupcast-board-token") || "";
+  const headers = { "X-Groupcast-Board": "1" };
+  if (token) headers["Authorization"] = "Bearer " + token;
+  const r = await fetch("/api/batches/" + encodeURIComponent(batch) + "/results?status=failed,unknown,not_sent&show_numbers=1", { headers });
+  if (!r.ok) { const body = await r.json().catch(() => ({})); show(r.status + ": " + (body.error || r.statusText), true); return; }
+  const a = h("a", { href: URL.createObjectURL(await r.blob()), download: batch + "-results.csv" });
+  a.click();
+}
+
 async function post(path) {
   const token = sessionStorage.getItem("groupcast-board-token") || "";
   const headers = { "X-Groupcast-Board": "1" };
@@ -177,6 +189,9 @@ function batchPage(b, events) {
   const report = b.report
     ? h("dl", { id: "report" }, Object.entries(b.report).filter(([k]) => k !== "time_ms").map(([k, v]) => [h("dt", {}, k), h("dd", {}, reportValue(v))]))
     : h("p", { id: "report", class: "muted" }, "Not reported yet.");
+  const delivery = b.delivery_report
+    ? h("dl", { id: "delivery" }, Object.entries(b.delivery_report).filter(([k]) => k !== "time_ms").map(([k, v]) => [h("dt", {}, k), h("dd", {}, reportValue(v))]))
+    : h("p", { id: "delivery", class: "muted" }, "Delivery results are still coming (or nothing was sent).");
   const timeline = events ? h("div", {},
     h("div", { class: "toolbar" },
       h("button", { disabled: eventsOffset === 0, onclick: () => { eventsOffset = Math.max(0, eventsOffset - events.limit); refresh(); } }, "← newer"),
@@ -206,6 +221,9 @@ function batchPage(b, events) {
     h("section", {}, h("h2", {}, "Generations and groups"), gens),
     h("section", {}, h("h2", {}, "Rejected inputs"), rejected),
     h("section", {}, h("h2", {}, "Report"), report),
+    h("section", {}, h("div", { class: "toolbar" }, h("h2", {}, "Delivery results"),
+      h("button", { id: "download-results", disabled: b.readOnly, title: b.readOnly ? "read-only board" : "failed, unknown and not sent recipients, as CSV",
+        onclick: () => downloadResults(b.batch) }, "Download")), delivery),
     h("section", {}, h("h2", {}, "Event timeline"), timeline),
   ];
 }
