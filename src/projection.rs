@@ -37,7 +37,7 @@
 //! | `report`, `delivered`, `rejected`, `stalls` | outcome and incidents |
 //! | `g:<g>:dl` | `1` once generation g's delivery results are all in (or its delivery window ended) |
 //! | `dl_delivered`, `dl_failed`, `dl_unknown`, `dl_gens`, `dlc:<code>` | delivery results of the generations delivered so far: delivered, failed at delivery, unknown, how many generations, failed at delivery by code |
-//! | `dl_report` | `1` once the delivery report is decided |
+//! | `dl_report`, `dl_report_delivered` | `1` once the delivery report is decided; the webhook's status once it accepted it |
 //! | `origin` | the batch this one follows up (`<batch> (<filter>)`) |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
 //! | `dkept` | the numbers the batch's dedupe buckets keep, once its mobile numbers went to the dedupe bitmap (`accept.lua`): bookkeeping of the dedupe keys, **not** derived from events ([`LIVE_ONLY`]) |
@@ -211,6 +211,8 @@ pub mod field {
     pub const DL_GENS: &str = "dl_gens";
     /// `1` once the delivery report is decided.
     pub const DL_REPORT: &str = "dl_report";
+    /// The webhook's status when it accepted the delivery report.
+    pub const DL_REPORT_DELIVERED: &str = "dl_report_delivered";
     /// The batch this one follows up.
     pub const ORIGIN: &str = "origin";
 
@@ -415,6 +417,9 @@ pub fn updates(event: &Event) -> Vec<Update> {
             u
         }
         Event::BatchReported(e) => vec![Set(field::REPORT.into(), e.outcome.clone())],
+        Event::ReportDelivered(e) if e.report.is_some() => {
+            vec![Set(field::DL_REPORT_DELIVERED.into(), e.status.to_string())]
+        }
         Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
         Event::InputRejected(e) => {
             let mut u = vec![Incr(field::REJECTED.into(), 1)];

@@ -911,7 +911,10 @@ mod tests {
         // Its delivery, and a deletion, may follow it.
         e.push(rec(
             "delivered",
-            Event::ReportDelivered(crate::events::ReportDelivered { status: 200 }),
+            Event::ReportDelivered(crate::events::ReportDelivered {
+                status: 200,
+                report: None,
+            }),
         ));
         assert_eq!(failing(&e, 5, true, Some(1)), Vec::<u8>::new());
         // A chunk parked (work asked of the provider) after it may not.

@@ -571,13 +571,30 @@ async fn the_results_download_needs_the_token_and_lists_who_failed() {
     let csv = get("").await.expect("get").text().await.expect("body");
     let rows: Vec<&str> = csv.lines().skip(1).collect();
     assert_eq!(rows.len(), 6, "{csv}");
-    assert!(rows.iter().all(|r| r.contains("****") && r.contains(",failed,registration,1000,")), "{csv}");
-    let full = get("?show_numbers=1&format=jsonl").await.expect("get").text().await.expect("body");
+    assert!(
+        rows.iter()
+            .all(|r| r.contains("****") && r.contains(",failed,registration,1000,")),
+        "{csv}"
+    );
+    let full = get("?show_numbers=1&format=jsonl")
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
     let numbers: Vec<String> = full
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["number"].as_str().unwrap_or("").to_string())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("json")["number"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
         .collect();
     assert_eq!(numbers.len(), 6);
-    assert!(numbers.iter().all(|n| n.len() == 11 && !n.contains('*')), "{numbers:?}");
+    assert!(
+        numbers.iter().all(|n| n.len() == 11 && !n.contains('*')),
+        "{numbers:?}"
+    );
     rig.stop().await;
 }

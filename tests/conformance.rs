@@ -561,7 +561,10 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
                 ),
                 2 => (
                     "delivered".into(),
-                    Event::ReportDelivered(ReportDelivered { status: 200 }),
+                    Event::ReportDelivered(ReportDelivered {
+                        status: 200,
+                        report: None,
+                    }),
                 ),
                 _ => (
                     format!("refused/{gen}"),

@@ -433,8 +433,11 @@ async fn the_report_is_delivered_to_the_webhook_until_accepted() {
         .with_state(calls.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
+    // The batch's report only: no delivery tracking, so no delivery report
+    // (tests/delivery.rs and tests/security/webhooks.rs deliver that one).
     let config = groupcast::worker::WorkerConfig {
         report_webhook: Some(url),
+        delivery_window: Duration::ZERO,
         ..test_config()
     };
     let rig = Rig::start(2, config, mock_config()).await;

@@ -205,7 +205,15 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
             e.sending.len(),
             e.sending
         ),
-        Event::ReportDelivered(e) => format!("report delivered to the webhook ({})", e.status),
+        Event::ReportDelivered(e) => format!(
+            "{} delivered to the webhook ({})",
+            if e.report.is_some() {
+                "delivery report"
+            } else {
+                "report"
+            },
+            e.status
+        ),
         Event::InputRejected(e) => {
             let reason = options_read_as_written(&e.reason);
             let mut s = match e.seq {

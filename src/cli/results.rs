@@ -185,7 +185,15 @@ async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
     }
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
-    export_stored(log, &args.status, &args.code, args.show_numbers, args.format, &mut w).await?;
+    export_stored(
+        log,
+        &args.status,
+        &args.code,
+        args.show_numbers,
+        args.format,
+        &mut w,
+    )
+    .await?;
     w.flush()
         .map_err(|e| CliError::Failed(format!("results: cannot write: {e}")))
 }
@@ -306,7 +314,11 @@ async fn from_file(
     for recorded in log.events().await?.into_iter().flatten() {
         if let Event::ChunkLoaded(e) = recorded.event {
             for f in &e.failed {
-                let kind = if e.given_up.is_some() { "given_up" } else { "reg" };
+                let kind = if e.given_up.is_some() {
+                    "given_up"
+                } else {
+                    "reg"
+                };
                 not_sent.insert(f.to.clone(), format!("{kind}|{}", f.code));
             }
         }

@@ -431,7 +431,10 @@ fn delivery_line(batch: &str, p: &crate::projection::Projection) -> Option<Strin
     let state = if p.get(field::DL_REPORT).is_some() {
         "delivery report decided".to_string()
     } else {
-        format!("{done} of {} sent generation(s) have all their results", sent.len())
+        format!(
+            "{done} of {} sent generation(s) have all their results",
+            sent.len()
+        )
     };
     Some(format!(
         "delivery: {state}; {} delivered, {} failed at delivery{}, {} unknown (`groupcast results {}` lists them)",
@@ -446,4 +449,3 @@ fn delivery_line(batch: &str, p: &crate::projection::Projection) -> Option<Strin
         batch,
     ))
 }
-

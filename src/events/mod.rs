@@ -673,6 +673,10 @@ impl BatchClosed {
 pub struct ReportDelivered {
     /// The webhook's HTTP status.
     pub status: u16,
+    /// Which report: absent for the batch's report (key `delivered`),
+    /// `delivery` for its delivery report (key `delivery_report_delivered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
 }
 
 /// See [`Event::InputRejected`]. Key `reject/<seq>/<digest>` (or `reject/<entry id>`).

@@ -426,9 +426,20 @@ async fn results_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
                 counts.delivered += 1;
             }
         }
-        let key = if page == 0 { String::new() } else { format!("M4V{from:09}") };
-        log.track_page(0, "G4V20261204a1b2c3d4000001", &key, &counts, keep, &records)
-            .await?;
+        let key = if page == 0 {
+            String::new()
+        } else {
+            format!("M4V{from:09}")
+        };
+        log.track_page(
+            0,
+            "G4V20261204a1b2c3d4000001",
+            &key,
+            &counts,
+            keep,
+            &records,
+        )
+        .await?;
     }
     let mut bytes = 0;
     for key in [&log.keys.results, &log.keys.delivery] {

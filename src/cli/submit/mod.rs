@@ -272,9 +272,10 @@ async fn record_origin(
             "--follow-up-of {origin}: a batch cannot follow itself up; give the follow-up its own --batch"
         )));
     }
-    let file = path
-        .file_name()
-        .map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    let file = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    );
     let event = crate::events::Event::BatchOrigin(crate::events::BatchOrigin {
         batch: origin.to_string(),
         filter: format!("recipients in {file}"),

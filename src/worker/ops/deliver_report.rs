@@ -195,7 +195,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     // The same on every retry of this report, so a receiver can drop a
     // second copy; the idempotency key earlier releases sent already.
     let id = format!("{}:report", item.batch);
-    post(ctx, &log, url, &id, &body, event_key::DELIVERED).await
+    post(ctx, &log, url, &id, &body, event_key::DELIVERED, None).await
 }
 
 /// The delivery report of a batch, as JSON: its `batch_delivered` event's
@@ -241,12 +241,14 @@ pub async fn run_delivery(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<
         &id,
         &body,
         event_key::DELIVERY_REPORT_DELIVERED,
+        Some("delivery"),
     )
     .await
 }
 
 /// POSTs `body` to the webhook with the idempotency key `id` (signed when
-/// secrets are configured) and records its acceptance under `delivered_key`.
+/// secrets are configured) and records its acceptance under `delivered_key`
+/// (`report`: which report, absent for the batch's report).
 async fn post(
     ctx: &Ctx,
     log: &crate::store::batch::BatchLog,
@@ -254,6 +256,7 @@ async fn post(
     id: &str,
     body: &serde_json::Value,
     delivered_key: &str,
+    report: Option<&str>,
 ) -> Result<Outcome, OpError> {
     // Signed over these exact bytes; serializing a JSON value cannot fail.
     let body = serde_json::to_vec(body).unwrap_or_default();
@@ -278,6 +281,7 @@ async fn post(
         Ok(r) if r.status().is_success() => {
             let e = Event::ReportDelivered(ReportDelivered {
                 status: r.status().as_u16(),
+                report: report.map(str::to_string),
             });
             log.append(delivered_key, &e).await?;
             Ok(Outcome::Done)

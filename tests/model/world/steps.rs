@@ -572,7 +572,10 @@ impl World {
                 job.pc = 1;
             }
             ("report", 1) => {
-                let e = Event::ReportDelivered(ReportDelivered { status: 200 });
+                let e = Event::ReportDelivered(ReportDelivered {
+                    status: 200,
+                    report: None,
+                });
                 protocol::append(&mut self.redis.db, BATCH, "delivered", &e);
                 return self.ack(w);
             }
