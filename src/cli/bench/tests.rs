@@ -419,6 +419,7 @@ fn a_user_path_line_has_the_submits_and_no_append_latencies() {
             mode: "user-path",
             server: "valkey-everysec".into(),
             submit: Some(SubmitUse {
+                runs: 1,
                 seconds: 1.23456,
                 max_rss_bytes: 12 * 1024 * 1024 + 512 * 1024,
                 cpu_seconds: 0.5,
