@@ -46,6 +46,9 @@
 //! - `summary`: what submit prints once it is done.
 //! - `advert`: `--ad`: the checked file split by night-time consent into
 //!   two batches that name each other.
+//! - `many`: several files (or a directory) in one run, each its own
+//!   batch `<--batch>-<file stem>`: all checked, then appended through one
+//!   producer.
 
 mod advert;
 mod check;
