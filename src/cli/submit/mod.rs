@@ -367,6 +367,9 @@ async fn append_rounds(
     while let Some(first) = rx.recv().await {
         let shard = shards.next().ok_or_else(more)?;
         round.push(first);
+        // Room under the backpressure bound first: the chunks cut while
+        // the stream is looked at go in this round, not the next.
+        producer.ready(shard, lane, per_round).await?;
         // Whatever else is ready for the same stream goes in the same
         // round trip.
         while round.len() < per_round && shards.peek() == Some(&shard) {
