@@ -54,11 +54,11 @@ pub mod projection;
 pub mod protocol;
 pub mod provider;
 pub mod redact;
+pub mod results;
 #[doc(hidden)]
 pub mod redis_cluster;
 #[doc(hidden)]
 pub mod redis_server;
-pub mod results;
 pub mod seq_ranges;
 pub mod store;
 pub mod verify;

@@ -132,12 +132,7 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
 
     let ledger = rig.mock.ledger();
     let (failed, never, delivered) = ledger_outcomes(&ledger);
-    assert!(
-        failed.len() > 2_000 && never.len() > 100,
-        "{} {}",
-        failed.len(),
-        never.len()
-    );
+    assert!(failed.len() > 2_000 && never.len() > 100, "{} {}", failed.len(), never.len());
     let dir = tempfile::tempdir().expect("tempdir");
     let url = rig.server.url();
 
@@ -145,15 +140,7 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
     let out = groupcast(
         &url,
         dir.path(),
-        &[
-            "results",
-            &batch,
-            "--status",
-            "failed",
-            "--show-numbers",
-            "--format",
-            "jsonl",
-        ],
+        &["results", &batch, "--status", "failed", "--show-numbers", "--format", "jsonl"],
     );
     let exported: Failures = jsonl(&out)
         .into_iter()
@@ -167,15 +154,7 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
     let out = groupcast(
         &url,
         dir.path(),
-        &[
-            "results",
-            &batch,
-            "--status",
-            "unknown",
-            "--show-numbers",
-            "--format",
-            "jsonl",
-        ],
+        &["results", &batch, "--status", "unknown", "--show-numbers", "--format", "jsonl"],
     );
     let unknown: BTreeSet<String> = jsonl(&out)
         .into_iter()
@@ -186,10 +165,7 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
     // Masked unless asked.
     let out = groupcast(&url, dir.path(), &["results", &batch, "--format", "csv"]);
     let masked = ok_stdout(&out);
-    assert!(
-        masked.lines().nth(1).is_some_and(|l| l.contains("****")),
-        "{masked}"
-    );
+    assert!(masked.lines().nth(1).is_some_and(|l| l.contains("****")), "{masked}");
 
     // The delivery report's counts add up and agree with the ledger.
     assert_eq!(report.recipients, 50_000);
@@ -213,10 +189,7 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
         .await
         .expect("reports");
     assert_eq!(reports.iter().filter(|e| e.is_delivery_report()).count(), 1);
-    assert_eq!(
-        reports.iter().filter(|e| !e.is_delivery_report()).count(),
-        1
-    );
+    assert_eq!(reports.iter().filter(|e| !e.is_delivery_report()).count(), 1);
     rig.verify(std::slice::from_ref(&batch)).await;
     rig.stop().await;
 }
@@ -238,10 +211,7 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
     let people = recipients(5, 3_000);
     let mut csv = String::from("to,name,order\n");
     for r in people.iter().chain(people.iter().take(1)) {
-        csv.push_str(&format!(
-            "{},{},{}\n",
-            r.to, r.vars["name"], r.vars["order"]
-        ));
+        csv.push_str(&format!("{},{},{}\n", r.to, r.vars["name"], r.vars["order"]));
     }
     write(dir.path(), "campaign.csv", &csv);
     write(
@@ -257,13 +227,7 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
     );
     let submit = |batch: &str, file: &str, template: &str, extra: &[&str]| {
         let mut args = vec![
-            "submit",
-            "--batch",
-            batch,
-            "--recipients",
-            file,
-            "--template",
-            template,
+            "submit", "--batch", batch, "--recipients", file, "--template", template,
         ];
         args.extend_from_slice(extra);
         ok_stdout(&groupcast(&url, dir.path(), &args))
@@ -285,15 +249,8 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
         &url,
         dir.path(),
         &[
-            "results",
-            "spring",
-            "--status",
-            "failed",
-            "--code",
-            "3104",
-            "--from",
-            "campaign.csv",
-            "--show-numbers",
+            "results", "spring", "--status", "failed", "--code", "3104", "--from",
+            "campaign.csv", "--show-numbers",
         ],
     );
     let followup = ok_stdout(&out);
@@ -305,10 +262,7 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
     for line in followup.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
         let r = by_number[f[0]];
-        assert_eq!(
-            (f[1], f[2]),
-            (r.vars["name"].as_str(), r.vars["order"].as_str())
-        );
+        assert_eq!((f[1], f[2]), (r.vars["name"].as_str(), r.vars["order"].as_str()));
         assert!(rows.insert(f[0].to_string()), "{} twice", f[0]);
     }
     assert_eq!(rows, expected);
@@ -322,10 +276,7 @@ async fn a_fallback_resend_reaches_exactly_the_failed_recipients_of_one_code_onc
     let batches = ["spring-sms".to_string()];
     rig.wait_reported(&batches, Duration::from_secs(60)).await;
     let p = rig.store.batch("spring-sms").state().await.expect("state");
-    assert_eq!(
-        p.get(field::ORIGIN),
-        Some("spring (recipients in followup.csv)")
-    );
+    assert_eq!(p.get(field::ORIGIN), Some("spring (recipients in followup.csv)"));
     // The provider got the follow-up for exactly those numbers, once each.
     let ledger = rig.mock.ledger();
     let mut sent: Vec<String> = ledger

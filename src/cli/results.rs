@@ -288,11 +288,7 @@ async fn from_file(
     for recorded in log.events().await?.into_iter().flatten() {
         if let Event::ChunkLoaded(e) = recorded.event {
             for f in &e.failed {
-                let kind = if e.given_up.is_some() {
-                    "given_up"
-                } else {
-                    "reg"
-                };
+                let kind = if e.given_up.is_some() { "given_up" } else { "reg" };
                 not_sent.insert(f.to.clone(), format!("{kind}|{}", f.code));
             }
         }

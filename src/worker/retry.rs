@@ -82,11 +82,7 @@ pub fn decide(
             ));
         }
     }
-    if spend
-        && config.max_attempts > 0
-        && !matches!(op, Op::Report | Op::DeliveryReport)
-        && item.attempt >= config.max_attempts
-    {
+    if spend && config.max_attempts > 0 && !matches!(op, Op::Report | Op::DeliveryReport) && item.attempt >= config.max_attempts {
         return Decision::GiveUp(format!("gave up after {} attempts: {reason}", item.attempt));
     }
     Decision::Retry(delay.unwrap_or_else(|| config.backoff(item.attempt)))

@@ -167,9 +167,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
         delay: Some(wait),
         spend: false,
         cause: RetryCause::AwaitingResults,
-        reason: format!(
-            "{pending_total} message(s) of group {group_id} have no delivery result yet"
-        ),
+        reason: format!("{pending_total} message(s) of group {group_id} have no delivery result yet"),
     })
 }
 
