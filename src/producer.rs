@@ -209,6 +209,16 @@ impl Producer {
         Ok(ids)
     }
 
+    /// Waits until at least `want` chunks (or a quarter of the bound) may
+    /// be appended to shard `shard`'s ingest stream of `lane`, and says how
+    /// many may: a look at the stream only when the credit of the last one
+    /// is spent. A caller that gathers a round while the look is under way
+    /// then appends it whole.
+    pub async fn ready(&mut self, shard: u32, lane: Priority, want: usize) -> StoreResult<usize> {
+        let stream = self.store.keys.ingest_in(shard, lane);
+        self.credit((shard, lane), &stream, want).await
+    }
+
     /// How many chunks may be appended to `stream` now (at least 1): waits
     /// until the workers have read enough. `want` is how many there are to
     /// append; a small credit is worth a round only when it covers them, or a

@@ -302,6 +302,163 @@ async fn submit_takes_an_euc_kr_crm_export_with_excel_numbers_as_it_is() {
     assert_eq!(ingested(&store).await.len(), 2, "nothing more appended");
 }
 
+/// Rows `to,name` of `n` numbers from `first`.
+fn csv_rows(first: u32, n: u32) -> (String, Vec<String>) {
+    let mut csv = String::from("to,name\n");
+    let mut numbers = Vec::new();
+    for k in first..first + n {
+        let to = format!("010{k:08}");
+        csv.push_str(&format!("{to},n{k}\n"));
+        numbers.push(to);
+    }
+    (csv, numbers)
+}
+
+/// Several files in one submit: each is a batch of its own
+/// (`<--batch>-<file stem>`) with exactly its rows, cut and numbered as a
+/// submit of it alone would; a bad file among them appends nothing of any
+/// and is named; a directory gives its recipients files (not the
+/// template); one file alone prints what it always printed.
+#[tokio::test]
+async fn submit_takes_several_files_each_its_own_batch() {
+    let (server, store) = common::store(1).await;
+    let url = server.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).expect("mkdir");
+    let template = write(&files, "t.json", TEMPLATE);
+    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut paths = Vec::new();
+    for (i, (stem, n)) in [("seoul", 3), ("busan", 250), ("daegu", 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let (csv, numbers) = csv_rows(1_000 * i as u32, n);
+        paths.push(write(&files, &format!("{stem}.csv"), &csv));
+        expected.insert(format!("promo-{stem}"), numbers);
+    }
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    let bad = write(
+        &elsewhere,
+        "oops.csv",
+        "to,name\n01099990001,a\n12345,b\n01099990003,c\n",
+    );
+
+    // A bad file among good ones: nothing of any file is appended, and
+    // the error names the file and its line.
+    let out = groupcast(
+        &url,
+        &[
+            "submit",
+            "--batch",
+            "bad",
+            "--template",
+            &template,
+            "--recipients",
+            &paths[0],
+            "--recipients",
+            &bad,
+            "--recipients",
+            &paths[2],
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{bad}:3: field `to`"))
+            && stderr.contains("1 of 3 file(s) refused: nothing of any file was appended"),
+        "{stderr}"
+    );
+    assert!(ingested(&store).await.is_empty(), "nothing appended");
+
+    // Three files: three batches, each exactly its rows.
+    let mut args = vec!["submit", "--batch", "promo", "--template", &template];
+    for p in &paths {
+        args.extend(["--recipients", p.as_str()]);
+    }
+    args.extend(["--chunk-size", "100", "--json"]);
+    let stdout = ok_stdout(&groupcast(&url, &args));
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line a batch"))
+        .collect();
+    let said: Vec<(String, u64, u64, String)> = lines
+        .iter()
+        .map(|v| {
+            (
+                v["batch"].as_str().unwrap_or_default().to_string(),
+                v["recipients"].as_u64().unwrap_or(0),
+                v["chunks"].as_u64().unwrap_or(0),
+                v["file"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [
+            ("promo-seoul".to_string(), 3, 1, paths[0].clone()),
+            ("promo-busan".to_string(), 250, 3, paths[1].clone()),
+            ("promo-daegu".to_string(), 1, 1, paths[2].clone()),
+        ]
+    );
+    let mut stored: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut seqs: BTreeMap<String, Vec<(u32, bool)>> = BTreeMap::new();
+    for c in ingested(&store).await {
+        stored
+            .entry(c.batch.clone())
+            .or_default()
+            .extend(c.recipients.iter().map(|r| r.to.clone()));
+        seqs.entry(c.batch.clone())
+            .or_default()
+            .push((c.seq, c.last));
+    }
+    assert_eq!(stored, expected);
+    assert_eq!(seqs["promo-busan"], [(0, false), (1, false), (2, true)]);
+    assert_eq!(seqs["promo-seoul"], [(0, true)]);
+
+    // A directory: its .csv files in name order, the template beside them
+    // left out; one line a batch and the totals.
+    let dir_arg = files.display().to_string();
+    let text = ok_stdout(&groupcast(
+        &url,
+        &[
+            "submit",
+            "--batch",
+            "dir",
+            "--template",
+            &template,
+            "--recipients",
+            &dir_arg,
+        ],
+    ));
+    let stream = store.keys.ingest(0);
+    assert_eq!(
+        text,
+        format!(
+            "submitted batch dir-busan from {}: 250 recipients in 1 chunks to {stream}\n\
+             submitted batch dir-daegu from {}: 1 recipients in 1 chunks to {stream}\n\
+             submitted batch dir-seoul from {}: 3 recipients in 1 chunks to {stream}\n\
+             submitted 3 batches: 254 recipients in 3 chunks\n",
+            paths[1], paths[2], paths[0]
+        )
+    );
+
+    // One file alone: what submit always printed, and no `file` field.
+    let text = ok_stdout(&groupcast(&url, &submit_args("one", &template, &paths[0])));
+    assert_eq!(
+        text,
+        format!("submitted batch one: 3 recipients in 1 chunks to {stream}\n")
+    );
+    let mut args = submit_args("one-json", &template, &paths[0]);
+    args.push("--json");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok_stdout(&groupcast(&url, &args))).expect("json");
+    assert_eq!(v["batch"], "one-json", "{v}");
+    assert!(v.get("file").is_none(), "{v}");
+    assert_eq!(ingested(&store).await.len(), 5 + 3 + 2, "every chunk once");
+}
+
 /// A file with 40 bad rows scattered through 2,000: one run lists all 40
 /// (line, field, what to do), sums them up, exits 2, appends nothing.
 #[tokio::test]

@@ -412,6 +412,57 @@ impl Store {
         }
     }
 
+    /// The named fields of each batch's state (as [`BatchLog::read`]) and
+    /// whether it has a tombstone (as [`Store::is_tombstoned`]), in one
+    /// pipelined round trip per shard (a shard's keys share a hash tag):
+    /// what `submit` checks of every batch before it appends to any.
+    pub async fn read_batches(
+        &self,
+        batches: &[String],
+        names: &[String],
+    ) -> StoreResult<Vec<(Projection, bool)>> {
+        let mut out = vec![(Projection::default(), false); batches.len()];
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+        for (i, b) in batches.iter().enumerate() {
+            by_shard.entry(self.keys.shard_of(b)).or_default().push(i);
+        }
+        for (shard, indices) in by_shard {
+            let reported = self.keys.reported(shard);
+            let mut pipe = redis::pipe();
+            for &i in &indices {
+                pipe.cmd("HMGET")
+                    .arg(&self.keys.batch(&batches[i]).state)
+                    .arg(names);
+                pipe.cmd("ZSCORE").arg(&reported).arg(&batches[i]);
+            }
+            let replies: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+            if replies.len() != 2 * indices.len() {
+                return Err(StoreError::UnexpectedReply {
+                    script: "HMGET and ZSCORE of each batch",
+                    reply: format!("{} replies for {} batches", replies.len(), indices.len()),
+                });
+            }
+            let unexpected = |v: &Value| StoreError::UnexpectedReply {
+                script: "HMGET and ZSCORE of each batch",
+                reply: format!("{v:?}"),
+            };
+            for (&i, pair) in indices.iter().zip(replies.chunks_exact(2)) {
+                let (values, score) = (&pair[0], &pair[1]);
+                let values: Vec<Option<String>> =
+                    redis::from_redis_value(values.clone()).map_err(|_| unexpected(values))?;
+                let score: Option<f64> =
+                    redis::from_redis_value(score.clone()).map_err(|_| unexpected(score))?;
+                let fields = names
+                    .iter()
+                    .zip(values)
+                    .filter_map(|(n, v)| Some((n.clone(), v?)))
+                    .collect();
+                out[i] = (Projection { fields }, score.is_some());
+            }
+        }
+        Ok(out)
+    }
+
     /// The log of a batch in the lane its stored options name (see
     /// [`BatchLog::stored_lane`]): for callers that handle no entry of the
     /// batch (`close`, the watchdog).

@@ -125,6 +125,16 @@ pub struct BenchArgs {
     /// default (`auto`); `none` measures what the default's waits cost.
     #[arg(long, value_enum, requires = "user_path")]
     pub worker_durability: Option<crate::cli::worker::Durability>,
+    /// With `--user-path`: the workers' `--rate-limit` (provider requests
+    /// a second, all workers together) instead of their default (300); 0
+    /// measures what the default's pace costs.
+    #[arg(long, requires = "user_path")]
+    pub worker_rate_limit: Option<u32>,
+    /// With `--user-path`: one `groupcast submit` per batch, one after the
+    /// other (a shell loop over the files), instead of one `groupcast
+    /// submit` of the directory of files (each file its own batch).
+    #[arg(long, requires = "user_path")]
+    pub submit_each: bool,
 }
 
 /// The private server of a `--user-path` run.

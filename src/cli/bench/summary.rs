@@ -373,6 +373,8 @@ impl RunKind {
 /// What the `groupcast submit` processes of a run used, together.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(super) struct SubmitUse {
+    /// How many `groupcast submit` processes ran.
+    pub(super) runs: usize,
     /// Their wall time, summed (they run one after the other).
     pub(super) seconds: f64,
     /// The largest peak resident set of any of them, in bytes.
@@ -433,6 +435,7 @@ pub(super) fn result_line(plan: &Plan, m: &Measured) -> serde_json::Value {
         "dedupe_bytes_per_recipient": round(m.memory.dedupe_bytes_per_recipient),
         "results_bytes_per_recipient": round(m.memory.results_bytes_per_recipient),
         "submit_seconds": submit.map(|s| round(s.seconds)),
+        "submit_runs": submit.map(|s| s.runs),
         "submit_max_rss_mb": submit.map(|s| round(s.max_rss_bytes as f64 / (1024.0 * 1024.0))),
         "worker_durability": m.kind.durability,
         "submit_to_loaded_ms_p50": loaded_at(0.5),

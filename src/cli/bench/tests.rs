@@ -399,6 +399,7 @@ fn the_result_line_is_the_measures_summed_and_rounded() {
             "dedupe_bytes_per_recipient": 7.063,
             "results_bytes_per_recipient": 4.25,
             "submit_seconds": null,
+            "submit_runs": null,
             "submit_max_rss_mb": null,
             "worker_durability": null,
             "submit_to_loaded_ms_p50": 431,
@@ -421,6 +422,7 @@ fn a_user_path_line_has_the_submits_and_no_append_latencies() {
             mode: "user-path",
             server: "valkey-everysec".into(),
             submit: Some(SubmitUse {
+                runs: 1,
                 seconds: 1.23456,
                 max_rss_bytes: 12 * 1024 * 1024 + 512 * 1024,
                 cpu_seconds: 0.5,
@@ -438,6 +440,7 @@ fn a_user_path_line_has_the_submits_and_no_append_latencies() {
     assert_eq!(line["mode"], "user-path");
     assert_eq!(line["server"], "valkey-everysec");
     assert_eq!(line["submit_seconds"], 1.235);
+    assert_eq!(line["submit_runs"], 1);
     assert_eq!(line["submit_max_rss_mb"], 12.5);
     assert_eq!(line["worker_durability"], "--durability auto: ...");
     assert_eq!(line["submit_to_loaded_ms_p50"], serde_json::Value::Null);

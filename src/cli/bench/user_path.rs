@@ -11,9 +11,11 @@
 //! until every worker has logged `worker started`.
 //!
 //! The clock then runs from the first `groupcast submit` to the last report.
-//! The submits run one after the other, one per batch, as a shell loop over
-//! the files would. Each is reaped with `wait4`, which gives its peak
-//! resident set and its CPU time.
+//! One `groupcast submit` takes the directory of files, each file its own
+//! batch (`--batch bench`, file `7.csv`: batch `bench-7`); with
+//! `--submit-each` the submits run one after the other, one per batch, as a
+//! shell loop over the files would. Each is reaped with `wait4`, which
+//! gives its peak resident set and its CPU time.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -37,6 +39,10 @@ use crate::keys::Keyspace;
 use crate::redis_server::{free_port, RedisServer};
 use crate::store::Store;
 use crate::worker::WorkerConfig;
+
+/// What a batch id is, before the file's stem: `--batch bench` and
+/// `7.csv` make batch `bench-7` (see `Plan::batch_ids`).
+const BATCH_PREFIX: &str = "bench-";
 
 /// Rows generated at a time while writing a CSV file (W5's ten million
 /// are never all in memory).
@@ -104,6 +110,8 @@ fn start_server(kind: ServerKind) -> Result<RedisServer, CliError> {
 /// The workload's files: the template, and each batch's CSV file.
 struct Files {
     template: PathBuf,
+    /// The directory of the CSV files (and of nothing else).
+    recipients: PathBuf,
     /// Batch id and its recipients file, in batch order.
     batches: Vec<(String, PathBuf)>,
 }
@@ -115,9 +123,13 @@ fn write_workload(dir: &Path, plan: &Plan) -> Result<Files, CliError> {
     let template = dir.join("template.json");
     let json = serde_json::json!({"type": t.kind, "from": t.from, "text": t.text});
     std::fs::write(&template, json.to_string()).map_err(io(&template))?;
+    let recipients_dir = dir.join("recipients");
+    std::fs::create_dir_all(&recipients_dir).map_err(io(&recipients_dir))?;
     let mut batches = Vec::new();
     for (index, batch) in plan.batch_ids().into_iter().enumerate() {
-        let path = dir.join(format!("{batch}.csv"));
+        // `bench-7` from `7.csv`, submitted with `--batch bench`.
+        let stem = batch.strip_prefix(BATCH_PREFIX).unwrap_or(&batch);
+        let path = recipients_dir.join(format!("{stem}.csv"));
         let mut w = BufWriter::new(File::create(&path).map_err(io(&path))?);
         writeln!(w, "to,name").map_err(io(&path))?;
         for from in (0..plan.recipients).step_by(WRITE_ROWS) {
@@ -130,7 +142,11 @@ fn write_workload(dir: &Path, plan: &Plan) -> Result<Files, CliError> {
         w.flush().map_err(io(&path))?;
         batches.push((batch, path));
     }
-    Ok(Files { template, batches })
+    Ok(Files {
+        template,
+        recipients: recipients_dir,
+        batches,
+    })
 }
 
 /// A `groupcast` child connected to `redis_url`, with none of this
@@ -173,14 +189,14 @@ struct Workers {
 }
 
 /// Starts `plan.workers` workers with their default settings (but
-/// `durability` when given), logging (at the default level, as JSON) to
+/// `durability` and `rate_limit` when given), logging (at the default level, as JSON) to
 /// files in `dir`, and waits until each has logged `worker started`.
 async fn start_default_workers(
     exe: &Path,
     redis_url: &str,
     provider_url: &str,
     plan: &Plan,
-    durability: Option<Durability>,
+    (durability, rate_limit): (Option<Durability>, Option<u32>),
     dir: &Path,
     procs: &mut Procs,
 ) -> Result<Workers, CliError> {
@@ -204,6 +220,9 @@ async fn start_default_workers(
         }
         if let Some(mode) = durability.and_then(|d| d.to_possible_value()) {
             c.env("GROUPCAST_DURABILITY", mode.get_name());
+        }
+        if let Some(rate) = rate_limit {
+            c.env("GROUPCAST_RATE_LIMIT", rate.to_string());
         }
         let child = c
             .spawn()
@@ -316,9 +335,10 @@ struct SubmitCtx<'a> {
     deadline: Instant,
 }
 
-/// One `groupcast submit` of a batch's file, as a user types it (plus
-/// `--json`, to read how many chunks it appended), raising `peak` with
-/// Redis' memory while it runs.
+/// One `groupcast submit` of a batch's file (or of the directory of
+/// files, `--batch` then their batches' prefix), as a user types it (plus
+/// `--json`, to read how many chunks it appended: one line a batch),
+/// raising `peak` with Redis' memory while it runs.
 async fn submit(
     cx: &SubmitCtx<'_>,
     (batch, csv): (&str, &Path),
@@ -389,12 +409,15 @@ async fn submit(
             log_tail(log)
         )));
     }
-    let line: serde_json::Value = serde_json::from_str(out.trim()).map_err(|e| {
-        CliError::Failed(format!("groupcast submit printed {out:?}, not JSON: {e}"))
-    })?;
-    let chunks = line["chunks"].as_u64().ok_or_else(|| {
-        CliError::Failed(format!("groupcast submit printed no chunk count: {line}"))
-    })?;
+    let mut chunks = 0;
+    for l in out.lines().filter(|l| !l.trim().is_empty()) {
+        let line: serde_json::Value = serde_json::from_str(l).map_err(|e| {
+            CliError::Failed(format!("groupcast submit printed {l:?}, not JSON: {e}"))
+        })?;
+        chunks += line["chunks"].as_u64().ok_or_else(|| {
+            CliError::Failed(format!("groupcast submit printed no chunk count: {line}"))
+        })?;
+    }
     Ok(Submitted {
         chunks: chunks as usize,
         seconds: r.at.duration_since(started).as_secs_f64(),
@@ -420,7 +443,7 @@ pub(super) async fn run(args: &BenchArgs, plan: &Plan) -> Result<(), CliError> {
         &url,
         &base_url,
         plan,
-        args.worker_durability,
+        (args.worker_durability, args.worker_rate_limit),
         &dir.0,
         &mut procs,
     )
@@ -447,10 +470,24 @@ pub(super) async fn run(args: &BenchArgs, plan: &Plan) -> Result<(), CliError> {
         deadline,
     };
     let mut submitted = BTreeMap::new();
-    for (batch, csv) in &files.batches {
-        submitted.insert(batch.clone(), wall_ms());
+    // One submit of the directory, or (`--submit-each`) one per file.
+    let prefix = BATCH_PREFIX.trim_end_matches('-');
+    let runs: Vec<(&str, &Path, Vec<&String>)> = if args.submit_each {
+        files
+            .batches
+            .iter()
+            .map(|(batch, csv)| (batch.as_str(), csv.as_path(), vec![batch]))
+            .collect()
+    } else {
+        let all = files.batches.iter().map(|(b, _)| b).collect();
+        vec![(prefix, files.recipients.as_path(), all)]
+    };
+    for (batch, csv, batches) in runs {
+        let at = wall_ms();
+        submitted.extend(batches.into_iter().map(|b| (b.clone(), at)));
         let s = submit(&cx, (batch, csv), &mut peak).await?;
         chunks += s.chunks;
+        used.runs += 1;
         used.seconds += s.seconds;
         used.max_rss_bytes = used.max_rss_bytes.max(s.max_rss_bytes);
         used.cpu_seconds += s.cpu_seconds;

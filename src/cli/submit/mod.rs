@@ -46,6 +46,9 @@
 //! - `summary`: what submit prints once it is done.
 //! - `advert`: `--ad`: the checked file split by night-time consent into
 //!   two batches that name each other.
+//! - `many`: several files (or a directory) in one run, each its own
+//!   batch `<--batch>-<file stem>`: all checked, then appended through one
+//!   producer.
 
 mod advert;
 mod check;
@@ -54,6 +57,7 @@ mod cut;
 mod fixtures;
 pub(crate) mod follow_up;
 mod input;
+mod many;
 mod options;
 mod problems;
 mod rows;
@@ -92,14 +96,23 @@ pub struct SubmitArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
     /// The batch (campaign) id: letters, digits, '.', '_', '-'; at most 128.
+    /// With several recipients files (or a directory): the prefix of each
+    /// file's batch id.
     #[arg(long)]
     pub batch: String,
     /// Recipients: CSV with a header (a `to` column plus one column per
     /// template variable) or JSONL (one object per line), by extension.
     /// Numbers may be written as people write them (`+82 10-1234-5678`,
     /// `010 1234 5678`, `1012345678`): they are normalised to `01012345678`.
-    #[arg(long)]
-    pub recipients: PathBuf,
+    ///
+    /// Given more than once, or naming a directory (its `.csv`, `.jsonl`
+    /// and `.ndjson` files, in name order), each file is a batch of its
+    /// own, `<--batch>-<file name without extension>` (`--batch promo
+    /// --recipients seoul.csv --recipients busan.csv`: `promo-seoul`,
+    /// `promo-busan`), with the same template and options, in one run.
+    /// Every file is checked first: a bad one appends nothing of any.
+    #[arg(long, required = true, action = clap::ArgAction::Append)]
+    pub recipients: Vec<PathBuf>,
     /// The recipients file's encoding: `auto` reads UTF-8 (with or without
     /// a byte order mark) and takes a file that is not UTF-8 for
     /// EUC-KR/CP949, as Excel and Korean CRMs save it.
@@ -239,23 +252,40 @@ async fn check_file(
 /// be refused by the workers and end in the dead letters, while `submit`
 /// said it submitted them.
 async fn refuse_an_ended_batch(store: &crate::store::Store, b: &str) -> Result<(), CliError> {
+    match ended_batches(store, &[b.to_string()]).await?.pop() {
+        Some((_, why)) => Err(CliError::Failed(why)),
+        None => Ok(()),
+    }
+}
+
+/// The batches of `batches` that take no more chunks (by index), each with
+/// why, as [`refuse_an_ended_batch`] says it: one round trip a shard.
+async fn ended_batches(
+    store: &crate::store::Store,
+    batches: &[String],
+) -> Result<Vec<(usize, String)>, CliError> {
     use crate::projection::field;
-    let p = store
-        .batch(b)
-        .read(&[field::REPORT.into(), field::CANCELLED.into()])
+    let read = store
+        .read_batches(batches, &[field::REPORT.into(), field::CANCELLED.into()])
         .await?;
-    let ended = if let Some(why) = p.cancelled() {
-        format!("was cancelled ({why})")
-    } else if let Some(outcome) = p.report() {
-        format!("was already reported ({outcome})")
-    } else if store.is_tombstoned(b).await? {
-        "was already reported (its events have expired)".into()
-    } else {
-        return Ok(());
-    };
-    Err(CliError::Failed(format!(
-        "batch {b} {ended}: it takes no more chunks; submit them under a new batch id"
-    )))
+    let mut ended = Vec::new();
+    for (i, (p, tombstoned)) in read.into_iter().enumerate() {
+        let why = if let Some(why) = p.cancelled() {
+            format!("was cancelled ({why})")
+        } else if let Some(outcome) = p.report() {
+            format!("was already reported ({outcome})")
+        } else if tombstoned {
+            "was already reported (its events have expired)".into()
+        } else {
+            continue;
+        };
+        let b = &batches[i];
+        ended.push((
+            i,
+            format!("batch {b} {why}: it takes no more chunks; submit them under a new batch id"),
+        ));
+    }
+    Ok(ended)
 }
 
 /// Records that `batch` follows up recipients of `origin` (listed in
@@ -316,21 +346,38 @@ fn progress_bar(chunks: u32, json: bool) -> Option<ProgressBar> {
 }
 
 /// Appends the chunks that come out of `rx`, in order, up to `per_round`
-/// of them a round trip: whatever is ready when a round starts goes in it.
+/// of them a round trip: whatever is ready when a round starts goes in it,
+/// as long as it goes to the same shard's stream. `files` says, in order,
+/// each file's shard and how many chunks it has; `appended` counts the
+/// chunks appended.
 async fn append_rounds(
     rx: &mut mpsc::Receiver<Vec<u8>>,
     per_round: usize,
     producer: &mut Producer,
-    (shard, lane): (u32, Priority),
+    (lane, files): (Priority, &[(u32, u32)]),
     bar: Option<&ProgressBar>,
+    appended: &mut u64,
 ) -> Result<(), CliError> {
+    let mut shards = files
+        .iter()
+        .flat_map(|&(shard, chunks)| std::iter::repeat_n(shard, chunks as usize))
+        .peekable();
+    let more = || CliError::Failed("submit: more chunks were cut than checked".into());
     let mut round = Vec::with_capacity(per_round);
     while let Some(first) = rx.recv().await {
+        let shard = shards.next().ok_or_else(more)?;
         round.push(first);
-        // Whatever else is ready goes in the same round trip.
-        while round.len() < per_round {
+        // Room under the backpressure bound first: the chunks cut while
+        // the stream is looked at go in this round, not the next.
+        producer.ready(shard, lane, per_round).await?;
+        // Whatever else is ready for the same stream goes in the same
+        // round trip.
+        while round.len() < per_round && shards.peek() == Some(&shard) {
             match rx.try_recv() {
-                Ok(p) => round.push(p),
+                Ok(p) => {
+                    shards.next();
+                    round.push(p);
+                }
                 Err(_) => break,
             }
         }
@@ -338,6 +385,7 @@ async fn append_rounds(
         producer
             .append_encoded(shard, lane, std::mem::take(&mut round))
             .await?;
+        *appended += n;
         if let Some(b) = bar {
             b.inc(n);
         }
@@ -360,9 +408,12 @@ struct BatchFile {
 /// did. An advertising batch (`--ad`) is split by night consent first.
 pub async fn run(args: SubmitArgs) -> Result<(), CliError> {
     let (template, options) = check_flags(&args)?;
+    if let Some(files) = many::batch_files(&args)? {
+        return many::run(&args, files, template, options).await;
+    }
     let file = BatchFile {
         batch: args.batch.clone(),
-        path: args.recipients.clone(),
+        path: args.recipients.first().cloned().unwrap_or_default(),
         encoding: args.encoding,
     };
     if options.ad.is_some() {
@@ -394,6 +445,7 @@ async fn submit_file(
     let notes = summary::notes(&input, &scan);
     let mut producer = producer(store, args.max_unread_chunks);
     let bar = progress_bar(scan.checked.chunks, args.json);
+    let scan_chunks = scan.checked.chunks;
 
     // Room for about ROUND_BYTES of encoded chunks between the reader and
     // the appender (at least one round of small chunks).
@@ -415,8 +467,9 @@ async fn submit_file(
         &mut rx,
         per_round,
         &mut producer,
-        (shard, lane),
+        (lane, &[(shard, scan_chunks)]),
         bar.as_ref(),
+        &mut 0,
     )
     .await;
     // Dropping the receiver stops the reader if the appending failed.
@@ -434,6 +487,7 @@ async fn submit_file(
         stream: &stream,
         read_as,
         options: &shown_options,
+        file: None,
     };
     summary.print(&scan, notes, args.json);
     Ok(())

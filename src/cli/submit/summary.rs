@@ -52,6 +52,8 @@ pub(super) struct Summary<'a> {
     pub(super) read_as: &'a str,
     /// The batch's options.
     pub(super) options: &'a BatchOptions,
+    /// The file, when it is one of several (said, and a JSON field).
+    pub(super) file: Option<&'a std::path::Path>,
 }
 
 impl Summary<'_> {
@@ -66,9 +68,7 @@ impl Summary<'_> {
         let shown = (window.holds() || window.ad.is_some()).then(|| window.describe());
         if json {
             let d = &scan.dropped;
-            println!(
-                "{}",
-                serde_json::json!({
+            let mut line = serde_json::json!({
                     "batch": batch,
                     "recipients": total,
                     "chunks": chunks,
@@ -80,10 +80,19 @@ impl Summary<'_> {
                     "leadingZerosRestored": scan.zeros_restored,
                     "options": shown,
                     "pair": window.ad.as_ref().and_then(|a| a.pair.clone()),
-                })
-            );
+            });
+            if let (Some(file), Some(fields)) = (self.file, line.as_object_mut()) {
+                fields.insert("file".into(), file.display().to_string().into());
+            }
+            println!("{line}");
         } else {
-            println!("submitted batch {batch}: {total} recipients in {chunks} chunks to {stream}");
+            let from = self
+                .file
+                .map(|f| format!(" from {}", f.display()))
+                .unwrap_or_default();
+            println!(
+                "submitted batch {batch}{from}: {total} recipients in {chunks} chunks to {stream}"
+            );
             if let Some(shown) = shown {
                 println!("  {shown}");
             }
