@@ -418,17 +418,10 @@ fn initial_values(metric: &str, label: &str, shards: u32) -> Vec<String> {
         ]),
         ("groupcast_work_items_total", "outcome") => strs(&["done", "retry", "dead"]),
         ("groupcast_groups_sent_total", "outcome") => strs(&["sent", "already_sent"]),
-        (_, "op") => strs(&[
-            "create",
-            "load",
-            "send",
-            "poll",
-            "delete",
-            "recall",
-            "report",
-            "track",
-            "delivery_report",
-        ]),
+        (_, "op") => crate::events::work_item::Op::ALL
+            .iter()
+            .map(|op| op.name().to_string())
+            .collect(),
         // The delivery failures the provider documents most (no KakaoTalk,
         // no KakaoTalk use in 72 h, phone off, spam): others appear as they
         // come.

@@ -108,6 +108,30 @@ async fn delivery_report(store: &groupcast::store::Store, batch: &str) -> BatchD
     }
 }
 
+/// `groupcast results BATCH --status failed`, in full: number → (stage, code).
+fn exported_failures(url: &str, dir: &std::path::Path, batch: &str) -> Failures {
+    let out = groupcast(
+        url,
+        dir,
+        &[
+            "results",
+            batch,
+            "--status",
+            "failed",
+            "--show-numbers",
+            "--format",
+            "jsonl",
+        ],
+    );
+    jsonl(&out)
+        .into_iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("number"), (s("stage"), s("code")))
+        })
+        .collect()
+}
+
 fn jsonl(out: &Output) -> Vec<serde_json::Value> {
     ok_stdout(out)
         .lines()
@@ -142,27 +166,7 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
     let url = rig.server.url();
 
     // The export of failures equals the ledger: number, stage, code.
-    let out = groupcast(
-        &url,
-        dir.path(),
-        &[
-            "results",
-            &batch,
-            "--status",
-            "failed",
-            "--show-numbers",
-            "--format",
-            "jsonl",
-        ],
-    );
-    let exported: Failures = jsonl(&out)
-        .into_iter()
-        .map(|r| {
-            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            (s("number"), (s("stage"), s("code")))
-        })
-        .collect();
-    assert_eq!(exported, failed);
+    assert_eq!(exported_failures(&url, dir.path(), &batch), failed);
     // The unknown set is the never-final set.
     let out = groupcast(
         &url,
@@ -453,27 +457,7 @@ async fn workers_killed_again_and_again_while_tracking_lose_nothing_and_count_no
     let p = log.state().await.expect("state");
     assert_eq!(p.int(field::DL_DELIVERED) as u64, delivered);
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = groupcast(
-        &url,
-        dir.path(),
-        &[
-            "results",
-            &batch,
-            "--status",
-            "failed",
-            "--show-numbers",
-            "--format",
-            "jsonl",
-        ],
-    );
-    let exported: Failures = jsonl(&out)
-        .into_iter()
-        .map(|r| {
-            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            (s("number"), (s("stage"), s("code")))
-        })
-        .collect();
-    assert_eq!(exported, failed);
+    assert_eq!(exported_failures(&url, dir.path(), &batch), failed);
     let v = groupcast::verify::verify_batch(&store, Some(&provider_for(&mock)), &batch, 10_000)
         .await
         .expect("verify");

@@ -265,18 +265,11 @@ fn pick(rng: &mut StdRng, m: &Model, store: &Store) -> Step {
             let lane = Priority::ALL[rng.random_range(0..3)];
             // Every op a work item can have (`delivery_report` has an
             // underscore), and one no worker knows.
-            let ops = [
-                "create",
-                "load",
-                "send",
-                "poll",
-                "delete",
-                "recall",
-                "report",
-                "track",
-                "delivery_report",
-                "add",
-            ];
+            let mut ops: Vec<&str> = groupcast::events::work_item::Op::ALL
+                .iter()
+                .map(|op| op.name())
+                .collect();
+            ops.push("add");
             let entry = DelayedEntry {
                 op: ops[rng.random_range(0..ops.len())].into(),
                 d: bytes(rng, 12),

@@ -34,6 +34,19 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every op.
+    pub const ALL: [Op; 9] = [
+        Op::Create,
+        Op::Load,
+        Op::Send,
+        Op::Poll,
+        Op::Delete,
+        Op::Recall,
+        Op::Report,
+        Op::Track,
+        Op::DeliveryReport,
+    ];
+
     /// The `op` field.
     pub fn name(self) -> &'static str {
         match self {

@@ -18,7 +18,7 @@ use groupcast::worker::WorkerConfig;
 
 use super::cancel::wait_work_handled;
 use super::input::{chunk, the_report, wait_dead_letters};
-use super::retry::{rig_with_hook, wait_state, wait_until};
+use super::retry::{rig_with_hook, wait_state, wait_until, Hook};
 use crate::common::*;
 
 const REFUSED: EndpointFault = EndpointFault {
@@ -126,14 +126,7 @@ async fn a_send_refused_for_good_is_recalled_and_the_batch_reports_unsent() {
     rig.mock.fail_endpoint("send", None);
     assert_eq!(redrive_all(&rig).await, 1);
     assert_eq!(groups_of(&rig, batch), vec![(GroupStatus::Deleted, 0)]);
-    assert_eq!(
-        hook.receipts()
-            .iter()
-            .filter(|(k, _)| k == &format!("{batch}:report"))
-            .count(),
-        1,
-        "one report"
-    );
+    assert_eq!(reports_of(&hook, batch), 1, "one report");
     rig.stop().await;
 }
 
@@ -259,14 +252,7 @@ async fn a_poll_refused_for_good_ends_with_the_outcome_unknown() {
     rig.verify(&[batch.to_string()]).await;
     assert_eq!(redrive_all(&rig).await, 1);
     assert_eq!(groups_of(&rig, batch), vec![(GroupStatus::Sending, 1)]);
-    assert_eq!(
-        hook.receipts()
-            .iter()
-            .filter(|(k, _)| k == &format!("{batch}:report"))
-            .count(),
-        1,
-        "one report"
-    );
+    assert_eq!(reports_of(&hook, batch), 1, "one report");
     rig.stop().await;
 }
 
@@ -297,4 +283,13 @@ async fn a_group_deleted_behind_our_back_ends_unsent() {
     assert_eq!(groups_of(&rig, batch), vec![(GroupStatus::Deleted, 0)]);
     rig.verify(&[batch.to_string()]).await;
     rig.stop().await;
+}
+
+/// How many times the webhook got `batch`'s report (its delivery report,
+/// if any, has another key).
+fn reports_of(hook: &Hook, batch: &str) -> usize {
+    hook.receipts()
+        .iter()
+        .filter(|(k, _)| k == &format!("{batch}:report"))
+        .count()
 }
