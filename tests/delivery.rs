@@ -187,6 +187,13 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
         .collect();
     assert_eq!(unknown, never);
     assert!(unknown.is_disjoint(&failed.keys().cloned().collect()));
+    // A batch never seen is said so, not an empty export.
+    let out = groupcast(&url, dir.path(), &["results", "delivery-5ok"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no batch delivery-5ok"),
+        "{out:?}"
+    );
     // Masked unless asked.
     let out = groupcast(&url, dir.path(), &["results", &batch, "--format", "csv"]);
     let masked = ok_stdout(&out);

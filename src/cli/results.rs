@@ -164,6 +164,12 @@ pub async fn run(args: ResultsArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
     let store = args.redis.connect().await?;
     let log = store.batch(&args.batch);
+    if !log.has_results_or_state().await? {
+        return Err(CliError::Failed(format!(
+            "no batch {}: never seen here, or past its retention (outcomes are kept --results-retention after the delivery report); check the id and --prefix",
+            args.batch
+        )));
+    }
     let p = log
         .read(&[field::REPORT.into(), field::DL_REPORT.into()])
         .await?;

@@ -149,6 +149,17 @@ impl BatchLog {
             .and_then(|e| crate::events::Recorded::from_fields(&e.id, &e.fields).ok()))
     }
 
+    /// Whether anything of the batch is left to export: its state, or its
+    /// results (which may outlive the state: `--results-retention`).
+    pub async fn has_results_or_state(&self) -> StoreResult<bool> {
+        let n: u64 = redis::cmd("EXISTS")
+            .arg(&self.keys.state)
+            .arg(&self.keys.results)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n > 0)
+    }
+
     /// One step of a scan of the results hash: `(next cursor, [(number,
     /// record)])`; cursor 0 starts, and a next cursor of 0 ends.
     pub async fn scan_results(&self, cursor: u64) -> StoreResult<(u64, Vec<(String, String)>)> {
