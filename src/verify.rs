@@ -679,11 +679,24 @@ pub async fn verify_batch(
     let log = store.batch(batch);
     let mut c = Checks::default();
 
-    let raw = log.events().await?;
+    // The events and the live state as of one moment: delivery tracking
+    // goes on appending after the report, so the state is read between two
+    // looks at the stream's length, and read again if an event came between.
+    let (raw, live) = {
+        let mut attempt = 0;
+        loop {
+            let raw = log.events().await?;
+            let live = log.state().await?;
+            let now = store.stream_len(&log.keys.events).await?;
+            attempt += 1;
+            if now == raw.len() as u64 || attempt == 5 {
+                break (raw, live);
+            }
+        }
+    };
     let undecodable = raw.iter().filter(|r| r.is_err()).count();
     let events: Vec<Recorded> = raw.into_iter().filter_map(Result::ok).collect();
     let lost = crate::store::witness::lost_records(store, batch).await?;
-    let live = log.state().await?;
     let diff = live.diff(&Projection::fold(&events));
     log_checks(&mut c, undecodable, events.len(), &lost, &diff);
 
