@@ -470,3 +470,39 @@ async fn workers_killed_again_and_again_while_tracking_lose_nothing_and_count_no
         .expect("verify");
     assert!(v.passed(), "{:#?}", v.failures());
 }
+
+/// Two readers of one generation (an item reclaimed while its first
+/// handler still runs): the one that read a page earlier, with fewer
+/// results final, must not put its smaller count back over the later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_reading_of_a_page_never_replaces_a_newer_one() {
+    use groupcast::store::delivery::{BatchDelivery, PageCounts};
+    let (_server, store) = store(1).await;
+    let log = store.batch("two-readers");
+    let keep = Duration::from_secs(60);
+    let newer = PageCounts {
+        delivered: 480,
+        failed: 20,
+        ..Default::default()
+    };
+    let older = PageCounts {
+        delivered: 300,
+        failed: 5,
+        ..Default::default()
+    };
+    for counts in [&newer, &older] {
+        assert!(log
+            .track_page(0, "G1", "", counts, keep, &[])
+            .await
+            .expect("track_page"));
+    }
+    assert_eq!(
+        log.delivered(0, "G1", false, keep)
+            .await
+            .expect("delivered"),
+        BatchDelivery::Unreported
+    );
+    let p = log.state().await.expect("state");
+    assert_eq!(p.int(field::DL_DELIVERED), 480);
+    assert_eq!(p.int(field::DL_FAILED), 20);
+}

@@ -17,7 +17,18 @@ local gen = ARGV[2]
 if redis.call('HGET', STATE, 'k:delivered/' .. gen) then
   return {'delivered'}
 end
-redis.call('HSET', DELIVERY, gen .. '|' .. ARGV[4], ARGV[5], gen .. '|group', ARGV[3])
+-- A message's result, once final, stays final: a page's count of final
+-- messages only grows. A reader that saw the page earlier (two workers on
+-- one item after a reclaim) must not put an older, smaller count back.
+local function finals(counts)
+  local d, f, u = string.match(counts or '', '^(%d+)|(%d+)|(%d+)|')
+  return d and (tonumber(d) + tonumber(f) + tonumber(u)) or -1
+end
+local field = gen .. '|' .. ARGV[4]
+if finals(ARGV[5]) >= finals(redis.call('HGET', DELIVERY, field)) then
+  redis.call('HSET', DELIVERY, field, ARGV[5])
+end
+redis.call('HSET', DELIVERY, gen .. '|group', ARGV[3])
 if #ARGV > 6 then
   redis.call('HSET', RESULTS, unpack(ARGV, 7))
 end

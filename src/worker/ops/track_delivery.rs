@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use crate::keys::Priority;
-use crate::projection::event_key;
+use crate::projection::{event_key, field};
 use crate::provider::ListedMessage;
 use crate::results::{Outcome as RecipientOutcome, Record, Stage, Status};
 use crate::store::batch::BatchLog;
@@ -97,18 +97,18 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
         return Ok(Outcome::Dead("track item without a group id".into()));
     };
     let keep = ctx.config.results_retention;
-    if log
-        .appended(&event_key::gen_delivered(gen))
-        .await?
-        .is_some()
-    {
+    // One read: whether the generation is counted already, and when it was sent.
+    let (delivered_key, send_key) = (event_key::gen_delivered(gen), event_key::send(gen));
+    let p = log
+        .read(&[field::key(&delivered_key), field::key(&send_key)])
+        .await?;
+    if p.appended(&delivered_key).is_some() {
         // Counted already: only the batch's decision may be left.
         return decide(ctx, &log, gen, &group_id, false, item).await;
     }
     let now = ctx.store.shard_time_ms(log.keys.shard).await?;
-    let sent_ms = log
-        .appended(&event_key::send(gen))
-        .await?
+    let sent_ms = p
+        .appended(&send_key)
         .and_then(|id| id.split('-').next()?.parse::<u64>().ok())
         .unwrap_or(now);
     let window_end = sent_ms.saturating_add(ctx.config.delivery_window.as_millis() as u64);
