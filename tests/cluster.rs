@@ -513,7 +513,7 @@ async fn run_every_script(store: &Store, round: u32) {
             .await
             .expect("track_page"));
         assert_eq!(
-            log.delivered(0, "G1", false, Duration::from_secs(60))
+            log.delivered(Some(0), "G1", false, Duration::from_secs(60))
                 .await
                 .expect("delivered"),
             groupcast::store::delivery::BatchDelivery::Decided

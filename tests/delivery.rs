@@ -165,8 +165,15 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
     let dir = tempfile::tempdir().expect("tempdir");
     let url = rig.server.url();
 
-    // The export of failures equals the ledger: number, stage, code.
+    // The export of failures equals the ledger: number, stage, code; each
+    // with the provider's text for its code.
     assert_eq!(exported_failures(&url, dir.path(), &batch), failed);
+    let rows = exported(&url, dir.path(), &batch, "failed");
+    assert!(
+        rows.iter().all(|r| r["reason"].as_str().is_some_and(|t| !t.is_empty())),
+        "{:?}",
+        rows.iter().find(|r| r["reason"] == "")
+    );
     // The unknown set is the never-final set.
     let out = groupcast(
         &url,
@@ -228,6 +235,123 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
         reports.iter().filter(|e| !e.is_delivery_report()).count(),
         1
     );
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.stop().await;
+}
+
+/// `groupcast results BATCH --status S --show-numbers`, as JSON lines.
+fn exported(url: &str, dir: &std::path::Path, batch: &str, status: &str) -> Vec<serde_json::Value> {
+    jsonl(&groupcast(
+        url,
+        dir,
+        &[
+            "results",
+            batch,
+            "--status",
+            status,
+            "--show-numbers",
+            "--format",
+            "jsonl",
+        ],
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_cancelled_before_its_send_names_everyone_not_sent_and_each_duplicate_copy() {
+    let mock = MockConfig {
+        faults: Faults {
+            registration_failure_rate: 0.02,
+            registration_failure_codes: vec!["1062".into()],
+            ..Faults::default()
+        },
+        ..mock_config()
+    };
+    let config = WorkerConfig {
+        group_cap: 1_000,
+        ..tracking_config(Duration::from_secs(4))
+    };
+    let rig = Rig::start(2, config, mock).await;
+    let batch = "held".to_string();
+    // 3,000 numbers, then 20 of them again: held an hour by its send time,
+    // so every generation loads and none is sent.
+    let people = recipients(6, 3_000);
+    let again: Vec<_> = people.iter().take(20).cloned().collect();
+    let copied: BTreeSet<String> = again.iter().map(|r| r.to.clone()).collect();
+    let mut chunks =
+        groupcast::producer::cut(&batch, &template(), people.into_iter().chain(again).collect(), 500);
+    let in_an_hour = (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string();
+    for c in &mut chunks {
+        c.options.send_at = Some(in_an_hour.clone());
+    }
+    let last_seq = chunks.len() as u32 - 1;
+    append_chunks(&rig.store, &chunks).await.expect("append");
+    let log = rig.store.batch(&batch);
+    wait_until(Duration::from_secs(60), "every chunk loaded", || async {
+        log.read(&[field::REGISTERED.into(), field::FAILED.into()])
+            .await
+            .is_ok_and(|p| p.int(field::REGISTERED) + p.int(field::FAILED) == 3_000)
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = rig.server.url();
+    ok_stdout(&groupcast(
+        &url,
+        dir.path(),
+        &["cancel", &batch, "--reason", "wrong coupon"],
+    ));
+
+    // Nothing was sent, and the batch still gets its delivery report.
+    let report = delivery_report(&rig.store, &batch).await;
+    let ledger = rig.mock.ledger();
+    let (mut registered, mut refused) = (BTreeSet::new(), BTreeSet::new());
+    for g in &ledger.groups {
+        assert!(g.sent_at_ms.is_none(), "group {} was sent", g.group_id);
+        for m in &g.messages {
+            match m.status_code.as_str() {
+                "1026" => {}
+                c if c.starts_with('1') => {
+                    refused.insert(m.to.clone());
+                }
+                _ => {
+                    registered.insert(m.to.clone());
+                }
+            }
+        }
+    }
+    assert_eq!(registered.len() + refused.len(), 3_000);
+    assert!(!refused.is_empty());
+    assert_eq!(report.recipients, 3_020, "{report:?}");
+    assert_eq!(report.delivered, 0, "{report:?}");
+    assert_eq!(report.duplicates, 20, "{report:?}");
+    assert_eq!(report.failed, refused.len() as u64, "{report:?}");
+    assert_eq!(report.not_sent, registered.len() as u64, "{report:?}");
+
+    // Every registered recipient is named not sent, for the cancel (the
+    // groups' deletes record them; they may finish after the report).
+    let numbers_of = |rows: &[serde_json::Value]| -> BTreeSet<String> {
+        rows.iter()
+            .map(|r| r["number"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    wait_until(Duration::from_secs(30), "every not_sent number stored", || async {
+        numbers_of(&exported(&url, dir.path(), &batch, "not_sent")) == registered
+    })
+    .await;
+    let rows = exported(&url, dir.path(), &batch, "not_sent");
+    assert_eq!(rows.len(), registered.len());
+    assert!(rows.iter().all(|r| r["code"] == "cancelled"), "{:?}", rows[0]);
+    // The refused are failed, not also not_sent.
+    assert_eq!(numbers_of(&exported(&url, dir.path(), &batch, "failed")), refused);
+
+    // Each duplicate copy, once, with the seq it came in (the first or the
+    // last chunk: whichever of them was accepted second).
+    let dups = exported(&url, dir.path(), &batch, "duplicate");
+    assert_eq!(dups.len(), 20, "{dups:?}");
+    assert_eq!(numbers_of(&dups), copied);
+    for d in &dups {
+        let seq = d["seq"].as_u64().expect("a seq");
+        assert!(seq == 0 || seq == u64::from(last_seq), "{d}");
+    }
     rig.verify(std::slice::from_ref(&batch)).await;
     rig.stop().await;
 }
@@ -497,7 +621,7 @@ async fn an_older_reading_of_a_page_never_replaces_a_newer_one() {
             .expect("track_page"));
     }
     assert_eq!(
-        log.delivered(0, "G1", false, keep)
+        log.delivered(Some(0), "G1", false, keep)
             .await
             .expect("delivered"),
         BatchDelivery::Unreported

@@ -37,11 +37,10 @@ pub(super) async fn batch_log(
     retention: crate::human::FlagDuration,
 ) -> Result<BatchLog, CliError> {
     validate_batch_id(batch).map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
-    let store = redis.connect().await?.with_policy(BatchPolicy {
-        retention: retention.into(),
-        deliver: true,
-        ..BatchPolicy::default()
-    });
+    let store = redis
+        .connect()
+        .await?
+        .with_policy(BatchPolicy::for_operator(retention.into()));
     // Its work (the sends a close makes ready, the deletes a cancel
     // queues) goes to its lane.
     Ok(store.batch_in_its_lane(batch).await?)

@@ -1,9 +1,10 @@
 //! `groupcast results BATCH`: every recipient's outcome, exported.
 //!
 //! What is stored is what was not delivered: the results hash (failures
-//! at registration and delivery, unknowns; written by delivery tracking)
-//! and the batch's events (chunks given up: `not_sent`; registration
-//! failures of generations never tracked). Those are streamed, a thousand
+//! at registration and delivery, unknowns: written by delivery tracking;
+//! recipients of cancelled or unsent generations: `not_sent`; duplicate
+//! copies, each with its seq) and the batch's events (chunks given up:
+//! `not_sent`; registration failures of generations never tracked). Those are streamed, a thousand
 //! at a time. Delivered recipients are counted, not stored: `--from FILE`
 //! (the batch's recipients file) lists any outcome, delivered included, by
 //! looking each row up; its output is a recipients file of the rows that
@@ -35,7 +36,7 @@ pub struct ResultsArgs {
     /// The batch.
     pub batch: String,
     /// Which recipients: failed, unknown, not_sent, delivered, duplicate,
-    /// or all (delivered and duplicate need `--from`).
+    /// or all (delivered needs `--from`).
     #[arg(long, default_value = "failed", value_parser = parse_filter)]
     pub status: Filter,
     /// Only these provider codes, comma-separated (e.g. `3104,3043`).
@@ -108,9 +109,14 @@ pub struct Row {
     pub group_id: String,
     /// The provider's message id.
     pub message_id: String,
+    /// The chunk: of a duplicate copy, and of recipients recorded from
+    /// the events (registration failures, chunks given up).
+    pub seq: Option<u32>,
+    /// The provider's text for `code`, where tracking saw one.
+    pub reason: String,
 }
 
-const HEADER: [&str; 7] = [
+const HEADER: [&str; 9] = [
     "number",
     "outcome",
     "stage",
@@ -118,6 +124,8 @@ const HEADER: [&str; 7] = [
     "generation",
     "group_id",
     "message_id",
+    "seq",
+    "reason",
 ];
 
 /// Writes rows in the chosen format.
@@ -141,6 +149,7 @@ impl<W: Write> Out<W> {
                     c.write_record(HEADER).map_err(|e| io(e.into()))?;
                 }
                 let gen = r.generation.map(|g| g.to_string()).unwrap_or_default();
+                let seq = r.seq.map(|s| s.to_string()).unwrap_or_default();
                 c.write_record([
                     &r.number,
                     &r.outcome,
@@ -149,6 +158,8 @@ impl<W: Write> Out<W> {
                     &gen,
                     &r.group_id,
                     &r.message_id,
+                    &seq,
+                    &r.reason,
                 ])
                 .map_err(|e| io(e.into()))?;
                 self.started = true;
@@ -180,14 +191,12 @@ pub async fn run(args: ResultsArgs) -> Result<(), CliError> {
     }
 }
 
-/// The stored outcomes (everything but delivered and duplicates), to stdout.
+/// The stored outcomes (everything but delivered), to stdout.
 async fn stored(args: &ResultsArgs, log: &BatchLog) -> Result<(), CliError> {
-    for o in [Outcome::Delivered, Outcome::Duplicate] {
-        if args.status.wants(o) && args.status.0.len() == 1 {
-            return Err(CliError::Usage(format!(
-                "{o} recipients are counted, not stored one by one: pass --from FILE (the batch's recipients file) to list them"
-            )));
-        }
+    if args.status.wants(Outcome::Delivered) && args.status.0.len() == 1 {
+        return Err(CliError::Usage(
+            "delivered recipients are counted, not stored one by one: pass --from FILE (the batch's recipients file) to list them".into(),
+        ));
     }
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
@@ -217,7 +226,8 @@ pub(crate) async fn export_stored(
     format: Format,
     w: &mut impl Write,
 ) -> Result<(), CliError> {
-    let groups = log.tracked_groups().await?;
+    let crate::store::delivery::Tracked { groups, reasons } = log.tracked().await?;
+    let reason_of = |code: &str| reasons.get(code).cloned().unwrap_or_default();
     let show = |n: &str| {
         if show_numbers {
             n.to_string()
@@ -243,14 +253,25 @@ pub(crate) async fn export_stored(
             if !status.wants(r.outcome) || !code_ok(&r.code) {
                 continue;
             }
+            let failed = r.outcome == Outcome::Failed;
             out.row(&Row {
-                number: show(&number),
+                number: show(Record::number_of(&number)),
                 outcome: r.outcome.name().into(),
-                stage: r.stage.name().into(),
-                code: r.code.clone(),
+                stage: if failed || r.outcome == Outcome::Unknown {
+                    r.stage.name().into()
+                } else {
+                    String::new()
+                },
+                reason: if failed {
+                    reason_of(&r.code)
+                } else {
+                    String::new()
+                },
+                code: r.code,
                 generation: Some(r.gen),
                 group_id: groups.get(&r.gen).cloned().unwrap_or_default(),
                 message_id: r.message_id,
+                seq: r.seq,
             })?;
         }
         cursor = next;
@@ -273,12 +294,10 @@ pub(crate) async fn export_stored(
         if e.failed.is_empty() || !status.wants(outcome) {
             continue;
         }
+        // A number the results hash has is listed from there: tracking
+        // read it (a given-up add may in fact have registered some).
         let numbers: Vec<&str> = e.failed.iter().map(|f| f.to.as_str()).collect();
-        let known = if given_up {
-            vec![None; numbers.len()]
-        } else {
-            log.results_of(&numbers).await?
-        };
+        let known = log.results_of(&numbers).await?;
         for (f, known) in e.failed.iter().zip(known) {
             if known.is_some() || !code_ok(&f.code) {
                 continue;
@@ -295,6 +314,12 @@ pub(crate) async fn export_stored(
                 generation: Some(e.gen),
                 group_id: e.group_id.clone(),
                 message_id: String::new(),
+                seq: Some(e.seq),
+                reason: if given_up {
+                    e.given_up.clone().unwrap_or_default()
+                } else {
+                    reason_of(&f.code)
+                },
             })?;
         }
     }

@@ -203,7 +203,15 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
             );
         }
         if let Some(line) = delivery_line(batch, &p) {
-            outln!("{line}");
+            // Before tracking's first page (or with `--delivery-window 0`,
+            // never) there is nothing read to show.
+            let read = p.get(field::DL_GENS).is_some()
+                || store.batch(batch).has_delivery_results().await?;
+            if read {
+                outln!("{line}");
+            } else {
+                outln!("delivery: no results read yet (workers read them after the send unless started with --delivery-window 0)");
+            }
         }
         let after_end = p.int(field::AFTER_END);
         if after_end > 0 {

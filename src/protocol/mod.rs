@@ -64,6 +64,20 @@ impl BatchPolicy {
     /// buckets hold ~0.7 MB; the bitmap is at most 12.5 MB).
     pub const BITMAP_FROM: u64 = 100_000;
 
+    /// The policy of an operator's command that can end a batch (`close`,
+    /// `cancel`, the board's): it does not know the workers' flags, so the
+    /// report is queued for delivery and the delivery report's decision
+    /// for tracking; a worker without a webhook, or with tracking off,
+    /// acknowledges the item.
+    pub fn for_operator(retention: std::time::Duration) -> BatchPolicy {
+        BatchPolicy {
+            retention,
+            deliver: true,
+            track: true,
+            ..BatchPolicy::default()
+        }
+    }
+
     /// The scripts' policy argument:
     /// `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`.
     pub(crate) fn script_arg(&self) -> String {

@@ -139,6 +139,11 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     if policy.deliver {
         r.db.add_work("report", work_item(&batch, 0, None, None), None);
     }
+    if policy.track && nothing_left_to_track(r, gens) {
+        // No tracked generation is left to decide the delivery report: a
+        // `track` item without a group does.
+        r.db.add_work("track", work_item(&batch, 0, None, None), None);
+    }
     if !policy.retention.is_zero() {
         r.b().expiring = true;
     }
@@ -150,6 +155,16 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     }
     r.db.reported.insert(batch);
     true
+}
+
+/// `nothing_left_to_track(gens)`: every generation the provider finished
+/// (COMPLETE or FAILED) has its delivery results counted (`g:<g>:dl`).
+fn nothing_left_to_track(r: &mut Run, gens: i64) -> bool {
+    (0..gens).all(|g| {
+        let done = r.get(&format!("g:{g}:done"));
+        !matches!(done.as_deref(), Some("COMPLETE" | "FAILED"))
+            || r.get(&format!("g:{g}:dl")).is_some()
+    })
 }
 
 /// `settle(reason)`: the batch takes no more chunks: its current generation

@@ -22,6 +22,9 @@ pub struct PageCounts {
     pub unknown: u64,
     /// `failed` by code.
     pub failed_by_code: std::collections::BTreeMap<String, u64>,
+    /// The provider's text for each failure code on the page (kept once
+    /// per batch: the delivery hash's `reason:<code>`; not in `encode`).
+    pub reasons: std::collections::BTreeMap<String, String>,
 }
 
 impl PageCounts {
@@ -40,6 +43,15 @@ impl PageCounts {
             codes.join(",")
         )
     }
+}
+
+/// See [`BatchLog::tracked`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tracked {
+    /// Generation → its provider group.
+    pub groups: std::collections::BTreeMap<u32, String>,
+    /// Failure code → the provider's text for it.
+    pub reasons: std::collections::BTreeMap<String, String>,
 }
 
 /// What `delivered.lua` said about the batch.
@@ -81,7 +93,11 @@ impl BatchLog {
             .arg(group_id)
             .arg(page)
             .arg(counts.encode())
-            .arg(keep.as_secs());
+            .arg(keep.as_secs())
+            .arg(counts.reasons.len());
+        for (code, text) in &counts.reasons {
+            inv.arg(code).arg(text);
+        }
         for (number, record) in records {
             inv.arg(number).arg(record);
         }
@@ -96,11 +112,12 @@ impl BatchLog {
 
     /// Ends tracking of generation `gen` (its pages summed into
     /// `generation_delivered`, once) and decides the batch's delivery
-    /// report if it was the last (see `delivered.lua`). `keep`: how long
-    /// the results live after the report (`--results-retention`).
+    /// report if it was the last (see `delivered.lua`); with no `gen`,
+    /// only decides (a batch with no generation left to track). `keep`:
+    /// how long the results live after the report (`--results-retention`).
     pub async fn delivered(
         &self,
-        gen: u32,
+        gen: Option<u32>,
         group_id: &str,
         window_ended: bool,
         keep: Duration,
@@ -116,7 +133,7 @@ impl BatchLog {
             .key(&k.results)
             .key(&k.delivery)
             .arg(&self.batch)
-            .arg(gen)
+            .arg(gen.map(|g| g.to_string()).unwrap_or_default())
             .arg(group_id)
             .arg(u8::from(window_ended))
             .arg(keep.as_secs())
@@ -149,6 +166,15 @@ impl BatchLog {
             .and_then(|e| crate::events::Recorded::from_fields(&e.id, &e.fields).ok()))
     }
 
+    /// Whether delivery tracking has read any page of the batch's groups.
+    pub async fn has_delivery_results(&self) -> StoreResult<bool> {
+        let n: u64 = redis::cmd("EXISTS")
+            .arg(&self.keys.delivery)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n > 0)
+    }
+
     /// Whether anything of the batch is left to export: its state, or its
     /// results (which may outlive the state: `--results-retention`).
     pub async fn has_results_or_state(&self) -> StoreResult<bool> {
@@ -173,17 +199,53 @@ impl BatchLog {
         Ok((next, pairs))
     }
 
-    /// The provider group of each tracked generation, as delivery tracking
-    /// recorded it (kept as long as the results).
-    pub async fn tracked_groups(&self) -> StoreResult<std::collections::BTreeMap<u32, String>> {
+    /// What delivery tracking kept beside the records: each tracked
+    /// generation's provider group, and the provider's text for each
+    /// failure code it saw (kept as long as the results).
+    pub async fn tracked(&self) -> StoreResult<Tracked> {
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(&self.keys.delivery)
             .query_async(&mut self.conn.clone())
             .await?;
-        Ok(all
-            .into_iter()
-            .filter_map(|(k, v)| Some((k.strip_suffix("|group")?.parse().ok()?, v)))
-            .collect())
+        let mut t = Tracked::default();
+        for (k, v) in all {
+            if let Some(gen) = k.strip_suffix("|group").and_then(|g| g.parse().ok()) {
+                t.groups.insert(gen, v);
+            } else if let Some(code) = k.strip_prefix("reason:") {
+                t.reasons.insert(code.to_string(), v);
+            }
+        }
+        Ok(t)
+    }
+
+    /// Stores outcome records (results hash field → [`crate::results::Record::encode`])
+    /// that tracking does not write: recipients never sent, duplicate
+    /// copies. Overwrites, so a repeat changes nothing. The hash lives at
+    /// least `keep` unless it has a lifetime already (the delivery report
+    /// set it, or tracking did).
+    pub async fn record_outcomes(
+        &self,
+        records: &[(String, String)],
+        keep: Duration,
+    ) -> StoreResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET").arg(&self.keys.results);
+        for (field, record) in records {
+            pipe.arg(field).arg(record);
+        }
+        pipe.ignore();
+        if keep > Duration::ZERO {
+            pipe.cmd("EXPIRE")
+                .arg(&self.keys.results)
+                .arg(keep.as_secs().max(1))
+                .arg("NX")
+                .ignore();
+        }
+        let () = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(())
     }
 
     /// The stored outcome records of `numbers` (None: no record, i.e.

@@ -198,6 +198,7 @@ async fn accept_and_load(
             metrics::counter!("groupcast_recipients_duplicate_total")
                 .increment(duplicates.len() as u64);
         }
+        record_duplicates(ctx, log, chunk, gen, &duplicates).await?;
         without_copies = chunk.without(&duplicates);
         let bytes = without_copies.to_chunk().encode();
         (&without_copies, bytes.into())
@@ -234,6 +235,8 @@ async fn accept_and_load(
                         if let Some(lead) = lead {
                             lead.found(None);
                         }
+                        let numbers = chunk.recipients.iter().map(|r| r.to);
+                        load_chunk::record_cancelled(ctx, log, gen, numbers).await?;
                         tracing::info!(batch = %chunk.batch, gen, seq = chunk.seq, "the batch was cancelled or reported: chunk not parked");
                         return done();
                     }
@@ -278,6 +281,29 @@ async fn accept_and_load(
         outcome,
         retry_as: Some((Op::Load, retry, Some(payload.into_owned()))),
     }))
+}
+
+/// Keeps each copy (at `positions` of `chunk`, in generation `gen`) of a
+/// number the batch already had, under `<number>#<seq>`: `groupcast
+/// results --status duplicate` lists them. Written at every acceptance
+/// that answers them (a repeat delivery overwrites the same fields).
+async fn record_duplicates(
+    ctx: &Ctx,
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    gen: u32,
+    positions: &[u32],
+) -> Result<(), OpError> {
+    let r = crate::results::Record::duplicate(gen, chunk.seq);
+    let encoded = r.encode();
+    let records: Vec<(String, String)> = positions
+        .iter()
+        .filter_map(|&i| chunk.recipients.get(i as usize))
+        .map(|x| (r.field(x.to), encoded.clone()))
+        .collect();
+    let keep = ctx.config.delivery_window + ctx.config.results_retention;
+    log.record_outcomes(&records, keep).await?;
+    Ok(())
 }
 
 /// A chunk its batch takes no more. Its batch has ended (reported,

@@ -10,15 +10,16 @@
 -- `t` = `batch_delivered`) and, with a webhook, to a `delivery_report` work
 -- item; the results and delivery hashes then live `--results-retention`.
 -- KEYS: state, events, work, reports, results, delivery
--- ARGV: batch, gen, group id, window ended 0|1, results retention s,
---       deliver 0|1
+-- ARGV: batch, gen ('': none, only the batch's decision: a batch with no
+--       generation left to track, see settle.lua), group id, window ended
+--       0|1, results retention s, deliver 0|1
 -- Returns {'delivered'|'duplicate', then the batch's: 'decided' (now),
 --  'already', 'unreported' (no report yet) or 'tracking' (a generation's
 --  results are still coming)}
 local WORK, REPORTS, RESULTS, DELIVERY = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local gen = tonumber(ARGV[2])
 local first = 'duplicate'
-if not redis.call('HGET', STATE, 'k:delivered/' .. gen) then
+if gen and not redis.call('HGET', STATE, 'k:delivered/' .. gen) then
   first = 'delivered'
   local d, f, u, by = 0, 0, 0, {}
   local all = redis.call('HGETALL', DELIVERY)
@@ -93,10 +94,15 @@ local failed_registration = failed - given_up
 -- recipients the list did not show final, and the generations whose
 -- outcome could not be learned.
 local unknown = math.max(0, tracked_reg - delivered - failed_delivery) + num(t.unknown)
+-- A given-up add may in fact have registered some of its recipients
+-- (`unsure`): the list then shows them final, beyond the registered count.
+-- Those are counted by their result, not as given up, so that every
+-- recipient has one outcome.
+local surplus = math.max(0, delivered + failed_delivery - tracked_reg)
 local report = {recipients = recipients + num(t.duplicates), delivered = delivered,
   failed = failed_registration + failed_delivery, failed_at_registration = failed_registration,
   failed_at_delivery = failed_delivery, unknown = unknown, duplicates = num(t.duplicates),
-  not_sent = math.max(0, recipients - registered - failed) + num(t.unsent) + given_up}
+  not_sent = math.max(0, recipients - registered - failed) + num(t.unsent) + math.max(0, given_up - surplus)}
 if next(by) then
   report.failed_by_code = by
 end

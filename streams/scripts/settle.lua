@@ -67,6 +67,22 @@ local REPORT_FIELDS = {'k:report', 'closed', 'last', 'seqs', 'holes', 'gen', 'do
   'failed', 'sent_success', 'sent_failed', 'duplicates', 'rejected', 'missing', 'cancelled', 'stopped', 'unsent',
   'last_conflict', 'unknown', 'origin'}
 
+-- Whether no generation is left whose delivery tracking will decide the
+-- batch's delivery report: every generation the provider finished
+-- (COMPLETE or FAILED: the tracked ones) has its results counted
+-- (`g:<g>:dl`). Then a `track` item without a group decides it (a batch
+-- that sent nothing, or whose last generation ended unsent after the
+-- others were counted); otherwise the last tracked generation does.
+local function nothing_left_to_track(gens)
+  for g = 0, gens - 1 do
+    local s = redis.call('HMGET', STATE, 'g:' .. g .. ':done', 'g:' .. g .. ':dl')
+    if (s[1] == 'COMPLETE' or s[1] == 'FAILED') and not s[2] then
+      return false
+    end
+  end
+  return true
+end
+
 local function report_from(f)
   if f[1] or not settled(f[2] or f[16], f[3], f[4], f[5]) then
     flush()
@@ -125,6 +141,9 @@ local function report_from(f)
   redis.call('XADD', REPORTS, '*', 'batch', BATCH, 'd', packed)
   if DELIVER == '1' then
     redis.call('XADD', WORK, '*', 'op', 'report', 'd', cmsgpack.pack({batch = BATCH, gen = 0, attempt = 0}))
+  end
+  if TRACK == '1' and nothing_left_to_track(gens) then
+    redis.call('XADD', WORK, '*', 'op', 'track', 'd', cmsgpack.pack({batch = BATCH, gen = 0, attempt = 0}))
   end
   if RETENTION > 0 then
     redis.call('EXPIRE', STATE, RETENTION)

@@ -9,7 +9,9 @@
 --       counts `<delivered>|<failed>|<unknown>|<code>=<n>,...`, how long
 --       both hashes live at least (s: what is left of the delivery window,
 --       plus `--results-retention`; delivered.lua sets it again at the end),
---       then pairs (number, outcome: see src/results.rs `Outcome::encode`)
+--       k, then k pairs (code, the provider's text for it: kept once per
+--       batch as `reason:<code>`), then pairs (number, outcome: see
+--       src/results.rs `Record::encode`)
 -- Returns {'recorded'} or {'delivered'} (the generation's results are
 -- counted already: nothing is written)
 local RESULTS, DELIVERY = KEYS[3], KEYS[4]
@@ -29,8 +31,12 @@ if finals(ARGV[5]) >= finals(redis.call('HGET', DELIVERY, field)) then
   redis.call('HSET', DELIVERY, field, ARGV[5])
 end
 redis.call('HSET', DELIVERY, gen .. '|group', ARGV[3])
-if #ARGV > 6 then
-  redis.call('HSET', RESULTS, unpack(ARGV, 7))
+local k = tonumber(ARGV[7])
+for i = 8, 7 + 2 * k, 2 do
+  redis.call('HSET', DELIVERY, 'reason:' .. ARGV[i], ARGV[i + 1])
+end
+if #ARGV > 7 + 2 * k then
+  redis.call('HSET', RESULTS, unpack(ARGV, 8 + 2 * k))
 end
 local ttl = tonumber(ARGV[6])
 if ttl > 0 then

@@ -430,6 +430,7 @@ async fn results_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
                     gen: (i / 1_000_000) as u32,
                     code: code.into(),
                     message_id: format!("M4V20261204a1b2c3d4{:06}{i:09}", i / 1_000_000),
+                    seq: None,
                 };
                 records.push((format!("010{:08}", 90_000_000 + i), r.encode()));
             } else {

@@ -129,11 +129,7 @@ pub async fn run(args: BoardArgs) -> Result<(), CliError> {
         token,
         stall_after: args.stall_after,
         reported: args.reported,
-        policy: BatchPolicy {
-            retention: args.retention.into(),
-            deliver: true,
-            ..BatchPolicy::default()
-        },
+        policy: BatchPolicy::for_operator(args.retention.into()),
     });
     serve(listener, board)
         .await

@@ -4,8 +4,9 @@
 
 use crate::events::{Event, GroupDiscarded};
 use crate::keys::Priority;
-use crate::projection::event_key;
+use crate::projection::{event_key, field};
 use crate::provider::{GroupStatus, ProviderErrorKind};
+use crate::results::NotSentReason;
 use crate::worker::ops::{provider_slots, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
@@ -18,6 +19,25 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
     let key = event_key::discard(group_id);
     if log.appended(&key).await?.is_some() {
         return Ok(Outcome::Done);
+    }
+    // The generation's own group, stopped unsent: who was in it is read
+    // before it goes (a group that lost the creation race holds nobody).
+    let p = log
+        .read(&[field::group(item.gen), field::gen(item.gen, "done")])
+        .await?;
+    let kept = p.group_of(item.gen).map(str::to_string);
+    let reason = match p.gen_field(item.gen, "done") {
+        Some("cancelled") => Some(NotSentReason::Cancelled),
+        Some("unsent") => Some(NotSentReason::Unsent),
+        _ => None,
+    };
+    if let (Some(reason), true) = (reason, kept.as_deref() == Some(group_id)) {
+        if let Some(back) =
+            super::track_delivery::record_not_sent(ctx, lane, &log, item.gen, group_id, reason)
+                .await?
+        {
+            return Ok(back);
+        }
     }
     if let Some(back) = provider_slots(ctx, lane, 1).await? {
         return Ok(back);
@@ -48,11 +68,10 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         }
         Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     }
-    let kept = log.group_of(item.gen).await?.unwrap_or_default();
     let e = Event::GroupDiscarded(GroupDiscarded {
         gen: item.gen,
         group_id: group_id.to_string(),
-        kept,
+        kept: kept.unwrap_or_default(),
     });
     log.append(&key, &e).await?;
     Ok(Outcome::Done)

@@ -8,7 +8,8 @@ use crate::projection::{event_key, field};
 use crate::provider::add_body::add_body;
 use crate::provider::model::AddSummary;
 use crate::provider::{ProviderError, MAX_MESSAGES_PER_REQUEST};
-use crate::store::batch::BatchLog;
+use crate::results::{NotSentReason, Record};
+use crate::store::batch::{BatchLog, Loading};
 use crate::worker::ops::{on_disk, provider_slots, OnDisk, OpError, Outcome};
 use crate::worker::Ctx;
 
@@ -158,7 +159,12 @@ async fn load<R: RecipientFields + Sync>(
                         field::CANCELLED.to_string(),
                     ])
                     .await?;
-                if p.is_loaded(gen, seq) || p.cancelled().is_some() {
+                if p.is_loaded(gen, seq) {
+                    return Ok(Load::Handled(Outcome::Done));
+                }
+                if p.cancelled().is_some() {
+                    let numbers = recipients.iter().map(|r| r.to());
+                    record_cancelled(ctx, log, gen, numbers).await?;
                     return Ok(Load::Handled(Outcome::Done));
                 }
             }
@@ -191,18 +197,52 @@ async fn load<R: RecipientFields + Sync>(
         failed,
         given_up: None,
     };
-    if let Some(ready) = log.loaded(&event).await? {
-        // Counted only when the loaded event is new: a chunk loaded twice
-        // (a repeat delivery racing the first) counts its recipients once,
-        // so the counters add up to the batches' registered totals.
-        metrics::counter!("groupcast_chunks_total", "outcome" => "loaded").increment(1);
-        metrics::counter!("groupcast_recipients_registered_total").increment(u64::from(registered));
-        metrics::counter!("groupcast_recipients_failed_total").increment(failures);
-        if ready {
-            tracing::info!(batch = %log.batch, gen, "generation complete: send enqueued");
+    match log.record_loaded(&event).await? {
+        Loading::Loaded { ready } => {
+            // Counted only when the loaded event is new: a chunk loaded twice
+            // (a repeat delivery racing the first) counts its recipients once,
+            // so the counters add up to the batches' registered totals.
+            metrics::counter!("groupcast_chunks_total", "outcome" => "loaded").increment(1);
+            metrics::counter!("groupcast_recipients_registered_total")
+                .increment(u64::from(registered));
+            metrics::counter!("groupcast_recipients_failed_total").increment(failures);
+            if ready {
+                tracing::info!(batch = %log.batch, gen, "generation complete: send enqueued");
+            }
+        }
+        Loading::Duplicate => {}
+        Loading::Cancelled => {
+            // Registered into a group the cancel deletes (its delete may
+            // have listed the group before this add): never sent.
+            let failed: std::collections::HashSet<&str> =
+                event.failed.iter().map(|f| f.to.as_str()).collect();
+            let numbers = recipients
+                .iter()
+                .map(|r| r.to())
+                .filter(|n| !failed.contains(n));
+            record_cancelled(ctx, log, gen, numbers).await?;
         }
     }
     Ok(Load::Handled(Outcome::Done))
+}
+
+/// Records `numbers` (of generation `gen`) as never sent because their
+/// batch was cancelled: a chunk the cancel stopped before it was loaded,
+/// or whose load the cancel made pointless.
+pub async fn record_cancelled<'a>(
+    ctx: &Ctx,
+    log: &BatchLog,
+    gen: u32,
+    numbers: impl Iterator<Item = &'a str>,
+) -> Result<(), OpError> {
+    let r = Record::not_sent(gen, NotSentReason::Cancelled, "");
+    let encoded = r.encode();
+    let records: Vec<(String, String)> = numbers
+        .map(|n| (r.field(n), encoded.clone()))
+        .collect();
+    let keep = ctx.config.delivery_window + ctx.config.results_retention;
+    log.record_outcomes(&records, keep).await?;
+    Ok(())
 }
 
 /// Records chunk `seq` of generation `gen` as loaded with nobody to add:

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::provider::ListedMessage;
-use crate::results::{Outcome as RecipientOutcome, Record, Stage, Status};
+use crate::results::{NotSentReason, Outcome as RecipientOutcome, Record, Stage, Status};
 use crate::store::batch::BatchLog;
 use crate::store::delivery::{BatchDelivery, PageCounts};
 use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem};
@@ -46,11 +46,23 @@ pub fn tally(
             gen,
             code: code.to_string(),
             message_id: m.message_id.clone(),
+            seq: None,
         };
         records.push((m.to.clone(), r.encode()));
     };
     for m in messages {
-        match Status::of(&m.status_code) {
+        let status = Status::of(&m.status_code);
+        if matches!(
+            status,
+            Status::FailedAtDelivery | Status::RefusedAtRegistration
+        ) && !m.reason.is_empty()
+        {
+            counts
+                .reasons
+                .entry(m.status_code.clone())
+                .or_insert_with(|| crate::events::clip(&m.reason, 4 * crate::events::QUOTE_MAX));
+        }
+        match status {
             Status::Delivered => counts.delivered += 1,
             Status::FailedAtDelivery => {
                 counts.failed += 1;
@@ -94,7 +106,14 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let Some(group_id) = item.group_id.clone() else {
-        return Ok(Outcome::Dead("track item without a group id".into()));
+        // No group: the batch reported with no generation left to track
+        // (settle.lua): only its delivery report is left to decide. An
+        // operator's command queues it whatever the workers' flags: with
+        // tracking off there is no delivery report.
+        if ctx.config.delivery_window.is_zero() {
+            return Ok(Outcome::Done);
+        }
+        return decide(ctx, &log, None, "", false, item).await;
     };
     let keep = ctx.config.results_retention;
     // One read: whether the generation is counted already, and when it was sent.
@@ -104,7 +123,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
         .await?;
     if p.appended(&delivered_key).is_some() {
         // Counted already: only the batch's decision may be left.
-        return decide(ctx, &log, gen, &group_id, false, item).await;
+        return decide(ctx, &log, Some(gen), &group_id, false, item).await;
     }
     let now = ctx.store.shard_time_ms(log.keys.shard).await?;
     let sent_ms = p
@@ -140,7 +159,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
             .await?
         {
             // Another worker counted the generation meanwhile.
-            return decide(ctx, &log, gen, &group_id, false, item).await;
+            return decide(ctx, &log, Some(gen), &group_id, false, item).await;
         }
         if first_pending.is_none() {
             // Final and behind the cursor from now on: never read again.
@@ -156,7 +175,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
         }
     }
     let Some(cursor) = first_pending else {
-        return decide(ctx, &log, gen, &group_id, ended, item).await;
+        return decide(ctx, &log, Some(gen), &group_id, ended, item).await;
     };
     item.cursor = cursor;
     let wait = next_wait(&ctx.config, Duration::from_millis(item.poll_delay_ms))
@@ -171,6 +190,58 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
             "{pending_total} message(s) of group {group_id} have no delivery result yet"
         ),
     })
+}
+
+/// Records every message of `group_id` (generation `gen`) that the
+/// provider registered as never sent, for `reason`: the group of a
+/// generation a cancel stopped, or whose send was given up, about to be
+/// deleted. Read from the message list before the delete, so that
+/// `groupcast results --status not_sent` can name them; only reads at the
+/// provider, and each page is written as it comes (a repeat overwrites).
+/// Some(outcome): the caller gives the item back with it (no slot, or the
+/// provider failed).
+pub(super) async fn record_not_sent(
+    ctx: &Ctx,
+    lane: Priority,
+    log: &BatchLog,
+    gen: u32,
+    group_id: &str,
+    reason: NotSentReason,
+) -> Result<Option<Outcome>, OpError> {
+    let keep = ctx.config.delivery_window + ctx.config.results_retention;
+    let mut page: Option<String> = None;
+    loop {
+        if let Some(back) = provider_slots(ctx, lane, 1).await? {
+            return Ok(Some(back));
+        }
+        let listed = match ctx
+            .provider
+            .list_messages(group_id, page.as_deref(), PAGE)
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => return Ok(Some(super::provider_failed(ctx, &log.batch, &e).await)),
+        };
+        let records: Vec<(String, String)> = listed
+            .messages
+            .iter()
+            .filter(|m| {
+                !matches!(
+                    Status::of(&m.status_code),
+                    Status::RefusedAtRegistration | Status::RepeatedAdd
+                )
+            })
+            .map(|m| {
+                let r = Record::not_sent(gen, reason, &m.message_id);
+                (r.field(&m.to), r.encode())
+            })
+            .collect();
+        log.record_outcomes(&records, keep).await?;
+        match listed.next_key {
+            Some(next) if !listed.messages.is_empty() => page = Some(next),
+            _ => return Ok(None),
+        }
+    }
 }
 
 /// Metrics of a page whose every message is final.
@@ -188,7 +259,7 @@ fn count_final_page(counts: &PageCounts) {
 async fn decide(
     ctx: &Ctx,
     log: &BatchLog,
-    gen: u32,
+    gen: Option<u32>,
     group_id: &str,
     window_ended: bool,
     item: &mut WorkItem,
@@ -197,7 +268,7 @@ async fn decide(
     match log.delivered(gen, group_id, window_ended, keep).await? {
         BatchDelivery::Decided => {
             metrics::counter!("groupcast_delivery_reports_total").increment(1);
-            tracing::info!(batch = %log.batch, gen, "delivery report decided");
+            tracing::info!(batch = %log.batch, ?gen, "delivery report decided");
             Ok(Outcome::Done)
         }
         BatchDelivery::Already | BatchDelivery::Tracking => Ok(Outcome::Done),
@@ -224,7 +295,11 @@ mod tests {
             group_id: "G".into(),
             to: to.into(),
             status_code: code.into(),
-            reason: String::new(),
+            reason: if code == "4000" || code == "3000" {
+                String::new()
+            } else {
+                format!("why {code}")
+            },
             replacement: false,
         }
     }
@@ -242,6 +317,10 @@ mod tests {
         let (c, records, pending) = tally(2, &page, false);
         assert_eq!((c.delivered, c.failed, c.unknown, pending), (1, 2, 0, 1));
         assert_eq!(c.failed_by_code.get("3104"), Some(&1));
+        // The provider's text of each failure code, once a page.
+        assert_eq!(c.reasons.get("3104").map(String::as_str), Some("why 3104"));
+        assert_eq!(c.reasons.get("1062").map(String::as_str), Some("why 1062"));
+        assert_eq!(c.reasons.len(), 3);
         let numbers: Vec<&str> = records.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(numbers, ["01000000002", "01000000004", "01000000006"]);
         assert_eq!(records[0].1, "F|2|3104|M-01000000002");
