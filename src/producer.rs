@@ -60,6 +60,32 @@ pub fn ingest_fields(chunk: &Chunk) -> [(&'static str, Vec<u8>); 3] {
     entry(chunk.encode())
 }
 
+/// The fields of an ingest entry sealing batch `batch` at seq `last` (its
+/// last; see [`crate::events::seal`]).
+pub fn seal_fields(batch: &str, last: u32) -> [(&'static str, Vec<u8>); 3] {
+    let seal = crate::events::seal::Seal {
+        batch: batch.to_string(),
+        last,
+    };
+    [
+        ("v", ENVELOPE_VERSION.as_bytes().to_vec()),
+        ("t", b"seal".to_vec()),
+        ("d", seal.encode()),
+    ]
+}
+
+/// Appends a seal of batch `batch` at seq `last` to its shard's ingest
+/// stream: the batch takes seqs 0..=last, as if chunk `last` had been
+/// flagged last. Returns the entry id.
+pub async fn append_seal(store: &Store, batch: &str, last: u32) -> StoreResult<String> {
+    let stream = store.keys.ingest(store.keys.shard_of(batch));
+    let fields: Vec<(String, Vec<u8>)> = seal_fields(batch, last)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    store.append_entry(&stream, &fields).await
+}
+
 /// The priority lane a chunk goes through: its batch's priority.
 pub fn lane_of(chunk: &Chunk) -> Priority {
     chunk.options.priority()

@@ -400,6 +400,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
             Set(field::CLOSED.into(), e.reason.clone()),
             Set(field::MISSING.into(), e.count().to_string()),
         ],
+        Event::BatchSealed(e) => vec![Set("last".into(), e.last.to_string())],
         Event::GroupCompleted(e) => {
             let mut u = vec![
                 Set(g(e.gen, "done"), e.status.clone()),

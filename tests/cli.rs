@@ -1433,3 +1433,41 @@ fn status_wait_refuses_a_batch_never_seen() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("nothing to wait for"), "{stderr}");
 }
+
+/// `groupcast seal`: a batch whose chunks came without a `last` flag is
+/// told where it ends; a second seal at another seq is refused with the
+/// reason and changes nothing.
+#[tokio::test]
+async fn seal_tells_a_batch_its_last_seq_once() {
+    let (server, store) = common::store(1).await;
+    let url = server.url();
+    let log = store.batch("streamed");
+    for seq in 0..2 {
+        log.accept(seq, false, 1, &format!("d{seq}"), 10)
+            .await
+            .expect("accept");
+    }
+    let stdout = ok_stdout(&groupcast(&url, &["seal", "streamed", "--last", "2"]));
+    assert!(stdout.contains("batch streamed: ends at seq 2"), "{stdout}");
+    assert!(stdout.contains("2 of 3 seq(s) arrived"), "{stdout}");
+    // Again, the same: no change, the same answer.
+    ok_stdout(&groupcast(&url, &["seal", "streamed", "--last", "2"]));
+    let out = groupcast(&url, &["seal", "streamed", "--last", "5"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("batch streamed already ends at seq 2, not 5: nothing changed"),
+        "{stderr}"
+    );
+    let p = log.state().await.expect("state");
+    assert_eq!(p.last_seq(), Some(2));
+    let sealed = log.events().await.expect("events");
+    assert_eq!(
+        sealed
+            .iter()
+            .flatten()
+            .filter(|r| r.event.type_name() == "batch_sealed")
+            .count(),
+        1
+    );
+}

@@ -282,6 +282,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ("accept", settling.clone()),
         ("reject", settling.clone()),
         ("close", settling.clone()),
+        ("seal", settling.clone()),
         ("cancel", settling.clone()),
         ("claim_send", settling.clone()),
         ("loaded", settling.clone()),
@@ -452,6 +453,10 @@ async fn run_every_script(store: &Store, round: u32) {
             .expect("a batch on the shard");
         let log = store.batch(&b);
         let k = &log.keys;
+        assert_eq!(
+            log.seal(0).await.expect("seal"),
+            groupcast::store::batch::Sealing::Sealed(0)
+        );
         let accepted = log.accept(0, true, 2, "d0", 1_000).await.expect("accept");
         assert_eq!(
             accepted,

@@ -25,7 +25,7 @@ use groupcast::protocol::{
 use groupcast::store::batch::{
     dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs,
     ClaimMode, Closing, Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
-    SendGiveUp, SendRecord,
+    Sealing, SendGiveUp, SendRecord,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -139,6 +139,10 @@ enum Call {
     },
     Close {
         reason: String,
+    },
+    /// `seal`: the batch's last seq, declared after its chunks.
+    Seal {
+        last: u32,
     },
     Cancel {
         reason: String,
@@ -330,7 +334,7 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         .field(batch, &format!("g:{sgen}:group"))
         .map(str::to_string)
         .unwrap_or_else(|| format!("G{sgen}-0"));
-    let choice = match rng.random_range(0..120) {
+    let choice = match rng.random_range(0..124) {
         // A clean run has no rejections, no close, no cancel and no
         // generation given up.
         100..=105 | 111..=119 if chunks.clean => rng.random_range(0..30),
@@ -373,6 +377,14 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         }
         103..=104 => Call::Close {
             reason: "operator".into(),
+        },
+        // A clean run seals at its true last seq; others anywhere.
+        120..=123 => Call::Seal {
+            last: if chunks.clean {
+                SEQS - 1
+            } else {
+                rng.random_range(0..SEQS + 1)
+            },
         },
         105 => {
             if db.field(batch, "report").is_some() {
@@ -610,6 +622,7 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
             last,
         } => protocol::reject(db, batch, p, *seq, digest, reason, *last),
         Call::Close { reason } => protocol::close(db, batch, p, reason),
+        Call::Seal { last } => protocol::seal(db, batch, p, *last),
         Call::Cancel { reason } => protocol::cancel(db, batch, p, reason),
         Call::Claim { .. } => {
             let (args, now) = claim_args(call).expect("a claim");
@@ -728,6 +741,11 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
         } => match log.reject(*seq, digest, reason, *last).await.expect(fail) {
             Rejection::Recorded => vec![s("rejected")],
             Rejection::Refused(r) => vec![s("refused"), r],
+        },
+        Call::Seal { last } => match log.seal(*last).await.expect(fail) {
+            Sealing::Sealed(n) => vec![s("sealed"), s(n)],
+            Sealing::Conflict(why) => vec![s("conflict"), why],
+            Sealing::Ended(why) => vec![s("ended"), why],
         },
         Call::Close { reason } => match log.close(reason).await.expect(fail) {
             Closing::Closed { missing } => vec![s("closed"), s(missing)],
@@ -1282,6 +1300,9 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
         "Accept:refused",
         "Reject:rejected",
         "Reject:refused",
+        "Seal:sealed",
+        "Seal:conflict",
+        "Seal:ended",
         "Close:closed",
         "Close:reported",
         "Close:unknown",

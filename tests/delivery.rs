@@ -170,7 +170,8 @@ async fn every_recipient_of_a_50k_batch_ends_in_the_outcome_the_providers_ledger
     assert_eq!(exported_failures(&url, dir.path(), &batch), failed);
     let rows = exported(&url, dir.path(), &batch, "failed");
     assert!(
-        rows.iter().all(|r| r["reason"].as_str().is_some_and(|t| !t.is_empty())),
+        rows.iter()
+            .all(|r| r["reason"].as_str().is_some_and(|t| !t.is_empty())),
         "{:?}",
         rows.iter().find(|r| r["reason"] == "")
     );
@@ -277,8 +278,12 @@ async fn a_batch_cancelled_before_its_send_names_everyone_not_sent_and_each_dupl
     let people = recipients(6, 3_000);
     let again: Vec<_> = people.iter().take(20).cloned().collect();
     let copied: BTreeSet<String> = again.iter().map(|r| r.to.clone()).collect();
-    let mut chunks =
-        groupcast::producer::cut(&batch, &template(), people.into_iter().chain(again).collect(), 500);
+    let mut chunks = groupcast::producer::cut(
+        &batch,
+        &template(),
+        people.into_iter().chain(again).collect(),
+        500,
+    );
     let in_an_hour = (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string();
     for c in &mut chunks {
         c.options.send_at = Some(in_an_hour.clone());
@@ -333,15 +338,24 @@ async fn a_batch_cancelled_before_its_send_names_everyone_not_sent_and_each_dupl
             .map(|r| r["number"].as_str().unwrap_or_default().to_string())
             .collect()
     };
-    wait_until(Duration::from_secs(30), "every not_sent number stored", || async {
-        numbers_of(&exported(&url, dir.path(), &batch, "not_sent")) == registered
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "every not_sent number stored",
+        || async { numbers_of(&exported(&url, dir.path(), &batch, "not_sent")) == registered },
+    )
     .await;
     let rows = exported(&url, dir.path(), &batch, "not_sent");
     assert_eq!(rows.len(), registered.len());
-    assert!(rows.iter().all(|r| r["code"] == "cancelled"), "{:?}", rows[0]);
+    assert!(
+        rows.iter().all(|r| r["code"] == "cancelled"),
+        "{:?}",
+        rows[0]
+    );
     // The refused are failed, not also not_sent.
-    assert_eq!(numbers_of(&exported(&url, dir.path(), &batch, "failed")), refused);
+    assert_eq!(
+        numbers_of(&exported(&url, dir.path(), &batch, "failed")),
+        refused
+    );
 
     // Each duplicate copy, once, with the seq it came in (the first or the
     // last chunk: whichever of them was accepted second).

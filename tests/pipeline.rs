@@ -680,3 +680,77 @@ async fn waits_in_place_stop_at_a_second_whatever_the_poll_interval() {
         "entries put in the delayed set (the first poll, the poll after 1.5 s, the tombstone)"
     );
 }
+
+/// A streaming producer that learns its batch's end only after its last
+/// chunk: every chunk `last: false` (shuffled, some twice), then a seal;
+/// the seal may come before chunks. The batch ends as if its last chunk
+/// had been flagged; a seal that contradicts it is refused, changing
+/// nothing, and dead-lettered with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_sealed_after_its_chunks_ends_as_if_its_last_chunk_were_flagged() {
+    use groupcast::producer::append_seal;
+    let rig = Rig::start(4, test_config(), mock_config()).await;
+    let batches: Vec<String> = vec!["streamed".into(), "sealed-first".into()];
+    let mut expected = BTreeMap::new();
+    for (k, b) in batches.iter().enumerate() {
+        let mut chunks = shuffled_chunks(b, 20 + k as u32, 3_000, 250, 90 + k as u64);
+        for c in &mut chunks {
+            c.last = false;
+        }
+        let top = chunks.iter().map(|c| c.seq).max().expect("chunks");
+        if k == 0 {
+            append_chunks(&rig.store, &chunks).await.expect("append");
+            append_seal(&rig.store, b, top).await.expect("seal");
+        } else {
+            // Sealed before any chunk arrives.
+            append_seal(&rig.store, b, top).await.expect("seal");
+            append_chunks(&rig.store, &chunks).await.expect("append");
+        }
+        expected.insert(b.clone(), 3_000);
+    }
+    rig.wait_reported(&batches, Duration::from_secs(90)).await;
+    rig.verify(&batches).await;
+    rig.check_ledger(&expected);
+    for b in &batches {
+        let p = rig.store.batch(b).state().await.expect("state");
+        assert_eq!(p.report(), Some("completed"), "{b}");
+    }
+    // Another last seq for an ended batch, and for one that knows its end.
+    append_seal(&rig.store, "streamed", 3).await.expect("seal");
+    let open = "open-ended".to_string();
+    let mut chunks = shuffled_chunks(&open, 30, 500, 250, 3);
+    chunks.retain(|c| c.seq == 1);
+    for c in &mut chunks {
+        c.last = true;
+    }
+    append_chunks(&rig.store, &chunks[..1])
+        .await
+        .expect("append");
+    let log = rig.store.batch(&open);
+    wait_until(
+        Duration::from_secs(30),
+        "seq 1 accepted as last",
+        || async { log.state().await.is_ok_and(|p| p.last_seq() == Some(1)) },
+    )
+    .await;
+    append_seal(&rig.store, &open, 7).await.expect("seal");
+    let mut want = vec![
+        "seal refused: batch streamed was already reported (completed)".to_string(),
+        "seal refused: batch open-ended already ends at seq 1, not 7".to_string(),
+    ];
+    want.sort();
+    wait_until(Duration::from_secs(30), "two refused seals", || async {
+        dead_letters(&rig.store).await.len() >= 2
+    })
+    .await;
+    let mut got: Vec<String> = dead_letters(&rig.store)
+        .await
+        .into_iter()
+        .map(|(_, reason)| reason)
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+    let p = rig.store.batch(&open).state().await.expect("state");
+    assert_eq!(p.last_seq(), Some(1), "the refused seal changed nothing");
+    rig.stop().await;
+}

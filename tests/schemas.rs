@@ -72,6 +72,7 @@ enum Kind {
     Event(&'static str),
     Envelope,
     IngestEntry,
+    Seal,
     WorkItem,
     DeadLetter,
 }
@@ -82,6 +83,7 @@ impl Kind {
             "chunk" => Kind::Chunk,
             "envelope" => Kind::Envelope,
             "ingest_entry" => Kind::IngestEntry,
+            "seal" => Kind::Seal,
             "work_item" => Kind::WorkItem,
             "dead_letter" => Kind::DeadLetter,
             t => Kind::Event(Event::TYPE_NAMES.iter().find(|n| **n == t)?),
@@ -105,6 +107,7 @@ impl Kind {
             Kind::Event(t) => root().join("events").join(format!("{t}.schema.json")),
             Kind::Envelope => root().join("envelope.schema.json"),
             Kind::IngestEntry => root().join("ingest_entry.schema.json"),
+            Kind::Seal => root().join("seal.schema.json"),
             Kind::WorkItem => root().join("work_item.schema.json"),
             Kind::DeadLetter => root().join("dead_letter.schema.json"),
         }
@@ -172,8 +175,18 @@ fn decode(kind: Kind, v: &Value, structural_only: bool) -> Result<Value, String>
         }
         Kind::IngestEntry => {
             let d = v.get("d").ok_or("entry has no `d` field")?;
-            let d = decode(Kind::Chunk, d, structural_only)?;
+            let kind = if v["t"] == "seal" {
+                Kind::Seal
+            } else {
+                Kind::Chunk
+            };
+            let d = decode(kind, d, structural_only)?;
             Ok(json!({"v": v["v"], "t": v["t"], "d": d}))
+        }
+        Kind::Seal => {
+            let s =
+                groupcast::events::seal::Seal::decode(&msgpack(v)).map_err(|e| e.to_string())?;
+            Ok(from_msgpack(&s.encode()))
         }
         Kind::WorkItem => {
             let w: WorkItem =

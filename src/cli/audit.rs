@@ -167,6 +167,7 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
                 n => format!(", {n} registered with an unknown outcome"),
             }
         ),
+        Event::BatchSealed(e) => format!("SEALED: the batch ends at seq {}", e.last),
         Event::BatchClosed(e) => {
             let m = e.missing_seqs();
             format!(

@@ -10,6 +10,7 @@ pub mod dlq;
 pub mod mock_provider;
 pub mod replay;
 pub mod results;
+pub mod seal;
 pub mod status;
 pub mod submit;
 pub mod verify;
@@ -65,6 +66,8 @@ pub enum Command {
     Results(results::ResultsArgs),
     /// Stop waiting for a batch's missing seqs: send what was loaded, report.
     Close(close::CloseArgs),
+    /// Declare a batch's last seq after its chunks (a streaming producer).
+    Seal(seal::SealArgs),
     /// Cancel a batch: stop every generation not yet claimed for sending.
     Cancel(cancel::CancelArgs),
     /// Check the invariants for a batch.
@@ -93,6 +96,7 @@ impl Command {
             Command::Dlq(a) => Some(&a.redis),
             Command::Results(a) => Some(&a.redis),
             Command::Close(a) => Some(&a.redis),
+            Command::Seal(a) => Some(&a.redis),
             Command::Cancel(a) => Some(&a.redis),
             Command::Verify(a) => Some(&a.redis),
             Command::Board(a) => Some(&a.redis),
@@ -454,6 +458,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Status(a) => status::run(a).await,
         Command::Dlq(a) => dlq::run(a).await,
         Command::Close(a) => close::run(a).await,
+        Command::Seal(a) => seal::run(a).await,
         Command::Cancel(a) => cancel::run(a).await,
         Command::Verify(a) => verify::run(a).await,
         Command::Demo(a) => demo::run(a).await,
@@ -607,10 +612,11 @@ mod tests {
         for (path, cmd) in &all {
             let mut argv = vec!["groupcast".to_string()];
             argv.extend(path.iter().cloned());
-            // Required positionals and options get a placeholder.
+            // Required positionals and options get a placeholder (a
+            // number: some options are numbers, every string takes one).
             for a in cmd.get_arguments().filter(|a| a.is_required_set()) {
                 match a.get_long() {
-                    Some(l) => argv.extend([format!("--{l}"), "x".into()]),
+                    Some(l) => argv.extend([format!("--{l}"), "1".into()]),
                     None => argv.push("b1".into()),
                 }
             }

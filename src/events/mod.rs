@@ -16,6 +16,7 @@
 
 pub mod chunk;
 pub mod options;
+pub mod seal;
 pub mod work_item;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -163,6 +164,9 @@ events! {
     BatchStalled(BatchStalled) = "batch_stalled",
     /// An operator (or `--give-up-after`) stopped waiting for missing seqs.
     BatchClosed(BatchClosed) = "batch_closed",
+    /// The producer declared the batch's last seq after its chunks (a
+    /// seal), instead of flagging a chunk `last`.
+    BatchSealed(BatchSealed) = "batch_sealed",
     /// A generation's send was claimed, before the provider was asked to
     /// send it: a cancel after this leaves the generation alone (unless the
     /// claim is given back).
@@ -242,6 +246,13 @@ pub struct BatchDelivered {
     /// The batch this one follows up ([`BatchOrigin`]), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
+}
+
+/// See [`Event::BatchSealed`]. Key `seal`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchSealed {
+    /// The batch's last seq: it takes seqs 0..=last.
+    pub last: u32,
 }
 
 /// See [`Event::BatchOrigin`]. Key `origin`.

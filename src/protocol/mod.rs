@@ -29,6 +29,7 @@ pub mod loaded;
 pub mod park;
 pub mod record_group;
 pub mod reject;
+pub mod seal;
 pub mod sent;
 pub mod settle;
 
@@ -114,6 +115,7 @@ pub use loaded::loaded;
 pub use park::park;
 pub use record_group::record_group;
 pub use reject::reject;
+pub use seal::seal;
 pub use sent::sent;
 
 /// One entry of a work stream: `op`, `d` (a [`WorkItem`]) and, for a load,

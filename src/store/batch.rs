@@ -104,6 +104,19 @@ pub enum Closing {
     Unknown,
 }
 
+/// What `seal` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sealing {
+    /// The batch ends at this seq (sealed now, or it already was, by a seal
+    /// or a chunk flagged `last`).
+    Sealed(u32),
+    /// Refused: it contradicts what the batch knows (another last seq, or
+    /// a higher seq already received). Nothing changed.
+    Conflict(String),
+    /// Refused: the batch has ended (reported, cancelled or closed).
+    Ended(String),
+}
+
 /// What `cancel` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cancelling {
@@ -650,6 +663,25 @@ impl BatchLog {
             [t, outcome] if t == "reported" => Ok(Closing::AlreadyReported(outcome.clone())),
             [t] if t == "unknown" => Ok(Closing::Unknown),
             _ => Err(unexpected("close", &r)),
+        }
+    }
+
+    /// Seals the batch: declares its last seq after its chunks (see
+    /// `seal.lua`). Idempotent.
+    pub async fn seal(&self, last: u32) -> StoreResult<Sealing> {
+        let v: Value = self
+            .settling(&SCRIPTS.seal)
+            .arg(last)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let r = self.reply("seal", v)?;
+        match r.as_slice() {
+            [t, n] if t == "sealed" => Ok(Sealing::Sealed(
+                n.parse().map_err(|_| unexpected("seal", &r))?,
+            )),
+            [t, why] if t == "conflict" => Ok(Sealing::Conflict(why.clone())),
+            [t, why] if t == "ended" => Ok(Sealing::Ended(why.clone())),
+            _ => Err(unexpected("seal", &r)),
         }
     }
 

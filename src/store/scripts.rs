@@ -35,6 +35,8 @@ pub struct Scripts {
     pub reject: Script,
     /// `close.lua`.
     pub close: Script,
+    /// `seal.lua`.
+    pub seal: Script,
     /// `cancel.lua`.
     pub cancel: Script,
     /// `claim_send.lua`.
@@ -86,6 +88,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     loaded: settling_script(include_str!("../../streams/scripts/loaded.lua")),
     reject: settling_script(include_str!("../../streams/scripts/reject.lua")),
     close: settling_script(include_str!("../../streams/scripts/close.lua")),
+    seal: settling_script(include_str!("../../streams/scripts/seal.lua")),
     cancel: settling_script(include_str!("../../streams/scripts/cancel.lua")),
     claim_send: settling_script(include_str!("../../streams/scripts/claim_send.lua")),
     sent: batch_script(include_str!("../../streams/scripts/sent.lua")),

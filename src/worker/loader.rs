@@ -4,11 +4,12 @@
 use tracing::Instrument;
 
 use crate::events::chunk::ChunkRef;
+use crate::events::seal::Seal;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::keys::Priority;
 use crate::protocol::accept::AcceptArgs;
-use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection};
+use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection, Sealing};
 use crate::store::queue::Entry;
 use crate::worker::group_wait::{self, Role};
 use crate::worker::ops::load_chunk::{self, Load};
@@ -36,9 +37,10 @@ pub async fn handle(
     }
     match entry.get("t") {
         Some(b"chunk") => {}
+        Some(b"seal") => return handle_seal(ctx, shard, entry).await,
         other => {
             return dead(format!(
-                "ingest entry type {:?} is not `chunk`",
+                "ingest entry type {:?} is neither `chunk` nor `seal`",
                 other.map(|t| clip(&String::from_utf8_lossy(t), QUOTE_MAX))
             ))
         }
@@ -67,6 +69,42 @@ pub async fn handle(
     handle_chunk(ctx, shard, lane, &chunk, data)
         .instrument(span)
         .await
+}
+
+/// Handles a `seal` entry: the batch's last seq, declared after its chunks
+/// (`seal.lua`). A seal that contradicts the batch, or comes after it
+/// ended, changes nothing and is dead-lettered with the reason.
+async fn handle_seal(ctx: &Ctx, shard: u32, entry: &Entry) -> Result<Handled, OpError> {
+    let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
+    let Some(data) = entry.get("d") else {
+        return dead("entry has no `d` (payload) field".into());
+    };
+    let seal = match Seal::decode(data) {
+        Ok(s) => s,
+        Err(e) => return dead(format!("undecodable seal: {e}")),
+    };
+    if let Err(e) = validate_batch_id(&seal.batch) {
+        return dead(format!("invalid batch id: {e}"));
+    }
+    let owner = ctx.store.keys.shard_of(&seal.batch);
+    if owner != shard {
+        return dead(format!(
+            "batch {} belongs to shard {owner} but its seal was written to shard {shard}'s ingest stream",
+            seal.batch
+        ));
+    }
+    // Its lane: the sends a seal makes ready go where the batch's go.
+    let log = ctx.store.batch_in_its_lane(&seal.batch).await?;
+    match log.seal(seal.last).await? {
+        Sealing::Sealed(last) => {
+            tracing::info!(batch = %seal.batch, last, "batch sealed");
+            Ok(Handled::new(Outcome::Done))
+        }
+        Sealing::Conflict(why) | Sealing::Ended(why) => {
+            tracing::warn!(batch = %seal.batch, reason = %why, "seal refused");
+            dead(format!("seal refused: {why}"))
+        }
+    }
 }
 
 /// Handles a decoded chunk (inside its span).

@@ -237,9 +237,7 @@ pub async fn record_cancelled<'a>(
 ) -> Result<(), OpError> {
     let r = Record::not_sent(gen, NotSentReason::Cancelled, "");
     let encoded = r.encode();
-    let records: Vec<(String, String)> = numbers
-        .map(|n| (r.field(n), encoded.clone()))
-        .collect();
+    let records: Vec<(String, String)> = numbers.map(|n| (r.field(n), encoded.clone())).collect();
     let keep = ctx.config.delivery_window + ctx.config.results_retention;
     log.record_outcomes(&records, keep).await?;
     Ok(())
