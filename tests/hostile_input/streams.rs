@@ -179,9 +179,29 @@ async fn malicious_entries_are_dead_lettered_and_a_good_batch_completes() {
         (
             "an unknown type",
             entry(b"1", b"\xff\xfe", Some(base.encode())),
-            "is not `chunk`",
+            "is neither `chunk` nor `seal`",
         ),
         ("no payload", entry(b"1", b"chunk", None), "no `d`"),
+        (
+            "a seal that is not one",
+            entry(b"1", b"seal", Some(vec![0xc1; 40])),
+            "undecodable seal",
+        ),
+        (
+            "a seal of a batch id with a brace",
+            entry(
+                b"1",
+                b"seal",
+                Some(
+                    groupcast::events::seal::Seal {
+                        batch: "a}b".into(),
+                        last: 3,
+                    }
+                    .encode(),
+                ),
+            ),
+            "invalid batch id",
+        ),
     ];
     let work_cases: Vec<(&str, Fields, &str)> = vec![
         (

@@ -16,8 +16,10 @@ use crate::keys::Priority;
 use crate::projection::{event_key, field};
 use crate::protocol::GivenUp;
 use crate::provider::{GroupStatus, ProviderErrorKind};
+use crate::results::NotSentReason;
 use crate::store::batch::SendGiveUp;
 use crate::worker::ops::send_group::first_poll;
+use crate::worker::ops::track_delivery::record_not_sent;
 use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
@@ -70,6 +72,16 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             tracing::warn!(batch = %item.batch, gen, group = %group_id, "the send given up had gone out: recorded as sent, and polled");
         }
         return Ok(Outcome::Done);
+    }
+    // Deleted: who was in it is read for `groupcast results` (only reads).
+    // A provider that refuses the list of a deleted group leaves them
+    // counted, not named; a wait or a passing failure tries again.
+    match record_not_sent(ctx, lane, &log, gen, group_id, NotSentReason::Unsent).await? {
+        None => {}
+        Some(Outcome::Dead(why)) => {
+            tracing::warn!(batch = %item.batch, gen, group = %group_id, reason = %why, "the deleted group's messages could not be listed: its recipients are counted unsent, not named");
+        }
+        Some(back) => return Ok(back),
     }
     let reason = format!("group {group_id} deleted at the provider: never sent");
     record(
