@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -298,6 +300,85 @@ impl IntoResponse for ApiProblem {
         response
     }
 }
+
+/// The OpenAPI responses of `kinds`: one a status, its description the
+/// kinds' slugs and titles, its body a [`Problem`] (and `Retry-After` for
+/// `backpressure`).
+fn responses_for(
+    kinds: &[Kind],
+) -> BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::response::Response>> {
+    use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
+    let mut by_status: BTreeMap<u16, Vec<Kind>> = BTreeMap::new();
+    for k in kinds {
+        by_status.entry(k.status().as_u16()).or_default().push(*k);
+    }
+    by_status
+        .into_iter()
+        .map(|(status, kinds)| {
+            let description: Vec<String> = kinds
+                .iter()
+                .map(|k| format!("`{}`: {}", k.slug(), k.title()))
+                .collect();
+            let content = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build();
+            let mut response = ResponseBuilder::new()
+                .description(description.join("; "))
+                .content(PROBLEM_JSON, content);
+            if kinds.contains(&Kind::Backpressure) {
+                response = response.header(
+                    "Retry-After",
+                    HeaderBuilder::new()
+                        .schema(
+                            utoipa::openapi::ObjectBuilder::new()
+                                .schema_type(utoipa::openapi::schema::Type::Integer),
+                        )
+                        .description(Some("Seconds to wait before trying again"))
+                        .build(),
+                );
+            }
+            (status.to_string(), response.build().into())
+        })
+        .collect()
+}
+
+/// A set of problems an operation may answer, as OpenAPI responses.
+macro_rules! refusals {
+    ($(#[$doc:meta])* $name:ident: $($kind:ident),+) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses(
+            ) -> BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::response::Response>> {
+                responses_for(&[$(Kind::$kind),+])
+            }
+        }
+    };
+}
+
+refusals!(
+    /// What every call with a token may answer: malformed, no token, no
+    /// scope, cross-site, Redis away, too slow.
+    Refusals: BadRequest, Unauthorized, Forbidden, CrossSite, Unavailable, Timeout
+);
+refusals!(
+    /// What creating a batch may answer besides [`Refusals`].
+    CreateRefusals: BodyTooLarge, InvalidBatch, BatchConflict, BatchEnded
+);
+refusals!(
+    /// What adding a chunk may answer besides [`Refusals`].
+    ChunkRefusals: BatchNotCreated, BodyTooLarge, UnsupportedMediaType, InvalidChunk,
+        SeqConflict, BatchConflict, BatchEnded, Backpressure
+);
+refusals!(
+    /// What closing or cancelling may answer besides [`Refusals`].
+    ActionRefusals: NotFound, BatchEnded
+);
+refusals!(
+    /// What reading a batch may answer besides [`Refusals`].
+    ReadRefusals: NotFound
+);
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,8 @@
 //! The `/v1` handlers: create a batch, add its chunks, close, cancel, and
 //! read its status, report and results. Each takes its token's scope
 //! first ([`Tokens::authorize`](super::tokens::Tokens::authorize)),
-//! answers JSON, and refuses with a [`Problem`] (`application/problem+json`).
+//! answers JSON, and refuses with a [`Problem`](super::problems::Problem)
+//! (`application/problem+json`).
 //! The request and answer types are the OpenAPI document's schemas
 //! ([`super::openapi`]).
 
@@ -18,7 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::problems::{ApiProblem, Kind, Problem};
+use super::problems::{
+    ActionRefusals, ApiProblem, ChunkRefusals, CreateRefusals, Kind, ReadRefusals, Refusals,
+};
 use super::tokens::{Scope, Token};
 use super::Front;
 use crate::cli::board::api::{
@@ -267,13 +270,7 @@ fn board_problem(e: ApiError) -> ApiProblem {
     responses(
         (status = 201, body = BatchCreated, description = "Created"),
         (status = 200, body = BatchCreated, description = "It existed with the same definition"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "batch-conflict, batch-ended"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json", description = "invalid-batch"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals, CreateRefusals,
     )
 )]
 /// Creates a batch: its template and options, which every chunk given
@@ -456,17 +453,7 @@ fn msgpack_chunk(
     security(("bearer" = ["ingest"])),
     responses(
         (status = 202, body = ChunkAccepted, description = "Appended to the ingest stream (or appended before with the same content)"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", description = "batch-not-created (JSON and CSV chunks need the batch's definition)"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "seq-conflict, batch-conflict, batch-ended"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 415, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json", description = "invalid-chunk: every problem in `errors`"),
-        (status = 429, body = Problem, content_type = "application/problem+json", description = "backpressure",
-            headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals, ChunkRefusals,
     )
 )]
 /// Adds a chunk to a batch: checked at once (every problem answered),
@@ -637,12 +624,7 @@ fn reason_of(
     security(("bearer" = ["operate"])),
     responses(
         (status = 200, body = Closed, description = "Closed: the seqs that never came are given up on"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "batch-ended"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals, ActionRefusals,
     )
 )]
 /// Closes a batch as `groupcast close` does: it stops waiting for the
@@ -671,11 +653,7 @@ pub async fn close(
     security(("bearer" = ["operate"])),
     responses(
         (status = 200, body = Cancelled, description = "Cancelled: every generation not yet claimed for sending is stopped"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "batch-ended"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals, ActionRefusals,
     )
 )]
 /// Cancels a batch as `groupcast cancel` does.
@@ -709,11 +687,7 @@ fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Answer<T> {
     security(("bearer" = ["read"])),
     responses(
         (status = 200, body = Object, description = "The batch's state as `groupcast status --json` prints it (chunks, lastSeq, recipients, registered, failed, rejected, report, cancelled, options, generations), with its missing seqs"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals, ReadRefusals,
     )
 )]
 /// A batch's state: the same truths as `groupcast status BATCH --json`.
@@ -748,11 +722,7 @@ pub async fn status(
     security(("bearer" = ["read"])),
     responses(
         (status = 200, body = Reports, description = "The report and the delivery report; each `null` until decided"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals, ReadRefusals,
     )
 )]
 /// A batch's report and delivery report, as the webhook posts them.
@@ -792,10 +762,7 @@ pub async fn report(
     responses(
         (status = 200, description = "The recipients' outcomes, as `groupcast results` exports them",
             content((String = "text/csv"), (String = "application/x-ndjson"))),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        Refusals,
     )
 )]
 /// The recipients' outcomes (failed, unknown, not sent, ...), as

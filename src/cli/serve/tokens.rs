@@ -248,7 +248,7 @@ mod tests {
         let tokens = Tokens::parse("t", &text).expect("parse");
         assert_eq!(tokens.len(), 2);
         let line = |text: &str| Tokens::parse("t", text).expect_err("bad").to_string();
-        assert!(line(&format!("a b\n")).starts_with("t:1: expected"));
+        assert!(line("a b\n").starts_with("t:1: expected"));
         assert!(line(&format!("\nx write {OPS}\n")).starts_with("t:2: scope \"write\""));
         assert!(line("x read short\n").contains("at least 24"));
         assert!(line(&format!("a read {OPS}\nb read {OPS}\n")).starts_with("t:2:"));

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use super::check::{check_rows, Refusal};
-use super::cut::for_each_kept;
+use super::cut::kept_recipients;
 use super::input::{Format, Input};
 use super::problems::{Problem, Problems};
 use super::rows::{Row, Vars};
@@ -100,24 +100,9 @@ pub fn csv_recipients(
         }
         Err(Refusal::File(e)) => return Err(e.into()),
     };
-    let mut out = Vec::with_capacity(scan.checked.recipients);
-    for_each_kept(
-        &mut input,
-        &scan.repeated,
-        |what| BodyRefused::Whole(format!("{name}: {what}")),
-        |r, _, _| {
-            out.push(Recipient {
-                to: r.to.to_string(),
-                vars: r
-                    .vars
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            });
-            Ok(())
-        },
-    )?;
-    Ok(out)
+    kept_recipients(&mut input, &scan, |what| {
+        BodyRefused::Whole(format!("{name}: {what}"))
+    })
 }
 
 /// JSON recipients, each checked as a row of a recipients file (its
