@@ -40,6 +40,16 @@ impl Drop for Api {
 /// Serves the API (and the board) on `store`, with these tokens, bound and
 /// body limit.
 async fn serve(store: &Store, max_unread: u64, max_body: usize) -> Api {
+    serve_with_timeout(store, max_unread, max_body, Duration::from_secs(20)).await
+}
+
+/// [`serve`] with a request timeout.
+async fn serve_with_timeout(
+    store: &Store,
+    max_unread: u64,
+    max_body: usize,
+    timeout: Duration,
+) -> Api {
     let tokens = Tokens::parse(
         "tokens",
         &format!(
@@ -66,12 +76,7 @@ async fn serve(store: &Store, max_unread: u64, max_body: usize) -> Api {
         keep: Duration::from_secs(3600),
         policy,
     };
-    let app = router(
-        Arc::new(board),
-        Arc::new(front),
-        max_body,
-        Duration::from_secs(20),
-    );
+    let app = router(Arc::new(board), Arc::new(front), max_body, timeout);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -587,4 +592,47 @@ async fn a_seq_repeated_with_the_same_content_is_taken_and_with_other_content_re
         .await;
     m.assert_problem(422, "invalid-chunk");
     assert_eq!(m.body["errors"][0]["field"], "seq");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_sending_its_body_is_answered_503_at_the_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_server, store) = store(1).await;
+    let api = serve_with_timeout(&store, 64, 1 << 20, Duration::from_millis(500)).await;
+    let batch = "slow";
+    assert_eq!(api.create(FEEDER, batch).await.status, 201);
+    let addr = api.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    // A body of 1,000 bytes announced, 10 sent, then nothing.
+    let head = format!(
+        "PUT /v1/batches/{batch}/chunks/0 HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {FEEDER}\r\n\
+         Content-Type: text/csv\r\nContent-Length: 1000\r\n\r\nto,name,or"
+    );
+    conn.write_all(head.as_bytes()).await.expect("write");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        // The answer, up to the end of its JSON body.
+        while !answer.ends_with(b"}") {
+            let n = conn.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer in 10 s");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("urn:groupcast:problem:timeout"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(ingest_len(&store, batch).await, 0);
 }

@@ -637,13 +637,13 @@ pub async fn close(
     query: Result<Query<ReasonIn>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Answer<Json<Closed>> {
-    let token = front.tokens.authorize(&method, &headers, Scope::Operate)?;
-    let batch = batch_of(path)?;
-    let reason = reason_of(token, "closed", query, body)?;
-    let done = close_batch(&front.store, front.policy, &batch, &reason)
-        .await
-        .map_err(board_problem)?;
-    typed(done).map(Json)
+    act(
+        &front,
+        Action::Close,
+        (method, headers),
+        (path, query, body),
+    )
+    .await
 }
 
 #[utoipa::path(
@@ -665,19 +665,52 @@ pub async fn cancel(
     query: Result<Query<ReasonIn>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Answer<Json<Cancelled>> {
-    let token = front.tokens.authorize(&method, &headers, Scope::Operate)?;
-    let batch = batch_of(path)?;
-    let reason = reason_of(token, "cancelled", query, body)?;
-    let done = cancel_batch(&front.store, front.policy, &batch, &reason)
-        .await
-        .map_err(board_problem)?;
-    typed(done).map(Json)
+    act(
+        &front,
+        Action::Cancel,
+        (method, headers),
+        (path, query, body),
+    )
+    .await
 }
 
-/// The shared actions' JSON as this API's typed answer (so that the
-/// document cannot drift from what is answered unnoticed).
-fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Answer<T> {
-    serde_json::from_value(v)
+/// An operator's action on a batch.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Close,
+    Cancel,
+}
+
+/// Takes `action` on the path's batch as the board and the command do,
+/// recording the token's name with the reason, and answers the shared
+/// action's JSON as this API's typed answer (so that the document cannot
+/// drift from what is answered unnoticed).
+async fn act<T: serde::de::DeserializeOwned>(
+    front: &Front,
+    action: Action,
+    (method, headers): (Method, HeaderMap),
+    (path, query, body): (
+        Result<Path<String>, PathRejection>,
+        Result<Query<ReasonIn>, QueryRejection>,
+        Result<Bytes, BytesRejection>,
+    ),
+) -> Answer<Json<T>> {
+    let token = front.tokens.authorize(&method, &headers, Scope::Operate)?;
+    let batch = batch_of(path)?;
+    let (store, policy) = (&front.store, front.policy);
+    let done = match action {
+        Action::Close => {
+            let reason = reason_of(token, "closed", query, body)?;
+            close_batch(store, policy, &batch, &reason).await
+        }
+        Action::Cancel => {
+            let reason = reason_of(token, "cancelled", query, body)?;
+            cancel_batch(store, policy, &batch, &reason).await
+        }
+    }
+    .map_err(board_problem)?;
+    serde_json::from_value(done)
+        .map(Json)
         .map_err(|e| ApiProblem::new(Kind::Unavailable, format!("unexpected answer shape: {e}")))
 }
 
