@@ -526,7 +526,11 @@ pub async fn results_download(
         .filter(|c| !c.is_empty())
         .map(str::to_string)
         .collect();
-    let show = matches!(q.show_numbers.as_deref(), Some("1" | "true"));
+    let show = match q.show_numbers.as_deref() {
+        None | Some("0" | "false") => false,
+        Some("1" | "true") => true,
+        Some(other) => return Err(bad(format!("show_numbers {other:?}: true or false"))),
+    };
     let mut body = Vec::new();
     let log = store.batch(id);
     export_stored(&log, &status, &codes, show, format, &mut body)

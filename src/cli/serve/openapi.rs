@@ -10,8 +10,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::problems::{FieldError, Problem};
 use super::routes::{
-    BatchCreated, Cancelled, ChunkAccepted, ChunkRecipients, Closed, CreateBatch, ReasonIn,
-    RecipientIn, Reports,
+    BatchCreated, BatchId, Cancelled, ChunkAccepted, ChunkRecipients, Closed, CreateBatch,
+    ReasonIn, RecipientIn, Reports,
 };
 use crate::cli::submit::{KakaoFile, TemplateFile};
 
@@ -36,7 +36,7 @@ use crate::cli::submit::{KakaoFile, TemplateFile};
         openapi_json,
     ),
     components(schemas(
-        CreateBatch, TemplateFile, KakaoFile, BatchCreated, ChunkRecipients, RecipientIn,
+        BatchId, CreateBatch, TemplateFile, KakaoFile, BatchCreated, ChunkRecipients, RecipientIn,
         ChunkAccepted, ReasonIn, Closed, Cancelled, Reports, Problem, FieldError
     )),
     modifiers(&BearerTokens),

@@ -41,6 +41,12 @@ use crate::keys::validate_batch_id;
 use crate::producer::{Producer, Room};
 use crate::store::front::Recorded;
 
+/// A batch id, as the document describes it (the handlers check it with
+/// [`validate_batch_id`]).
+#[derive(Debug, ToSchema)]
+#[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+pub struct BatchId(pub String);
+
 /// What a handler answers: its JSON, or a problem.
 type Answer<T> = Result<T, ApiProblem>;
 
@@ -49,15 +55,22 @@ type Answer<T> = Result<T, ApiProblem>;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateBatch {
     /// The batch id: 1 to 128 of `[A-Za-z0-9._-]`.
+    #[schema(value_type = BatchId)]
     pub batch: String,
     /// The message, in the provider's shape (as `submit --template`).
     pub template: TemplateFile,
     /// No group is sent before this instant (RFC 3339 with an offset),
     /// at most 5 minutes past and 90 days ahead.
+    #[schema(format = DateTime)]
     pub send_at: Option<String>,
     /// `urgent`, `normal` (the default) or `bulk`.
+    #[schema(pattern = "^(urgent|normal|bulk)$")]
     pub priority: Option<String>,
-    /// A daily window in which nothing is sent, `HH:MM-HH:MM`.
+    /// A daily window in which nothing is sent, `HH:MM-HH:MM` (start and
+    /// end differ).
+    #[schema(
+        pattern = "^[0-2][0-9]:[0-5][0-9](:[0-5][0-9])?-[0-2][0-9]:[0-5][0-9](:[0-5][0-9])?$"
+    )]
     pub quiet_hours: Option<String>,
     /// The IANA zone of `quietHours` (default: the server's
     /// `GROUPCAST_TIMEZONE`).
@@ -438,7 +451,7 @@ fn msgpack_chunk(
 #[utoipa::path(
     put, path = "/v1/batches/{id}/chunks/{seq}", tag = "batches",
     params(
-        ("id" = String, Path, description = "The batch id"),
+        ("id" = BatchId, Path, description = "The batch id"),
         ("seq" = u32, Path, description = "The chunk's seq: 0, 1, 2, ... with no gaps"),
         ChunkQuery,
     ),
@@ -601,7 +614,7 @@ fn reason_of(
         let Query(q) = query.map_err(|e| ApiProblem::new(Kind::BadRequest, e.body_text()))?;
         q
     } else {
-        json_of::<ReasonIn>(&body, "the reason")?
+        json_of::<Option<ReasonIn>>(&body, "the reason")?.unwrap_or_default()
     };
     let by = format!("{done} by token {}", token.name);
     Ok(
@@ -619,7 +632,7 @@ fn reason_of(
 
 #[utoipa::path(
     post, path = "/v1/batches/{id}/close", tag = "operations",
-    params(("id" = String, Path, description = "The batch id"), ReasonIn),
+    params(("id" = BatchId, Path, description = "The batch id"), ReasonIn),
     request_body(content = Option<ReasonIn>, description = "Why (or `?reason=`); optional"),
     security(("bearer" = ["operate"])),
     responses(
@@ -648,7 +661,7 @@ pub async fn close(
 
 #[utoipa::path(
     post, path = "/v1/batches/{id}/cancel", tag = "operations",
-    params(("id" = String, Path, description = "The batch id"), ReasonIn),
+    params(("id" = BatchId, Path, description = "The batch id"), ReasonIn),
     request_body(content = Option<ReasonIn>, description = "Why (or `?reason=`); optional"),
     security(("bearer" = ["operate"])),
     responses(
@@ -674,6 +687,14 @@ pub async fn cancel(
     .await
 }
 
+/// What a close or cancel request gives: the batch's path, `?reason=`,
+/// and a body that may hold the reason.
+type ActionRequest = (
+    Result<Path<String>, PathRejection>,
+    Result<Query<ReasonIn>, QueryRejection>,
+    Result<Bytes, BytesRejection>,
+);
+
 /// An operator's action on a batch.
 #[derive(Debug, Clone, Copy)]
 enum Action {
@@ -689,11 +710,7 @@ async fn act<T: serde::de::DeserializeOwned>(
     front: &Front,
     action: Action,
     (method, headers): (Method, HeaderMap),
-    (path, query, body): (
-        Result<Path<String>, PathRejection>,
-        Result<Query<ReasonIn>, QueryRejection>,
-        Result<Bytes, BytesRejection>,
-    ),
+    (path, query, body): ActionRequest,
 ) -> Answer<Json<T>> {
     let token = front.tokens.authorize(&method, &headers, Scope::Operate)?;
     let batch = batch_of(path)?;
@@ -716,7 +733,7 @@ async fn act<T: serde::de::DeserializeOwned>(
 
 #[utoipa::path(
     get, path = "/v1/batches/{id}", tag = "batches",
-    params(("id" = String, Path, description = "The batch id")),
+    params(("id" = BatchId, Path, description = "The batch id")),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, body = Object, description = "The batch's state as `groupcast status --json` prints it (chunks, lastSeq, recipients, registered, failed, rejected, report, cancelled, options, generations), with its missing seqs"),
@@ -751,7 +768,7 @@ pub async fn status(
 
 #[utoipa::path(
     get, path = "/v1/batches/{id}/report", tag = "batches",
-    params(("id" = String, Path, description = "The batch id")),
+    params(("id" = BatchId, Path, description = "The batch id")),
     security(("bearer" = ["read"])),
     responses(
         (status = 200, body = Reports, description = "The report and the delivery report; each `null` until decided"),
@@ -785,11 +802,12 @@ pub async fn report(
 #[utoipa::path(
     get, path = "/v1/batches/{id}/results", tag = "batches",
     params(
-        ("id" = String, Path, description = "The batch id"),
-        ("status" = Option<String>, Query, description = "As `groupcast results --status` (default `failed`)"),
+        ("id" = BatchId, Path, description = "The batch id"),
+        ("status" = Option<String>, Query, description = "As `groupcast results --status` (default `failed`): `all`, or outcomes comma-separated",
+            pattern = "^(all|(failed|unknown|not_sent|delivered|duplicate)(,(failed|unknown|not_sent|delivered|duplicate))*)$"),
         ("code" = Option<String>, Query, description = "Provider codes, comma-separated"),
-        ("format" = Option<String>, Query, description = "`csv` (default) or `jsonl`"),
-        ("show_numbers" = Option<String>, Query, description = "`true`: numbers in full (masked otherwise)"),
+        ("format" = Option<String>, Query, description = "`csv` (default) or `jsonl`", pattern = "^(csv|jsonl)$"),
+        ("show_numbers" = Option<bool>, Query, description = "`true`: numbers in full (masked otherwise)"),
     ),
     security(("bearer" = ["read"])),
     responses(

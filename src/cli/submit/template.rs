@@ -19,10 +19,13 @@ use crate::events::Template;
 pub struct TemplateFile {
     /// `SMS`, `LMS`, `ATA` (AlimTalk) or `CTA`.
     #[serde(rename = "type")]
+    #[schema(pattern = "^(SMS|LMS|ATA|CTA)$")]
     pub kind: String,
-    /// The sender number.
+    /// The sender number (not blank, at most 32 characters).
+    #[schema(pattern = "\\S", max_length = 32)]
     pub from: String,
     /// The text, at most 4000 characters, with `#{name}` placeholders.
+    #[schema(max_length = 4000)]
     pub text: String,
     /// Required for `ATA` and `CTA`.
     #[serde(default)]
@@ -36,8 +39,10 @@ pub struct TemplateFile {
 #[schema(as = KakaoOptions)]
 pub struct KakaoFile {
     /// The Kakao channel id.
+    #[schema(max_length = 128)]
     pub pf_id: String,
     /// The approved template's id.
+    #[schema(max_length = 128)]
     pub template_id: String,
 }
 
