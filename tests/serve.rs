@@ -57,10 +57,7 @@ async fn serve_with_timeout(
         ),
     )
     .expect("tokens");
-    let policy = BatchPolicy {
-        deliver: true,
-        ..BatchPolicy::default()
-    };
+    let policy = BatchPolicy::for_operator(Duration::from_secs(3600));
     let board = Board {
         store: store.clone(),
         token: None,
