@@ -297,6 +297,7 @@ impl Keyspace {
             dedupe_mobile: format!("{base}:dedupe:mobile"),
             results: format!("{base}:results"),
             delivery: format!("{base}:delivery"),
+            front: format!("{base}:front"),
             reported: self.reported(shard),
             work: self.work_in(shard, lane),
             lane,
@@ -363,6 +364,11 @@ pub struct BatchKeys {
     /// Delivery tracking's counts, one field per page of a group's message
     /// list (`<gen>|<page>` → `<delivered>|<failed>|<unknown>|<code>=<n>,...`).
     pub delivery: String,
+    /// What the HTTP front door (`groupcast serve`) keeps of the batch: its
+    /// definition (template and options) and the digest of each seq it
+    /// was given, so that a conflicting repeat is refused at once (see
+    /// [`crate::store::front`]).
+    pub front: String,
     /// The shard's tombstones (see [`Keyspace::reported`]).
     pub reported: String,
     /// The work stream of the shard's lane that the batch's work goes

@@ -268,11 +268,9 @@ impl Producer {
         let started = Instant::now();
         let mut poll = WAIT_POLL.0;
         loop {
-            let unread = self.store.unread(stream, LOADERS_GROUP).await?;
-            let credit = self.max_unread.saturating_sub(unread);
+            let (unread, credit) = self.look(at, stream).await?;
             if credit >= enough {
                 self.waited += started.elapsed();
-                self.credit.insert(at, credit);
                 return Ok(usize::try_from(credit).unwrap_or(usize::MAX));
             }
             if let Some(f) = &mut self.on_wait {
@@ -286,6 +284,47 @@ impl Producer {
             tokio::time::sleep(poll).await;
             poll = (poll * 2).min(WAIT_POLL.1);
         }
+    }
+}
+
+/// Room under a [`Producer`]'s bound, from one look at the stream
+/// ([`Producer::room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// This many chunks may be appended now.
+    Free(u64),
+    /// The stream holds the bound (or more) of unread chunks.
+    Full {
+        /// The chunks unread at the look.
+        unread: u64,
+    },
+}
+
+impl Producer {
+    /// Whether shard `shard`'s ingest stream of `lane` has room under the
+    /// bound, from one look and without waiting: for a server, which
+    /// answers "later" instead of holding a request while the workers
+    /// catch up. The next append spends the credit this look found.
+    pub async fn room(&mut self, shard: u32, lane: Priority) -> StoreResult<Room> {
+        if self.max_unread == 0 {
+            return Ok(Room::Free(u64::MAX));
+        }
+        let stream = self.store.keys.ingest_in(shard, lane);
+        let (unread, credit) = self.look((shard, lane), &stream).await?;
+        Ok(if credit == 0 {
+            Room::Full { unread }
+        } else {
+            Room::Free(credit)
+        })
+    }
+
+    /// One look at `stream`: its unread chunks, and the credit they leave
+    /// under the bound (recorded for the next append).
+    async fn look(&mut self, at: (u32, Priority), stream: &str) -> StoreResult<(u64, u64)> {
+        let unread = self.store.unread(stream, LOADERS_GROUP).await?;
+        let credit = self.max_unread.saturating_sub(unread);
+        self.credit.insert(at, credit);
+        Ok((unread, credit))
     }
 }
 

@@ -11,6 +11,7 @@ pub mod mock_provider;
 pub mod replay;
 pub mod results;
 pub mod seal;
+pub mod serve;
 pub mod status;
 pub mod submit;
 pub mod verify;
@@ -80,6 +81,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Serve the operator board: every batch, stream health, dead letters.
     Board(board::BoardArgs),
+    /// Serve the HTTP API under /v1 (and the board) on one listener.
+    Serve(serve::ServeArgs),
 }
 
 impl Command {
@@ -100,6 +103,7 @@ impl Command {
             Command::Cancel(a) => Some(&a.redis),
             Command::Verify(a) => Some(&a.redis),
             Command::Board(a) => Some(&a.redis),
+            Command::Serve(a) => Some(&a.board.redis),
             Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
         }
     }
@@ -465,6 +469,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::MockProvider(a) => mock_provider::run(a).await,
         Command::Bench(a) => bench::run(a).await,
         Command::Board(a) => board::run(a).await,
+        Command::Serve(a) => serve::run(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,6 +22,7 @@ pub mod batch;
 pub mod clock;
 pub mod coord;
 pub mod delivery;
+pub mod front;
 pub mod info;
 pub mod notes;
 pub mod overview;

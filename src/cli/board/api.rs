@@ -13,19 +13,19 @@ use serde_json::{json, Value};
 use super::auth::authorize;
 use super::Board;
 use crate::cli::status::{generations_json, queued_json};
-use crate::events::{entry_millis, Event};
+use crate::events::{entry_millis, Event, Recorded};
 use crate::keys::validate_batch_id;
 use crate::projection::Projection;
 use crate::seq_ranges::MISSING_RANGES_MAX;
-use crate::store::batch::{BatchLog, Cancelling, Closing};
+use crate::store::batch::{BatchLog, BatchPolicy, Cancelling, Closing};
 use crate::store::overview::Queued;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// The most events in one page of a batch's timeline.
 const PAGE_MAX: usize = 500;
 
 /// An API failure: a status and a message, answered as `{"error": ...}`.
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -204,27 +204,17 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
     let events = store.batch(&id).events().await?;
     // The clock that stamped the batch's heartbeat and entry ids.
     let now = store.batch(&id).server_time_ms().await?;
-    let mut rejected = Vec::new();
-    let mut report = Value::Null;
-    let mut delivery = Value::Null;
-    for r in events.iter().flatten() {
-        match &r.event {
-            Event::InputRejected(e) => rejected.push(json!({
+    let rejected: Vec<Value> = events
+        .iter()
+        .flatten()
+        .filter_map(|r| match &r.event {
+            Event::InputRejected(e) => Some(json!({
                 "seq": e.seq, "reason": e.reason, "id": r.id, "timeMs": r.millis(),
             })),
-            Event::BatchReported(e) => {
-                // The report's fields as the reports stream and the webhook
-                // name them (docs/reports.md), and when it was decided.
-                report = serde_json::to_value(e).unwrap_or(Value::Null);
-                report["time_ms"] = json!(r.millis());
-            }
-            Event::BatchDelivered(e) => {
-                delivery = serde_json::to_value(e).unwrap_or(Value::Null);
-                delivery["time_ms"] = json!(r.millis());
-            }
-            _ => {}
-        }
-    }
+            _ => None,
+        })
+        .collect();
+    let (report, delivery) = reports_json(&events);
     let mut v = row(&board, &id, shard, &p, now, queued_chunks(&[queued], &id));
     set_missing_seqs(&mut v, &p);
     v["lastSeqKnown"] = json!(p.last_seq().is_some());
@@ -234,6 +224,24 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
     v["events"] = json!(events.len());
     v["readOnly"] = json!(board.token.is_none());
     Ok(Json(v))
+}
+
+/// A batch's report and delivery report (`Null` while not decided), with
+/// the fields the reports stream and the webhook name them
+/// (docs/reports.md) and when each was decided (`time_ms`).
+pub fn reports_json(events: &[Result<Recorded, (String, String)>]) -> (Value, Value) {
+    let mut report = Value::Null;
+    let mut delivery = Value::Null;
+    for r in events.iter().flatten() {
+        let (slot, value) = match &r.event {
+            Event::BatchReported(e) => (&mut report, serde_json::to_value(e)),
+            Event::BatchDelivered(e) => (&mut delivery, serde_json::to_value(e)),
+            _ => continue,
+        };
+        *slot = value.unwrap_or(Value::Null);
+        slot["time_ms"] = json!(r.millis());
+    }
+    (report, delivery)
 }
 
 /// Paging of a batch's timeline.
@@ -346,25 +354,25 @@ impl Reason {
     }
 }
 
-/// The log of batch `id` for an action that can end it, once the request
-/// may act: its report is queued for delivery (as `groupcast close` and
-/// `cancel` do).
-async fn acting_on(board: &Board, id: &str, headers: &HeaderMap) -> Result<BatchLog, ApiError> {
-    authorize(board.token.as_deref(), headers)
-        .map_err(|refused| ApiError(refused.status(), refused.to_string()))?;
+/// The log of batch `id` for an action that can end it: its report is
+/// queued for delivery (as `groupcast close` and `cancel` do), its work
+/// (sends a close makes ready, deletes a cancel queues) goes to its lane.
+async fn log_for_action(
+    store: &Store,
+    policy: BatchPolicy,
+    id: &str,
+) -> Result<BatchLog, ApiError> {
     check_batch(id)?;
-    // Its work (sends a close makes ready, deletes a cancel queues) goes to
-    // its lane.
-    let store = board.store.clone().with_policy(board.policy);
+    let store = store.clone().with_policy(policy);
     Ok(store.batch_in_its_lane(id).await?)
 }
 
 /// Answers once an operator's command (event key `key`) is on disk
 /// ([`crate::store::Store::command_on_disk`]); `503` when Redis lost it
 /// meanwhile: the operator gives it again.
-async fn on_disk(board: &Board, log: &BatchLog, key: &str, command: &str) -> Result<(), ApiError> {
+async fn on_disk(store: &Store, log: &BatchLog, key: &str, command: &str) -> Result<(), ApiError> {
     use crate::store::witness::CommandOnDisk;
-    match board.store.command_on_disk(log, key).await? {
+    match store.command_on_disk(log, key).await? {
         CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),
         CommandOnDisk::Lost => Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -373,28 +381,27 @@ async fn on_disk(board: &Board, log: &BatchLog, key: &str, command: &str) -> Res
     }
 }
 
-/// `POST /api/batches/{id}/cancel?reason=` (token needed): cancels the
-/// batch as `groupcast cancel` does. `{cancelled, stopped, unsent, seen}`;
-/// `409` when it had already reported otherwise.
-pub async fn cancel(
-    State(board): State<Arc<Board>>,
-    Path(id): Path<String>,
-    Query(reason): Query<Reason>,
-    headers: HeaderMap,
-) -> ApiResult {
-    let log = acting_on(&board, &id, &headers).await?;
-    let reason = reason.text("cancelled from the board");
-    match log.cancel(&reason).await? {
+/// Cancels batch `id` as `groupcast cancel` does, recording `reason`:
+/// `{cancelled, reason, stopped, unsent, seen}`; `409` when it had already
+/// reported otherwise. Shared by the board and `groupcast serve`.
+pub async fn cancel_batch(
+    store: &Store,
+    policy: BatchPolicy,
+    id: &str,
+    reason: &str,
+) -> Result<Value, ApiError> {
+    let log = log_for_action(store, policy, id).await?;
+    match log.cancel(reason).await? {
         Cancelling::Cancelled {
             stopped,
             unsent,
             seen,
         } => {
-            on_disk(&board, &log, "cancelled", "cancel").await?;
-            tracing::info!(batch = %id, %reason, stopped, "cancelled from the board");
-            Ok(Json(json!({
+            on_disk(store, &log, "cancelled", "cancel").await?;
+            tracing::info!(batch = %id, %reason, stopped, "cancelled");
+            Ok(json!({
                 "cancelled": id, "reason": reason, "stopped": stopped, "unsent": unsent, "seen": seen,
-            })))
+            }))
         }
         Cancelling::AlreadyReported(outcome) => Err(ApiError(
             StatusCode::CONFLICT,
@@ -407,24 +414,21 @@ pub async fn cancel(
     }
 }
 
-/// `POST /api/batches/{id}/close?reason=` (token needed): closes the batch
-/// as `groupcast close` does. `{closed, missing}`; `409` when it had
-/// already reported, `404` for a batch never seen.
-pub async fn close(
-    State(board): State<Arc<Board>>,
-    Path(id): Path<String>,
-    Query(reason): Query<Reason>,
-    headers: HeaderMap,
-) -> ApiResult {
-    let log = acting_on(&board, &id, &headers).await?;
-    let reason = reason.text("closed from the board");
-    match log.close(&reason).await? {
+/// Closes batch `id` as `groupcast close` does, recording `reason`:
+/// `{closed, reason, missing}`; `409` when it had already reported, `404`
+/// for a batch never seen. Shared by the board and `groupcast serve`.
+pub async fn close_batch(
+    store: &Store,
+    policy: BatchPolicy,
+    id: &str,
+    reason: &str,
+) -> Result<Value, ApiError> {
+    let log = log_for_action(store, policy, id).await?;
+    match log.close(reason).await? {
         Closing::Closed { missing } => {
-            on_disk(&board, &log, "closed", "close").await?;
-            tracing::info!(batch = %id, %reason, missing, "closed from the board");
-            Ok(Json(
-                json!({ "closed": id, "reason": reason, "missing": missing }),
-            ))
+            on_disk(store, &log, "closed", "close").await?;
+            tracing::info!(batch = %id, %reason, missing, "closed");
+            Ok(json!({ "closed": id, "reason": reason, "missing": missing }))
         }
         Closing::AlreadyReported(outcome) => Err(ApiError(
             StatusCode::CONFLICT,
@@ -435,6 +439,41 @@ pub async fn close(
             format!("no chunk of batch {id} was ever recorded (or its events expired)"),
         )),
     }
+}
+
+fn may_act(board: &Board, headers: &HeaderMap) -> Result<(), ApiError> {
+    authorize(board.token.as_deref(), headers)
+        .map_err(|refused| ApiError(refused.status(), refused.to_string()))
+}
+
+/// `POST /api/batches/{id}/cancel?reason=` (token needed): cancels the
+/// batch as `groupcast cancel` does ([`cancel_batch`]).
+pub async fn cancel(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    Query(reason): Query<Reason>,
+    headers: HeaderMap,
+) -> ApiResult {
+    may_act(&board, &headers)?;
+    let reason = reason.text("cancelled from the board");
+    Ok(Json(
+        cancel_batch(&board.store, board.policy, &id, &reason).await?,
+    ))
+}
+
+/// `POST /api/batches/{id}/close?reason=` (token needed): closes the batch
+/// as `groupcast close` does ([`close_batch`]).
+pub async fn close(
+    State(board): State<Arc<Board>>,
+    Path(id): Path<String>,
+    Query(reason): Query<Reason>,
+    headers: HeaderMap,
+) -> ApiResult {
+    may_act(&board, &headers)?;
+    let reason = reason.text("closed from the board");
+    Ok(Json(
+        close_batch(&board.store, board.policy, &id, &reason).await?,
+    ))
 }
 
 /// What `GET /api/batches/{id}/results` exports.
@@ -452,17 +491,26 @@ pub struct ResultsQuery {
 
 /// `GET /api/batches/{id}/results?status=&code=&format=&show_numbers=`
 /// (token needed: recipient numbers): the stored outcomes, as
-/// `groupcast results` exports them, as a download.
+/// `groupcast results` exports them, as a download ([`results_download`]).
 pub async fn results(
     State(board): State<Arc<Board>>,
     Path(id): Path<String>,
     Query(q): Query<ResultsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    may_act(&board, &headers)?;
+    results_download(&board.store, &id, q).await
+}
+
+/// Batch `id`'s stored outcomes, as `groupcast results` exports them, as a
+/// download: shared by the board and `groupcast serve`.
+pub async fn results_download(
+    store: &Store,
+    id: &str,
+    q: ResultsQuery,
+) -> Result<Response, ApiError> {
     use crate::cli::results::{export_stored, parse_filter, Format};
-    authorize(board.token.as_deref(), &headers)
-        .map_err(|refused| ApiError(refused.status(), refused.to_string()))?;
-    check_batch(&id)?;
+    check_batch(id)?;
     let bad = |m: String| ApiError(StatusCode::BAD_REQUEST, m);
     let status = parse_filter(q.status.as_deref().unwrap_or("failed")).map_err(bad)?;
     let format = match q.format.as_deref().unwrap_or("csv") {
@@ -478,9 +526,13 @@ pub async fn results(
         .filter(|c| !c.is_empty())
         .map(str::to_string)
         .collect();
-    let show = matches!(q.show_numbers.as_deref(), Some("1" | "true"));
+    let show = match q.show_numbers.as_deref() {
+        None | Some("0" | "false") => false,
+        Some("1" | "true") => true,
+        Some(other) => return Err(bad(format!("show_numbers {other:?}: true or false"))),
+    };
     let mut body = Vec::new();
-    let log = board.store.batch(&id);
+    let log = store.batch(id);
     export_stored(&log, &status, &codes, show, format, &mut body)
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;

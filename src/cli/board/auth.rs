@@ -36,7 +36,7 @@ impl Refused {
 
 /// Compares in time independent of where the first difference is, so that
 /// the token cannot be guessed byte by byte from response times.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -51,25 +51,39 @@ pub fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), Refused
             "the X-Groupcast-Board header is missing",
         ));
     }
-    if text("sec-fetch-site").is_some_and(|s| s == "cross-site" || s == "same-site") {
-        return Err(Refused::CrossSite("Sec-Fetch-Site says another site"));
+    if let Some(why) = from_another_site(headers) {
+        return Err(Refused::CrossSite(why));
     }
-    if let Some(origin) = text(header::ORIGIN.as_str()) {
-        let host = text(header::HOST.as_str()).unwrap_or("");
-        let bare = origin
-            .strip_prefix("http://")
-            .or_else(|| origin.strip_prefix("https://"));
-        if bare != Some(host) {
-            return Err(Refused::CrossSite("Origin is not this board"));
-        }
-    }
-    let given = text(header::AUTHORIZATION.as_str())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match given {
+    match bearer(headers) {
         Some(g) if same(g.as_bytes(), token.as_bytes()) => Ok(()),
         _ => Err(Refused::Unauthorized),
     }
+}
+
+/// Why a request comes from another site, if a browser says it does: its
+/// `Sec-Fetch-Site` names another site, or its `Origin` is not the host it
+/// was sent to. (A request without either, from a program, is not a
+/// browser's forgery.)
+pub fn from_another_site(headers: &HeaderMap) -> Option<&'static str> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if text("sec-fetch-site").is_some_and(|s| s == "cross-site" || s == "same-site") {
+        return Some("Sec-Fetch-Site says another site");
+    }
+    let origin = text(header::ORIGIN.as_str())?;
+    let host = text(header::HOST.as_str()).unwrap_or("");
+    let bare = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    (bare != Some(host)).then_some("Origin is not this server")
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if any.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
 }
 
 #[cfg(test)]

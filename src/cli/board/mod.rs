@@ -100,38 +100,53 @@ pub async fn serve(listener: tokio::net::TcpListener, board: Arc<Board>) -> std:
     axum::serve(listener, router(board)).await
 }
 
-/// Runs `groupcast board`.
-pub async fn run(args: BoardArgs) -> Result<(), CliError> {
-    let token = secret_from_env("GROUPCAST_BOARD_TOKEN")?;
-    if token.as_deref().is_some_and(str::is_empty) {
-        return Err(CliError::Usage(
-            "GROUPCAST_BOARD_TOKEN is empty: set a long random token, or unset it for a read-only board"
-                .into(),
-        ));
+impl Board {
+    /// The board of `args` on `store`, its token from
+    /// `GROUPCAST_BOARD_TOKEN` (or the file `GROUPCAST_BOARD_TOKEN_FILE`
+    /// names); `groupcast serve` builds its board the same way.
+    pub fn from_args(args: &BoardArgs, store: Store) -> Result<Board, CliError> {
+        let token = secret_from_env("GROUPCAST_BOARD_TOKEN")?;
+        if token.as_deref().is_some_and(str::is_empty) {
+            return Err(CliError::Usage(
+                "GROUPCAST_BOARD_TOKEN is empty: set a long random token, or unset it for a read-only board"
+                    .into(),
+            ));
+        }
+        Ok(Board {
+            store,
+            token,
+            stall_after: args.stall_after,
+            reported: args.reported,
+            policy: BatchPolicy::for_operator(args.retention.into()),
+        })
     }
-    let store = args.redis.connect().await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
+}
+
+/// Binds `--listen`, saying which address in a usage error.
+pub async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), CliError> {
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| CliError::Usage(format!("--listen {}: {e}", args.listen)))?;
+        .map_err(|e| CliError::Usage(format!("--listen {listen}: {e}")))?;
     let local = listener
         .local_addr()
-        .map_err(|e| CliError::Usage(format!("--listen {}: {e}", args.listen)))?;
+        .map_err(|e| CliError::Usage(format!("--listen {listen}: {e}")))?;
+    Ok((listener, local))
+}
+
+/// Runs `groupcast board`.
+pub async fn run(args: BoardArgs) -> Result<(), CliError> {
+    let store = args.redis.connect().await?;
+    let board = Board::from_args(&args, store)?;
+    let (listener, local) = bind(args.listen).await?;
     tracing::info!(
         "board at http://{local}/ ({})",
-        if token.is_some() {
+        if board.token.is_some() {
             "actions need the token"
         } else {
             "read-only: no GROUPCAST_BOARD_TOKEN"
         }
     );
-    let board = Arc::new(Board {
-        store,
-        token,
-        stall_after: args.stall_after,
-        reported: args.reported,
-        policy: BatchPolicy::for_operator(args.retention.into()),
-    });
-    serve(listener, board)
+    serve(listener, Arc::new(board))
         .await
         .map_err(|e| CliError::Failed(format!("the board stopped: {e}")))
 }

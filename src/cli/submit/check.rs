@@ -182,6 +182,50 @@ pub(super) fn check_recipients(
     chunking: Option<(&str, usize)>,
     duplicates: Duplicates,
 ) -> Result<Scan, CliError> {
+    let path = input.path.clone();
+    check_rows(input, template, options, chunking, duplicates).map_err(|r| r.into_error(&path))
+}
+
+/// Why [`check_rows`] refused a file: its rows' problems (kept as data, for
+/// a caller that answers them as such), or the file's own error.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// Bad rows: every problem counted, the first listed.
+    Rows {
+        /// The problems.
+        problems: Problems,
+        /// The rows read.
+        rows: usize,
+    },
+    /// The file as a whole (unreadable, a header without a column the
+    /// template uses, no recipients, a chunk too large).
+    File(CliError),
+}
+
+impl From<CliError> for Refusal {
+    fn from(e: CliError) -> Self {
+        Refusal::File(e)
+    }
+}
+
+impl Refusal {
+    /// As `submit` says it: every listed problem on a line of its own.
+    pub(super) fn into_error(self, path: &Path) -> CliError {
+        match self {
+            Refusal::Rows { problems, rows } => problems.into_error(path, rows),
+            Refusal::File(e) => e,
+        }
+    }
+}
+
+/// [`check_recipients`], with the rows' problems as data.
+pub(super) fn check_rows(
+    input: &mut Input,
+    template: &Template,
+    options: &BatchOptions,
+    chunking: Option<(&str, usize)>,
+    duplicates: Duplicates,
+) -> Result<Scan, Refusal> {
     let names = template.placeholders();
     let path = input.path.clone();
     let mut problems = Problems::default();
@@ -387,17 +431,17 @@ fn refusal(
     rows: usize,
     checked: &Checked,
     too_large: Option<CliError>,
-) -> Option<CliError> {
+) -> Option<Refusal> {
     if problems.total > 0 {
-        return Some(problems.into_error(path, rows));
+        return Some(Refusal::Rows { problems, rows });
     }
     if checked.recipients == 0 {
-        return Some(usage(format!(
+        return Some(Refusal::File(usage(format!(
             "{}: no recipients in the file",
             path.display()
-        )));
+        ))));
     }
-    too_large
+    too_large.map(Refusal::File)
 }
 
 #[cfg(test)]

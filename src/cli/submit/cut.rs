@@ -27,23 +27,30 @@ pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient
         None,
         Duplicates::Drop,
     )?;
-    let mut out = Vec::new();
-    for_each_kept(
-        &mut input,
-        &scan.repeated,
-        |what| usage(format!("{}: {what}", path.display())),
-        |r, _, _| {
-            out.push(Recipient {
-                to: r.to.to_string(),
-                vars: r
-                    .vars
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            });
-            Ok(())
-        },
-    )?;
+    kept_recipients(&mut input, &scan, |what| {
+        usage(format!("{}: {what}", path.display()))
+    })
+}
+
+/// The rows of a checked `input` that would be sent, in memory (for a
+/// small file, or one chunk's body): see [`for_each_kept`].
+pub(super) fn kept_recipients<E>(
+    input: &mut Input,
+    scan: &Scan,
+    bad: impl Fn(&str) -> E,
+) -> Result<Vec<Recipient>, E> {
+    let mut out = Vec::with_capacity(scan.checked.recipients);
+    for_each_kept(input, &scan.repeated, bad, |r, _, _| {
+        out.push(Recipient {
+            to: r.to.to_string(),
+            vars: r
+                .vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
+        Ok(())
+    })?;
     Ok(out)
 }
 

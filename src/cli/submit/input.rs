@@ -63,6 +63,32 @@ impl Input {
         if !file.metadata().map_err(cannot)?.is_file() {
             file = spool(&mut file).map_err(cannot)?;
         }
+        Input::of_file(path, file, format, encoding)
+    }
+
+    /// Reads `bytes` (a recipients file's content, in a request) as the
+    /// file `name`, through an unnamed temporary file: the same readings
+    /// as a file on disk, and memory flat however large.
+    pub(super) fn of_bytes(
+        name: &Path,
+        bytes: &[u8],
+        format: Format,
+        encoding: FileEncoding,
+    ) -> Result<Input, CliError> {
+        let cannot = |e: std::io::Error| usage(format!("{}: cannot spool: {e}", name.display()));
+        let mut file = unnamed_temp_file().map_err(cannot)?;
+        file.write_all(bytes).map_err(cannot)?;
+        file.rewind().map_err(cannot)?;
+        Input::of_file(name, file, format, encoding)
+    }
+
+    /// `file`, read as `encoding` (decoded to UTF-8 if need be).
+    fn of_file(
+        path: &Path,
+        file: File,
+        format: Format,
+        encoding: FileEncoding,
+    ) -> Result<Input, CliError> {
         let (file, start, encoding) = decode(path, file, encoding)?;
         Ok(Input {
             path: path.to_path_buf(),

@@ -51,6 +51,7 @@
 //!   producer.
 
 mod advert;
+pub mod body;
 mod check;
 mod cut;
 #[cfg(test)]
@@ -82,12 +83,14 @@ use crate::producer::{Producer, DEFAULT_MAX_UNREAD_CHUNKS, ROUND_BYTES, ROUND_CH
 use check::{check_recipients, Scan};
 use cut::cut_recipients;
 use input::Input;
-use options::refuse_a_far_send_at;
+pub(crate) use options::refuse_a_far_send_at;
 
 pub use cut::read_recipients;
-pub use options::{batch_options, check_send_at, SEND_AT_GRACE, SEND_AT_HORIZON};
+pub use options::{
+    batch_options, check_send_at, options_from, OptionsGiven, SEND_AT_GRACE, SEND_AT_HORIZON,
+};
 pub use problems::LISTED;
-pub use template::{read_template, MAX_TEMPLATE_FILE_BYTES};
+pub use template::{read_template, KakaoFile, TemplateFile, MAX_TEMPLATE_FILE_BYTES};
 
 /// Submit flags.
 #[derive(Debug, Args)]
@@ -260,7 +263,7 @@ async fn refuse_an_ended_batch(store: &crate::store::Store, b: &str) -> Result<(
 
 /// The batches of `batches` that take no more chunks (by index), each with
 /// why, as [`refuse_an_ended_batch`] says it: one round trip a shard.
-async fn ended_batches(
+pub(crate) async fn ended_batches(
     store: &crate::store::Store,
     batches: &[String],
 ) -> Result<Vec<(usize, String)>, CliError> {

@@ -12,7 +12,35 @@ use crate::events::options::{
 
 /// The batch options from the flags, checked.
 pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
-    let quiet_hours = match (&args.quiet_hours, &args.timezone) {
+    options_from(&OptionsGiven {
+        send_at: args.send_at.as_deref(),
+        priority: args.priority.as_deref(),
+        quiet_hours: args.quiet_hours.as_deref(),
+        timezone: args.timezone.as_deref(),
+        ad: args.ad,
+    })
+}
+
+/// The batch options as a person gives them, to `submit`'s flags or to
+/// `groupcast serve`'s `POST /v1/batches`: the same words, the same checks.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OptionsGiven<'a> {
+    /// `--send-at`: RFC 3339 with an offset.
+    pub send_at: Option<&'a str>,
+    /// `--priority`: `urgent`, `normal` or `bulk`.
+    pub priority: Option<&'a str>,
+    /// `--quiet-hours`: `HH:MM-HH:MM`.
+    pub quiet_hours: Option<&'a str>,
+    /// `--timezone`: the IANA zone of the quiet hours.
+    pub timezone: Option<&'a str>,
+    /// `--ad`: an advertising batch.
+    pub ad: bool,
+}
+
+/// The batch options from what was given, checked (a usage error says
+/// what is wrong and what to do).
+pub fn options_from(given: &OptionsGiven<'_>) -> Result<BatchOptions, CliError> {
+    let quiet_hours = match (given.quiet_hours, given.timezone) {
         (None, None) => None,
         (None, Some(_)) => {
             return Err(usage(
@@ -28,15 +56,22 @@ pub fn batch_options(args: &SubmitArgs) -> Result<BatchOptions, CliError> {
             Some(QuietHours {
                 start: start.trim().into(),
                 end: end.trim().into(),
-                tz: quiet_hours_zone(tz.as_deref(), deployment_zone_name(), machine_zone())?,
+                tz: quiet_hours_zone(tz, deployment_zone_name(), machine_zone())?,
             })
         }
     };
+    let priority = match given.priority {
+        None => None,
+        Some(p) => Some(
+            Priority::parse(p)
+                .ok_or_else(|| usage(format!("--priority {p:?}: one of urgent, normal, bulk")))?,
+        ),
+    };
     let options = BatchOptions {
-        send_at: args.send_at.clone(),
-        priority: args.priority.as_deref().and_then(Priority::parse),
+        send_at: given.send_at.map(str::to_string),
+        priority,
         quiet_hours,
-        ad: args.ad.then(AdOptions::default),
+        ad: given.ad.then(AdOptions::default),
     };
     options.resolve().map_err(|e| usage(e.to_string()))?;
     Ok(options)
@@ -126,7 +161,7 @@ pub fn check_send_at(send_at_ms: i64, now_ms: i64) -> Result<(), String> {
 
 /// Refuses a `--send-at` out of [`check_send_at`]'s bounds, on the clock
 /// the workers hold the batch by: the Redis server's of its shard.
-pub(super) async fn refuse_a_far_send_at(
+pub(crate) async fn refuse_a_far_send_at(
     store: &crate::store::Store,
     shard: u32,
     options: &BatchOptions,

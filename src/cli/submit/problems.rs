@@ -47,6 +47,26 @@ impl Problem {
         }
     }
 
+    /// The line of the row (from 1).
+    pub(super) fn line(&self) -> usize {
+        self.line
+    }
+
+    /// The field, when the problem is one field's.
+    pub(super) fn field_name(&self) -> Option<&str> {
+        self.field.as_deref()
+    }
+
+    /// The kind of problem (`missing variable`, `repeated number`, ...).
+    pub(super) fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// What is wrong and what to do.
+    pub(super) fn what(&self) -> &str {
+        &self.what
+    }
+
     /// As printed: `path:line: field `name`: what`.
     fn show(&self, path: &Path) -> String {
         match &self.field {
@@ -88,6 +108,11 @@ impl Problems {
         let at = self.listed.partition_point(|l| l.line <= p.line);
         self.listed.insert(at, p);
         self.listed.truncate(LISTED);
+    }
+
+    /// The first [`LISTED`], by line.
+    pub(super) fn listed(&self) -> &[Problem] {
+        &self.listed
     }
 
     /// The error that lists them, with a summary line: how many rows, how

@@ -11,25 +11,39 @@ use crate::cli::CliError;
 use crate::events::chunk::{KakaoTemplate, MAX_TEXT_CHARS};
 use crate::events::Template;
 
-/// A template file as written: the provider's field names.
-#[derive(Debug, Deserialize)]
+/// A template as a template file (and `POST /v1/batches`) writes it: the
+/// provider's field names.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct TemplateFile {
+#[schema(as = Template)]
+pub struct TemplateFile {
+    /// `SMS`, `LMS`, `ATA` (AlimTalk) or `CTA`.
     #[serde(rename = "type")]
-    kind: String,
-    from: String,
-    text: String,
+    #[schema(pattern = "^(SMS|LMS|ATA|CTA)$")]
+    pub kind: String,
+    /// The sender number (not blank, at most 32 characters).
+    #[schema(pattern = "\\S", max_length = 32)]
+    pub from: String,
+    /// The text, at most 4000 characters, with `#{name}` placeholders.
+    #[schema(max_length = 4000)]
+    pub text: String,
+    /// Required for `ATA` and `CTA`.
     #[serde(default)]
-    kakao_options: Option<KakaoFile>,
+    pub kakao_options: Option<KakaoFile>,
 }
 
 /// A template file's `kakaoOptions`: the Kakao channel and its approved
 /// template.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct KakaoFile {
-    pf_id: String,
-    template_id: String,
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = KakaoOptions)]
+pub struct KakaoFile {
+    /// The Kakao channel id.
+    #[schema(max_length = 128)]
+    pub pf_id: String,
+    /// The approved template's id.
+    #[schema(max_length = 128)]
+    pub template_id: String,
 }
 
 /// The largest template file read: room for a text of [`MAX_TEXT_CHARS`]
@@ -54,22 +68,41 @@ pub fn read_template(path: &Path) -> Result<Template, CliError> {
     }
     let t: TemplateFile = serde_json::from_str(&text).map_err(|e| {
         usage(format!(
-            "{}:{}: not a template ({e}); expected {{\"type\": \"ATA\", \"from\": \"...\", \"text\": \"...\", \"kakaoOptions\": {{\"pfId\": \"...\", \"templateId\": \"...\"}}}}",
+            "{}:{}: not a template ({e}); expected {SHAPE}",
             path.display(),
             e.line()
         ))
     })?;
-    let template = Template {
-        kind: t.kind,
-        from: t.from,
-        text: t.text,
-        kakao_options: t.kakao_options.map(|k| KakaoTemplate {
-            pf_id: k.pf_id,
-            template_id: k.template_id,
-        }),
-    };
+    let template = t.into_template();
     template
         .validate()
         .map_err(|e| usage(format!("{}: {e}", path.display())))?;
     Ok(template)
+}
+
+/// What a template looks like, for messages.
+const SHAPE: &str = "{\"type\": \"ATA\", \"from\": \"...\", \"text\": \"...\", \"kakaoOptions\": {\"pfId\": \"...\", \"templateId\": \"...\"}}";
+
+impl TemplateFile {
+    fn into_template(self) -> Template {
+        Template {
+            kind: self.kind,
+            from: self.from,
+            text: self.text,
+            kakao_options: self.kakao_options.map(|k| KakaoTemplate {
+                pf_id: k.pf_id,
+                template_id: k.template_id,
+            }),
+        }
+    }
+}
+
+impl TemplateFile {
+    /// The template, checked (the error says what is wrong): what
+    /// `POST /v1/batches` takes.
+    pub fn checked(self) -> Result<Template, String> {
+        let template = self.into_template();
+        template.validate().map_err(|e| e.to_string())?;
+        Ok(template)
+    }
 }
