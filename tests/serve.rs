@@ -220,13 +220,14 @@ async fn a_batch_of_100_000_fed_only_through_http_reports_and_reaches_everyone_o
     let chunks: Vec<&[groupcast::events::Recipient]> = all.chunks(SIZE).collect();
     let last_seq = chunks.len() as u32 - 1;
     // Every seq, then every third again, out of order; each in one of the
-    // three bodies by its seq.
+    // three bodies by its seq. No chunk says it is the last: the batch is
+    // sealed after them, as a streaming producer does.
     let mut order: Vec<u32> = (0..=last_seq).chain((0..=last_seq).step_by(3)).collect();
     shuffle(&mut order, 31);
     let mut repeats = 0;
     for seq in order {
         let part = chunks[seq as usize];
-        let last = seq == last_seq;
+        let last = false;
         let (query, kind, body) = match seq % 3 {
             0 => ("", "application/json", json_body(part, last)),
             1 => (
@@ -269,6 +270,32 @@ async fn a_batch_of_100_000_fed_only_through_http_reports_and_reaches_everyone_o
         repeats,
         (last_seq as usize / 3) + 1,
         "every repeat taken as one"
+    );
+    let seal_path = format!("/v1/batches/{batch}/seal");
+    let seal = |last: u32| {
+        api.send(
+            reqwest::Method::POST,
+            &seal_path,
+            Some(FEEDER),
+            Some((
+                "application/json",
+                json!({ "last": last }).to_string().into_bytes(),
+            )),
+            &[],
+        )
+    };
+    let sealed = seal(last_seq).await;
+    assert_eq!(sealed.status, 200, "{}", sealed.body);
+    assert_eq!(sealed.body, json!({"sealed": batch, "last": last_seq}));
+    assert_eq!(seal(last_seq).await.status, 200, "the same seal again");
+    // Another last seq changes nothing (the batch may have reported already).
+    let other = seal(last_seq + 5).await;
+    assert_eq!(other.status, 409, "{}", other.body);
+    assert!(
+        other.problem_type().ends_with(":last-conflict")
+            || other.problem_type().ends_with(":batch-ended"),
+        "{}",
+        other.body
     );
 
     rig.wait_reported(&[batch.to_string()], Duration::from_secs(120))

@@ -21,6 +21,7 @@
 //! - `summary`: the counters read (`/proc`, `INFO`), the latencies in a
 //!   batch's events, the broken rules, and the result line.
 
+mod ingest;
 mod lanes;
 mod summary;
 mod user_path;
@@ -118,6 +119,12 @@ pub struct BenchArgs {
     /// Measures `submit`'s own time and peak memory too.
     #[arg(long, conflicts_with_all = ["lanes", "concurrency"])]
     pub user_path: bool,
+    /// Instead of a run to the reports, ingest alone, with no worker: the
+    /// workload's chunks appended through the stream path, then PUT to
+    /// `groupcast serve`'s API as MessagePack and as JSON from
+    /// `--concurrency` clients; prints recipients per second of each.
+    #[arg(long, conflicts_with_all = ["lanes", "user_path"])]
+    pub ingest: bool,
     /// With `--user-path`: the private server the run uses.
     #[arg(long, value_enum, default_value_t = ServerKind::Redis, requires = "user_path")]
     pub server: ServerKind,
@@ -534,6 +541,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let plan = args.plan()?;
     if args.user_path {
         return user_path::run(&args, &plan).await;
+    }
+    if args.ingest {
+        return ingest::run(&args, &plan).await;
     }
     let exe = own_exe()?;
     let server = RedisServer::start().map_err(|e| CliError::Usage(e.to_string()))?;

@@ -357,7 +357,7 @@ impl Reason {
 /// The log of batch `id` for an action that can end it: its report is
 /// queued for delivery (as `groupcast close` and `cancel` do), its work
 /// (sends a close makes ready, deletes a cancel queues) goes to its lane.
-async fn log_for_action(
+pub(crate) async fn log_for_action(
     store: &Store,
     policy: BatchPolicy,
     id: &str,
@@ -370,7 +370,12 @@ async fn log_for_action(
 /// Answers once an operator's command (event key `key`) is on disk
 /// ([`crate::store::Store::command_on_disk`]); `503` when Redis lost it
 /// meanwhile: the operator gives it again.
-async fn on_disk(store: &Store, log: &BatchLog, key: &str, command: &str) -> Result<(), ApiError> {
+pub(crate) async fn on_disk(
+    store: &Store,
+    log: &BatchLog,
+    key: &str,
+    command: &str,
+) -> Result<(), ApiError> {
     use crate::store::witness::CommandOnDisk;
     match store.command_on_disk(log, key).await? {
         CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),

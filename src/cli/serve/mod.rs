@@ -99,6 +99,7 @@ pub fn api_router(front: Arc<Front>, max_body: usize, timeout: Duration) -> Rout
         .route("/v1/batches", post(routes::create_batch))
         .route("/v1/batches/{id}", get(routes::status))
         .route("/v1/batches/{id}/chunks/{seq}", put(routes::put_chunk))
+        .route("/v1/batches/{id}/seal", post(routes::seal))
         .route("/v1/batches/{id}/close", post(routes::close))
         .route("/v1/batches/{id}/cancel", post(routes::cancel))
         .route("/v1/batches/{id}/report", get(routes::report))

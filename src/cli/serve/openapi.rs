@@ -11,7 +11,7 @@ use utoipa::{Modify, OpenApi};
 use super::problems::{FieldError, Problem};
 use super::routes::{
     BatchCreated, BatchId, Cancelled, ChunkAccepted, ChunkRecipients, Closed, CreateBatch,
-    ReasonIn, RecipientIn, Reports,
+    ReasonIn, RecipientIn, Reports, SealIn, Sealed,
 };
 use crate::cli::submit::{KakaoFile, TemplateFile};
 
@@ -22,12 +22,13 @@ use crate::cli::submit::{KakaoFile, TemplateFile};
         title = "groupcast",
         version = "1",
         description = "Bulk notifications through a provider's group API: create a batch, add its chunks, \
-                       close or cancel it, read its status, report and results. Every error is \
+                       seal it (its last seq, after the fact), close or cancel it, read its status, report and results. Every error is \
                        application/problem+json (RFC 9457); docs/api.md has a session and the problem types."
     ),
     paths(
         super::routes::create_batch,
         super::routes::put_chunk,
+        super::routes::seal,
         super::routes::close,
         super::routes::cancel,
         super::routes::status,
@@ -37,7 +38,7 @@ use crate::cli::submit::{KakaoFile, TemplateFile};
     ),
     components(schemas(
         BatchId, CreateBatch, TemplateFile, KakaoFile, BatchCreated, ChunkRecipients, RecipientIn,
-        ChunkAccepted, ReasonIn, Closed, Cancelled, Reports, Problem, FieldError
+        ChunkAccepted, SealIn, Sealed, ReasonIn, Closed, Cancelled, Reports, Problem, FieldError
     )),
     modifiers(&BearerTokens),
     tags(
@@ -88,6 +89,7 @@ mod tests {
         for (path, method) in [
             ("/v1/batches", "post"),
             ("/v1/batches/{id}/chunks/{seq}", "put"),
+            ("/v1/batches/{id}/seal", "post"),
             ("/v1/batches/{id}/close", "post"),
             ("/v1/batches/{id}/cancel", "post"),
             ("/v1/batches/{id}", "get"),

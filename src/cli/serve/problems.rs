@@ -50,6 +50,9 @@ pub enum Kind {
     BatchConflict,
     /// This seq was given before with other content (409).
     SeqConflict,
+    /// A seal at another last seq than the batch knows, or below a seq it
+    /// received (409).
+    LastConflict,
     /// The batch takes no more chunks or actions: it reported, or was
     /// cancelled (409).
     BatchEnded,
@@ -63,7 +66,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for the documentation.
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Unauthorized,
         Kind::Forbidden,
         Kind::CrossSite,
@@ -77,6 +80,7 @@ impl Kind {
         Kind::InvalidChunk,
         Kind::BatchConflict,
         Kind::SeqConflict,
+        Kind::LastConflict,
         Kind::BatchEnded,
         Kind::Backpressure,
         Kind::Unavailable,
@@ -99,6 +103,7 @@ impl Kind {
             Kind::InvalidChunk => "invalid-chunk",
             Kind::BatchConflict => "batch-conflict",
             Kind::SeqConflict => "seq-conflict",
+            Kind::LastConflict => "last-conflict",
             Kind::BatchEnded => "batch-ended",
             Kind::Backpressure => "backpressure",
             Kind::Unavailable => "unavailable",
@@ -122,6 +127,7 @@ impl Kind {
             Kind::InvalidChunk => "The chunk does not pass the checks",
             Kind::BatchConflict => "The batch exists with another definition",
             Kind::SeqConflict => "This seq was given with other content",
+            Kind::LastConflict => "The batch knows another last seq",
             Kind::BatchEnded => "The batch has ended",
             Kind::Backpressure => "The workers are behind: try again later",
             Kind::Unavailable => "Redis is unavailable: try again",
@@ -140,7 +146,9 @@ impl Kind {
             Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::InvalidBatch | Kind::InvalidChunk => StatusCode::UNPROCESSABLE_ENTITY,
-            Kind::BatchConflict | Kind::SeqConflict | Kind::BatchEnded => StatusCode::CONFLICT,
+            Kind::BatchConflict | Kind::SeqConflict | Kind::LastConflict | Kind::BatchEnded => {
+                StatusCode::CONFLICT
+            }
             Kind::Backpressure => StatusCode::TOO_MANY_REQUESTS,
             Kind::Unavailable | Kind::Timeout => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -370,6 +378,10 @@ refusals!(
     /// What adding a chunk may answer besides [`Refusals`].
     ChunkRefusals: BatchNotCreated, BodyTooLarge, UnsupportedMediaType, InvalidChunk,
         SeqConflict, BatchConflict, BatchEnded, Backpressure
+);
+refusals!(
+    /// What sealing may answer besides [`Refusals`].
+    SealRefusals: BodyTooLarge, LastConflict, BatchEnded
 );
 refusals!(
     /// What closing or cancelling may answer besides [`Refusals`].

@@ -21,12 +21,13 @@ use utoipa::ToSchema;
 
 use super::problems::{
     ActionRefusals, ApiProblem, ChunkRefusals, CreateRefusals, Kind, ReadRefusals, Refusals,
+    SealRefusals,
 };
 use super::tokens::{Scope, Token};
 use super::Front;
 use crate::cli::board::api::{
-    cancel_batch, close_batch, reports_json, results_download, set_missing_seqs, ApiError,
-    ResultsQuery,
+    cancel_batch, close_batch, log_for_action, on_disk, reports_json, results_download,
+    set_missing_seqs, ApiError, ResultsQuery,
 };
 use crate::cli::status::{batch_json, queued_json};
 use crate::cli::submit::body::{csv_recipients, json_recipients};
@@ -39,6 +40,7 @@ use crate::events::options::BatchOptions;
 use crate::events::{clip, Chunk, Recipient, Template, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::producer::{Producer, Room};
+use crate::store::batch::Sealing;
 use crate::store::front::Recorded;
 
 /// A batch id, as the document describes it (the handlers check it with
@@ -628,6 +630,68 @@ fn reason_of(
             None => by,
         },
     )
+}
+
+/// `POST /v1/batches/{id}/seal`: the batch's last seq.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SealIn {
+    /// The batch's last seq: it takes seqs 0 to this one.
+    pub last: u32,
+}
+
+/// The answer to a seal.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Sealed {
+    /// The batch id.
+    pub sealed: String,
+    /// Its last seq.
+    pub last: u32,
+}
+
+#[utoipa::path(
+    post, path = "/v1/batches/{id}/seal", tag = "batches",
+    params(("id" = BatchId, Path, description = "The batch id")),
+    request_body(content = SealIn, description = "The batch's last seq"),
+    security(("bearer" = ["ingest"])),
+    responses(
+        (status = 200, body = Sealed, description = "Sealed, now or before at the same seq: the batch takes seqs 0 to `last` and ends when each has arrived"),
+        Refusals, SealRefusals,
+    )
+)]
+/// Declares a batch's last seq after its chunks, for a producer that
+/// learns where its batch ends only after its last chunk (as `groupcast
+/// seal` and the stream protocol's `seal` entry do). A seal that
+/// contradicts what the batch knows changes nothing.
+pub async fn seal(
+    State(front): State<Arc<Front>>,
+    method: Method,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer<Json<Sealed>> {
+    front.tokens.authorize(&method, &headers, Scope::Ingest)?;
+    let batch = batch_of(path)?;
+    let body = body.map_err(|e| ApiProblem::new(Kind::BadRequest, e.body_text()))?;
+    let given: SealIn = serde_json::from_slice(&body)
+        .map_err(|e| ApiProblem::one(Kind::BadRequest, "body", Some("last"), e.to_string()))?;
+    let log = log_for_action(&front.store, front.policy, &batch)
+        .await
+        .map_err(board_problem)?;
+    match log.seal(given.last).await? {
+        Sealing::Sealed(last) => {
+            on_disk(&front.store, &log, "seal", "seal")
+                .await
+                .map_err(board_problem)?;
+            tracing::info!(%batch, last, "sealed");
+            Ok(Json(Sealed {
+                sealed: batch,
+                last,
+            }))
+        }
+        Sealing::Conflict(why) => Err(ApiProblem::new(Kind::LastConflict, why)),
+        Sealing::Ended(why) => Err(ApiProblem::new(Kind::BatchEnded, why)),
+    }
 }
 
 #[utoipa::path(
