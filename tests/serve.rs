@@ -200,6 +200,19 @@ fn csv_body(recipients: &[groupcast::events::Recipient]) -> Vec<u8> {
     s.into_bytes()
 }
 
+/// Redis's `used_memory`, in bytes.
+async fn used_memory(store: &Store) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory")
+}
+
 async fn ingest_len(store: &Store, batch: &str) -> u64 {
     let stream = store.keys.ingest(store.keys.shard_of(batch));
     store.stream_len(&stream).await.expect("xlen")
@@ -459,6 +472,23 @@ async fn with_no_worker_the_api_answers_429_at_the_bound_and_takes_chunks_again_
         BOUND,
         "nothing appended past the bound"
     );
+    // A producer that keeps pushing big chunks (50 of 10,000 recipients,
+    // about 25 MB in all) grows Redis by nothing: the ceiling is the bound's
+    // chunks, already in.
+    let before = used_memory(&rig.store).await;
+    let big = recipients(4, 10_000);
+    for seq in 10..60 {
+        let a = api
+            .put(batch, seq, "", "application/json", json_body(&big, false))
+            .await;
+        a.assert_problem(429, "backpressure");
+    }
+    let after = used_memory(&rig.store).await;
+    assert!(
+        after < before + 1_000_000,
+        "Redis grew from {before} to {after} bytes while every chunk was refused"
+    );
+    assert_eq!(ingest_len(&rig.store, batch).await, BOUND);
 
     // A worker reads: the API takes chunks again.
     rig.add_worker().await;
