@@ -8,6 +8,7 @@ use crate::events::seal::Seal;
 use crate::events::{clip, ENVELOPE_VERSION, QUOTE_MAX};
 use crate::keys::validate_batch_id;
 use crate::keys::Priority;
+use crate::projection::field;
 use crate::protocol::accept::AcceptArgs;
 use crate::store::batch::{dedupe_records, Accepted, BatchLog, Parked, Rejection, Sealing};
 use crate::store::queue::Entry;
@@ -273,8 +274,13 @@ async fn accept_and_load(
                         if let Some(lead) = lead {
                             lead.found(None);
                         }
-                        let numbers = chunk.recipients.iter().map(|r| r.to);
-                        load_chunk::record_cancelled(ctx, log, gen, numbers).await?;
+                        // Cancelled (not reported: an assigned chunk not
+                        // loaded holds its batch's report back): never sent.
+                        let p = log.read(&[field::CANCELLED.to_string()]).await?;
+                        if p.cancelled().is_some() {
+                            let numbers = chunk.recipients.iter().map(|r| r.to);
+                            load_chunk::record_cancelled(ctx, log, gen, numbers).await?;
+                        }
                         tracing::info!(batch = %chunk.batch, gen, seq = chunk.seq, "the batch was cancelled or reported: chunk not parked");
                         return done();
                     }
