@@ -288,6 +288,13 @@ impl WorkerConfig {
         next.min(self.poll_interval)
     }
 
+    /// How long an outcome record written before the delivery report lives
+    /// at least: the delivery window, then the results' retention (the
+    /// delivery report sets the retention again, from its own moment).
+    pub fn results_keep(&self) -> Duration {
+        self.delivery_window + self.results_retention
+    }
+
     /// How the batches this worker ends end: its retention, and whether
     /// reports are queued for the webhook.
     pub fn batch_policy(&self) -> crate::store::batch::BatchPolicy {

@@ -338,16 +338,12 @@ async fn record_duplicates(
     gen: u32,
     positions: &[u32],
 ) -> Result<(), OpError> {
-    let r = crate::results::Record::duplicate(gen, chunk.seq);
-    let encoded = r.encode();
-    let records: Vec<(String, String)> = positions
+    let copies = positions
         .iter()
         .filter_map(|&i| chunk.recipients.get(i as usize))
-        .map(|x| (r.field(x.to), encoded.clone()))
-        .collect();
-    let keep = ctx.config.delivery_window + ctx.config.results_retention;
-    log.record_outcomes(&records, keep).await?;
-    Ok(())
+        .map(|x| x.to);
+    let r = crate::results::Record::duplicate(gen, chunk.seq);
+    load_chunk::record_each(ctx, log, &r, copies).await
 }
 
 /// A chunk its batch takes no more. Its batch has ended (reported,

@@ -236,10 +236,21 @@ pub async fn record_cancelled<'a>(
     numbers: impl Iterator<Item = &'a str>,
 ) -> Result<(), OpError> {
     let r = Record::not_sent(gen, NotSentReason::Cancelled, "");
+    record_each(ctx, log, &r, numbers).await
+}
+
+/// Records the same outcome `r` for each of `numbers` (one write): the
+/// recipients a cancel stopped, the copies a chunk held.
+pub async fn record_each<'a>(
+    ctx: &Ctx,
+    log: &BatchLog,
+    r: &Record,
+    numbers: impl Iterator<Item = &'a str>,
+) -> Result<(), OpError> {
     let encoded = r.encode();
     let records: Vec<(String, String)> = numbers.map(|n| (r.field(n), encoded.clone())).collect();
-    let keep = ctx.config.delivery_window + ctx.config.results_retention;
-    log.record_outcomes(&records, keep).await?;
+    log.record_outcomes(&records, ctx.config.results_keep())
+        .await?;
     Ok(())
 }
 

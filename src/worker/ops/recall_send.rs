@@ -73,15 +73,12 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         }
         return Ok(Outcome::Done);
     }
-    // Deleted: who was in it is read for `groupcast results` (only reads).
-    // A provider that refuses the list of a deleted group leaves them
-    // counted, not named; a wait or a passing failure tries again.
-    match record_not_sent(ctx, lane, &log, gen, group_id, NotSentReason::Unsent).await? {
-        None => {}
-        Some(Outcome::Dead(why)) => {
-            tracing::warn!(batch = %item.batch, gen, group = %group_id, reason = %why, "the deleted group's messages could not be listed: its recipients are counted unsent, not named");
-        }
-        Some(back) => return Ok(back),
+    // Deleted: who was in it is read for `groupcast results` (only reads;
+    // a wait or a passing failure tries again).
+    if let Some(back) =
+        record_not_sent(ctx, lane, &log, gen, group_id, NotSentReason::Unsent).await?
+    {
+        return Ok(back);
     }
     let reason = format!("group {group_id} deleted at the provider: never sent");
     record(

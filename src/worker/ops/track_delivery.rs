@@ -198,8 +198,9 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outco
 /// deleted. Read from the message list before the delete, so that
 /// `groupcast results --status not_sent` can name them; only reads at the
 /// provider, and each page is written as it comes (a repeat overwrites).
-/// Some(outcome): the caller gives the item back with it (no slot, or the
-/// provider failed).
+/// Some(outcome): the caller gives the item back with it (no slot, or a
+/// passing provider failure); a refusal for good only leaves the
+/// recipients unnamed (None).
 pub(super) async fn record_not_sent(
     ctx: &Ctx,
     lane: Priority,
@@ -208,7 +209,7 @@ pub(super) async fn record_not_sent(
     group_id: &str,
     reason: NotSentReason,
 ) -> Result<Option<Outcome>, OpError> {
-    let keep = ctx.config.delivery_window + ctx.config.results_retention;
+    let keep = ctx.config.results_keep();
     let mut page: Option<String> = None;
     loop {
         if let Some(back) = provider_slots(ctx, lane, 1).await? {
@@ -220,7 +221,18 @@ pub(super) async fn record_not_sent(
             .await
         {
             Ok(l) => l,
-            Err(e) => return Ok(Some(super::provider_failed(ctx, &log.batch, &e).await)),
+            Err(e) => {
+                return Ok(match super::provider_failed(ctx, &log.batch, &e).await {
+                    // Refused for good (a provider that will not list a
+                    // group being deleted, or deleted): its recipients stay
+                    // counted, not named; the delete or recall goes on.
+                    Outcome::Dead(why) => {
+                        tracing::warn!(batch = %log.batch, gen, group = %group_id, reason = %why, "the group's messages could not be listed: its recipients are counted, not named");
+                        None
+                    }
+                    back => Some(back),
+                });
+            }
         };
         let records: Vec<(String, String)> = listed
             .messages
