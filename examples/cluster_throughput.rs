@@ -135,7 +135,7 @@ async fn measure(url: &str, shards: u32, w: Workload, run: usize) -> Result<f64,
         ..ProviderConfig::default()
     })?;
     let config = WorkerConfig {
-        rate_limit: 0,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(0),
         poll_interval: Duration::from_millis(30),
         block: Duration::from_millis(500),
         ..WorkerConfig::default()

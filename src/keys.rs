@@ -311,6 +311,11 @@ impl Keyspace {
     pub fn limiter(&self) -> String {
         format!("{}:{{limiter}}:provider", self.prefix)
     }
+    /// The provider's request rate learned from its `429`s under
+    /// `--rate-limit auto` (see `streams/scripts/learn_rate.lua`).
+    pub fn learned_rate(&self) -> String {
+        format!("{}:{{limiter}}:learned", self.prefix)
+    }
     /// When a lane is next owed a slot of its guaranteed share of the
     /// limiter (see `streams/scripts/rate_limit.lua`), in the limiter's slot.
     pub fn limiter_share(&self, lane: Priority) -> String {

@@ -179,6 +179,11 @@ pub const METRICS: &[Metric] = &[
         &["lane"],
         "Slots a worker booked ahead for its next requests that no request took in time: they lapse unused, by priority lane",
     ),
+    gauge(
+        "groupcast_rate_limit_per_second",
+        &[],
+        "Provider requests per second this worker keeps to: the fixed --rate-limit, or under auto the rate learned from the provider's 429s (0: no pace)",
+    ),
     counter(
         "groupcast_work_items_total",
         &["op", "outcome"],

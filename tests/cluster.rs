@@ -189,7 +189,7 @@ async fn a_master_killed_mid_run_and_restarted_loses_nothing() {
         .cloned()
         .collect();
     let config = WorkerConfig {
-        rate_limit: 150,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(150),
         rate_burst: 10,
         ..test_config()
     };
@@ -365,6 +365,7 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         ),
         ("promote", vec![keys.delayed(s), keys.work(s)]),
         ("rate_limit", vec![keys.limiter()]),
+        ("learn_rate", vec![keys.learned_rate()]),
         // watchdog.rs.
         ("lease", vec![keys.watchdog_lock()]),
         ("release", vec![keys.watchdog_lock()]),
@@ -445,7 +446,12 @@ fn every_script_call_keeps_its_keys_on_one_slot() {
 /// Runs every script through its real call site, for a batch on every shard
 /// of the cluster.
 async fn run_every_script(store: &Store, round: u32) {
-    let limiter = Limiter::new(store.clone(), 100_000, 1_000, 10);
+    let limiter = Limiter::new(
+        store.clone(),
+        groupcast::worker::RateLimit::PerSecond(100_000),
+        1_000,
+        10,
+    );
     for shard in 0..store.keys.shards() {
         let b = (0..)
             .map(|i| format!("scripted-{round}-{i}"))
@@ -630,6 +636,15 @@ async fn run_every_script(store: &Store, round: u32) {
         assert_eq!(store.promote(shard, 10).await.expect("promote"), 1);
     }
     limiter.acquire(1).await.expect("rate_limit");
+    let learned = store
+        .learn_rate(
+            &store.keys.learned_rate(),
+            &groupcast::worker::limiter::LEARNING,
+        )
+        .await
+        .expect("learn_rate");
+    // The first 429 sets the first rate; a later round may have halved it.
+    assert!((1..=groupcast::worker::WorkerConfig::RATE_AFTER_PUSHBACK).contains(&learned));
 }
 
 /// A provider client for contexts that never call the provider.

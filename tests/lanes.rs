@@ -76,7 +76,7 @@ async fn reported(rig: &Rig, batch: &str) -> bool {
 async fn an_urgent_batch_overtakes_a_bulk_batch_at_the_rate_limit() {
     let config = WorkerConfig {
         concurrency: WorkerConfig::CONCURRENCY,
-        rate_limit: 25,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(25),
         rate_burst: 1,
         visibility_timeout: WorkerConfig::VISIBILITY_TIMEOUT,
         poll_interval: Duration::from_millis(100),
@@ -141,7 +141,7 @@ async fn an_urgent_batch_overtakes_a_bulk_batch_at_the_rate_limit() {
 async fn bulk_keeps_its_share_while_urgent_work_keeps_coming() {
     let config = WorkerConfig {
         concurrency: 16,
-        rate_limit: 100,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(100),
         rate_burst: 1,
         bulk_share: 10,
         poll_interval: Duration::from_millis(100),
@@ -264,8 +264,18 @@ async fn concurrent_reservations_are_booked_in_rounds_and_keep_the_rate() {
     use groupcast::worker::limiter::Limiter;
     let (_server, store) = store(1).await;
     let limiters = [
-        Limiter::new(store.clone(), 20, 1, 10),
-        Limiter::new(store.clone(), 20, 1, 10),
+        Limiter::new(
+            store.clone(),
+            groupcast::worker::RateLimit::PerSecond(20),
+            1,
+            10,
+        ),
+        Limiter::new(
+            store.clone(),
+            groupcast::worker::RateLimit::PerSecond(20),
+            1,
+            10,
+        ),
     ];
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -310,7 +320,12 @@ async fn concurrent_reservations_are_booked_in_rounds_and_keep_the_rate() {
 async fn sequential_reservations_take_slots_booked_ahead() {
     use groupcast::worker::limiter::Limiter;
     let (_server, store) = store(1).await;
-    let limiter = Limiter::new(store.clone(), 100, 1, 10);
+    let limiter = Limiter::new(
+        store.clone(),
+        groupcast::worker::RateLimit::PerSecond(100),
+        1,
+        10,
+    );
     let started = Instant::now();
     for k in 0..30u64 {
         limiter
@@ -348,7 +363,7 @@ async fn a_delete_of_a_group_already_deleted_is_recorded_under_a_busy_limiter() 
     let (rate, burst) = (4, 1);
     let config = WorkerConfig {
         concurrency: 2,
-        rate_limit: rate,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(rate),
         rate_burst: burst,
         // The normal lane is owed 25% of 4/s: a slot a second.
         bulk_share: 25,
@@ -487,7 +502,12 @@ async fn slots_booked_below_the_burst_are_charged_at_the_end_of_their_window() {
 async fn sequential_reservations_below_the_burst_take_slots_booked_ahead() {
     use groupcast::worker::limiter::Limiter;
     let (_server, store) = store(1).await;
-    let limiter = Limiter::new(store.clone(), 100, 50, 10);
+    let limiter = Limiter::new(
+        store.clone(),
+        groupcast::worker::RateLimit::PerSecond(100),
+        50,
+        10,
+    );
     for _ in 0..30 {
         let waited = limiter
             .reserve_within(Priority::Normal, 1, Duration::from_secs(60))

@@ -326,7 +326,7 @@ async fn a_scraped_batch_adds_up_in_prometheus_and_the_dashboard_uses_only_emitt
             .expect("serve /metrics");
 
     let config = WorkerConfig {
-        rate_limit: 100_000,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(100_000),
         rate_burst: 1_000,
         stall_after: Duration::from_millis(300),
         watchdog_interval: Duration::from_millis(100),

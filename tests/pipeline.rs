@@ -66,6 +66,49 @@ async fn provider_faults_do_not_break_invariants_or_dead_letter_anything() {
     rig.stop().await;
 }
 
+/// `--rate-limit auto` (the default): the workers start unpaced against a
+/// provider that takes 50 requests a second, learn a rate from its 429s
+/// (300, then halved while the 429s go on) and keep to it together; the
+/// batch ends exact, nothing is dead-lettered, and the rate they settle on
+/// is one the provider accepts, not the lowest the halving could reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_learn_the_providers_rate_from_its_429s() {
+    let mut mock = mock_config();
+    mock.faults.rate_limit_per_sec = Some(50);
+    mock.faults.retry_after_secs = 1;
+    let config = groupcast::worker::WorkerConfig {
+        rate_limit: groupcast::worker::RateLimit::Auto,
+        ..test_config()
+    };
+    let rig = Rig::start(4, config, mock).await;
+    let batch = "learns-the-rate".to_owned();
+    append_chunks(&rig.store, &shuffled_chunks(&batch, 3, 4_000, 20, 5))
+        .await
+        .expect("append");
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(120))
+        .await;
+    rig.verify(std::slice::from_ref(&batch)).await;
+    rig.check_ledger(&BTreeMap::from([(batch.clone(), 4_000)]));
+    assert_eq!(dead_letters(&rig.store).await, vec![]);
+    let faults = rig.mock.ledger_summary().totals.faults;
+    assert!(
+        faults.rate_limited > 0,
+        "the provider pushed back: {faults:?}"
+    );
+    let learned = rig
+        .store
+        .learned_rate(&rig.store.keys.learned_rate())
+        .await
+        .expect("hget")
+        .expect("the workers learned a rate from the 429s");
+    assert!(
+        (2..=50).contains(&learned),
+        "the rate learned ({learned}/s) is one the provider (50/s) accepts, \
+         reached without halving all the way down"
+    );
+    rig.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_send_run_by_two_workers_at_once_sends_once() {
     use groupcast::events::{ChunkLoaded, Event};

@@ -1,6 +1,7 @@
 //! The queue scripts that have no Rust mirror in `src/protocol/`
 //! (`retry_later.lua`, `promote.lua`, `ack_recorded.lua`, `dead_letter.lua`,
-//! `lease.lua`, `release.lua`, `renew_lease.lua`, `restore.lua`) held to the
+//! `lease.lua`, `release.lua`, `renew_lease.lua`, `restore.lua`,
+//! `learn_rate.lua`) held to the
 //! contracts their headers document, on a real redis-server, called through
 //! the store's own methods as the worker calls them.
 //!
@@ -997,6 +998,58 @@ async fn the_maintenance_pass_promotes_by_the_redis_clock() {
     // The estimate never runs ahead of the server's clock.
     let (estimate, _) = clock.now(&store).await.expect("clock");
     assert!(estimate <= time(&store).await);
+}
+
+/// learn_rate.lua: the first 429 sets the first rate; a 429 within the
+/// least time between lowerings changes nothing; each later one halves the
+/// rate, never below the lowest; the rate is kept for `kept` after the
+/// last lowering (its TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_learned_rate_starts_at_the_first_rate_and_halves_once_per_period() {
+    use groupcast::store::coord::RateLearning;
+    let (_server, store) = common::store(1).await;
+    let key = store.keys.learned_rate();
+    let kept = Duration::from_secs(600);
+    let once_an_hour = RateLearning {
+        first: 300,
+        lowest: 20,
+        kept,
+        between: Duration::from_secs(3600),
+    };
+    assert_eq!(store.learned_rate(&key).await.expect("hget"), None);
+    assert_eq!(
+        store.learn_rate(&key, &once_an_hour).await.expect("learn"),
+        300
+    );
+    // Requests in flight when the rate was set come back 429 too: they say
+    // nothing about the new rate.
+    assert_eq!(
+        store.learn_rate(&key, &once_an_hour).await.expect("learn"),
+        300
+    );
+    assert_eq!(store.learned_rate(&key).await.expect("hget"), Some(300));
+    let any_time = RateLearning {
+        between: Duration::ZERO,
+        ..once_an_hour
+    };
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        seen.push(store.learn_rate(&key, &any_time).await.expect("learn"));
+    }
+    assert_eq!(
+        seen,
+        vec![150, 75, 37, 20, 20],
+        "halved, down to the lowest"
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut store.raw_conn())
+        .await
+        .expect("pttl");
+    assert!(
+        ttl > 0 && ttl <= kept.as_millis() as i64,
+        "forgotten {kept:?} after the last lowering, not kept forever: {ttl} ms"
+    );
 }
 
 /// lease.lua and release.lua: a random sequence of takes, releases,

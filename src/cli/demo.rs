@@ -245,7 +245,7 @@ async fn report_receiver() -> Result<(Received, String), CliError> {
 fn worker_config(args: &DemoArgs, report_webhook: String) -> WorkerConfig {
     WorkerConfig {
         group_cap: args.group_cap,
-        rate_limit: 0,
+        rate_limit: crate::worker::RateLimit::Auto,
         poll_interval: Duration::from_millis(100),
         backoff_base: Duration::from_millis(50),
         backoff_max: Duration::from_secs(2),

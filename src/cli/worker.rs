@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use super::{secret_from_env, CliError, RedisArgs};
 use crate::provider::{ProviderClient, ProviderConfig, RetryDecision};
 use crate::store::{Store, StoreError};
-use crate::worker::{Ctx, DurableWait, Role, Worker, WorkerConfig};
+use crate::worker::{Ctx, DurableWait, RateLimit, Role, Worker, WorkerConfig};
 
 pub(crate) use crate::human::flag_duration as duration;
 
@@ -71,9 +71,11 @@ pub struct WorkerFlags {
     /// Most recipients in one provider group (generation).
     #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = WorkerConfig::GROUP_CAP)]
     pub group_cap: u64,
-    /// Provider requests per second across all workers (0 = unlimited).
-    #[arg(long, env = "GROUPCAST_RATE_LIMIT", default_value_t = WorkerConfig::RATE_LIMIT)]
-    pub rate_limit: u32,
+    /// Provider requests per second across all workers: `auto` (no pace
+    /// until the provider answers 429, then the rate it accepts, learned by
+    /// every worker together), or a number (0: no pace at all).
+    #[arg(long, env = "GROUPCAST_RATE_LIMIT", default_value = "auto", value_parser = RateLimit::parse)]
+    pub rate_limit: RateLimit,
     /// Requests allowed at once above the rate.
     #[arg(long, env = "GROUPCAST_RATE_BURST", default_value_t = WorkerConfig::RATE_BURST)]
     pub rate_burst: u32,

@@ -97,6 +97,8 @@ struct Inner {
 pub struct ProviderClient {
     http: reqwest::Client,
     inner: Arc<Inner>,
+    /// Told of every `429` ([`ProviderClient::on_rate_limited`]).
+    on_rate_limited: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl fmt::Debug for ProviderClient {
@@ -144,7 +146,16 @@ impl ProviderClient {
                 api_key: config.api_key,
                 api_secret: config.api_secret,
             }),
+            on_rate_limited: None,
         })
+    }
+
+    /// Calls `f` whenever the provider answers `429`, before the error is
+    /// returned: the workers' rate limiter learns the provider's pace from
+    /// it (`--rate-limit auto`).
+    pub fn on_rate_limited(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_rate_limited = Some(Arc::new(f));
+        self
     }
 
     /// The base URL requests go to.
@@ -441,7 +452,13 @@ impl ProviderClient {
         if (200..300).contains(&status) {
             return Ok(bytes);
         }
-        Err(status_error(endpoint, status, &headers, &bytes))
+        let err = status_error(endpoint, status, &headers, &bytes);
+        if err.kind() == ProviderErrorKind::RateLimited {
+            if let Some(f) = &self.on_rate_limited {
+                f();
+            }
+        }
+        Err(err)
     }
 }
 

@@ -47,6 +47,27 @@ impl Store {
         Ok(())
     }
 
+    /// The provider pushed back (`429`): learns or lowers the rate at `key`
+    /// every worker keeps to (see `learn_rate.lua`), and returns it.
+    pub async fn learn_rate(&self, key: &str, learning: &RateLearning) -> StoreResult<u32> {
+        let rate: i64 = SCRIPTS
+            .learn_rate
+            .key(key)
+            .arg(learning.first)
+            .arg(learning.lowest)
+            .arg(learning.kept.as_millis() as u64)
+            .arg(learning.between.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(u32::try_from(rate).unwrap_or(learning.first))
+    }
+
+    /// The rate learned at `key` (see [`learn_rate`](Self::learn_rate)), if
+    /// the provider pushed back lately.
+    pub async fn learned_rate(&self, key: &str) -> StoreResult<Option<u32>> {
+        Ok(self.conn.clone().hget(key, "rate").await?)
+    }
+
     /// Reserves `cost` requests from the shared rate limiter at `key`
     /// (`rate` per second, `burst`; see `rate_limit.lua`). Returns how many
     /// milliseconds to wait before they may go; with a `limit`, a wait
@@ -110,6 +131,19 @@ impl Store {
         inv.arg(ahead.slots).arg(ahead.window_ms);
         Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
+}
+
+/// How `learn_rate.lua` learns the provider's rate from its `429`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLearning {
+    /// The rate set at the first `429` (requests per second).
+    pub first: u32,
+    /// Halving never goes below this.
+    pub lowest: u32,
+    /// How long after the last lowering the rate is forgotten.
+    pub kept: std::time::Duration,
+    /// The least time between two lowerings.
+    pub between: std::time::Duration,
 }
 
 /// Slots a reservation books ahead for the caller's next requests (see

@@ -55,6 +55,8 @@ pub struct Scripts {
     pub promote: Script,
     /// `rate_limit.lua`.
     pub rate_limit: Script,
+    /// `learn_rate.lua`.
+    pub learn_rate: Script,
     /// `stalled.lua`, the guard, then `append.lua`: the watchdog's
     /// `batch_stalled` append.
     pub stalled: Script,
@@ -98,6 +100,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     retry_later: Script::new(include_str!("../../streams/scripts/retry_later.lua")),
     promote: Script::new(include_str!("../../streams/scripts/promote.lua")),
     rate_limit: Script::new(include_str!("../../streams/scripts/rate_limit.lua")),
+    learn_rate: Script::new(include_str!("../../streams/scripts/learn_rate.lua")),
     stalled: batch_script(&format!(
         "{}\n{APPEND}",
         include_str!("../../streams/scripts/stalled.lua")

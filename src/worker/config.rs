@@ -32,6 +32,41 @@ impl Role {
     }
 }
 
+/// The pace of provider requests across every worker (`--rate-limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimit {
+    /// No pace until the provider answers `429`; then the rate it accepts,
+    /// learned by every worker together: first
+    /// [`WorkerConfig::RATE_AFTER_PUSHBACK`], halved at each further `429`
+    /// (at most once a second), forgotten ten minutes after the last
+    /// lowering (see [`crate::worker::limiter`]).
+    Auto,
+    /// This many requests per second (0: none, whatever the provider says;
+    /// its `429`s are still honoured, request by request).
+    PerSecond(u32),
+}
+
+impl RateLimit {
+    /// Parses `auto` or a number of requests per second.
+    pub fn parse(s: &str) -> Result<RateLimit, String> {
+        match s.trim() {
+            "auto" => Ok(RateLimit::Auto),
+            n => n.parse().map(RateLimit::PerSecond).map_err(|_| {
+                format!("`{s}`: expected `auto` or requests per second (0: no limit)")
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for RateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RateLimit::Auto => f.write_str("auto"),
+            RateLimit::PerSecond(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// What an add or a send waits for before it goes out (see
 /// [`WorkerConfig::durable`] and `docs/durability.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +103,10 @@ pub struct WorkerConfig {
     /// The group cap: most recipients in one generation (provider group).
     /// Default 1,000,000 (the real provider's cap).
     pub group_cap: u64,
-    /// Provider requests per second across every worker (0 = no limit).
-    /// Default 300.
-    pub rate_limit: u32,
+    /// Provider requests per second across every worker. Default
+    /// [`RateLimit::Auto`]: none until the provider answers `429`, then
+    /// what it accepts.
+    pub rate_limit: RateLimit,
     /// Requests allowed at once above the rate. Default 50.
     pub rate_burst: u32,
     /// Percent of `rate_limit` each lower priority lane (normal, bulk) is
@@ -171,8 +207,9 @@ impl WorkerConfig {
     pub const CONCURRENCY: usize = 8;
     /// Default of [`WorkerConfig::group_cap`].
     pub const GROUP_CAP: u64 = 1_000_000;
-    /// Default of [`WorkerConfig::rate_limit`].
-    pub const RATE_LIMIT: u32 = 300;
+    /// The rate [`RateLimit::Auto`] keeps to after the provider's first
+    /// `429` (NHN Cloud documents 300 requests/s; Solapi documents none).
+    pub const RATE_AFTER_PUSHBACK: u32 = 300;
     /// Default of [`WorkerConfig::rate_burst`].
     pub const RATE_BURST: u32 = 50;
     /// Default of [`WorkerConfig::bulk_share`].
@@ -229,7 +266,7 @@ impl Default for WorkerConfig {
             roles: Role::ALL.to_vec(),
             concurrency: Self::CONCURRENCY,
             group_cap: Self::GROUP_CAP,
-            rate_limit: Self::RATE_LIMIT,
+            rate_limit: RateLimit::Auto,
             rate_burst: Self::RATE_BURST,
             bulk_share: Self::BULK_SHARE,
             retry_for: Self::RETRY_FOR,

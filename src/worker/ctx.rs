@@ -59,6 +59,11 @@ impl Ctx {
             config.rate_burst,
             config.bulk_share,
         );
+        // The limiter learns the provider's pace from its 429s (`auto`).
+        let provider = provider.on_rate_limited({
+            let limiter = limiter.clone();
+            move || limiter.pushed_back()
+        });
         let aof = match config.durable {
             crate::worker::DurableWait::WaitAof { replicas } => Some(store.aof_waiter(replicas)),
             _ => None,

@@ -17,16 +17,46 @@
 //! lane (normal, bulk) is owed a slot every `1 / (rate × share)` seconds
 //! (`--bulk-share`): an owed request may book up to the longest wait, past
 //! the urgent horizon.
+//!
+//! The rate is fixed (`--rate-limit N`) or learned (`--rate-limit auto`, the
+//! default): Solapi documents no per-second limit, others do, and a fixed
+//! guess either wastes a fast provider or floods a slow one. Under `auto`
+//! requests go unpaced until the provider answers `429`; the worker that
+//! sees it records a rate every worker keeps to (`learn_rate.lua`: the
+//! first `429` sets [`WorkerConfig::RATE_AFTER_PUSHBACK`], each later one
+//! halves it, at most once every [`LEARNING`]`.between`), and every worker
+//! reads it again each [`LEARNED_READ_EVERY`]. It is forgotten
+//! [`LEARNING`]`.kept` after the last lowering. The request that got the
+//! `429` retries after the provider's `Retry-After` in any case.
+//!
+//! [`WorkerConfig::RATE_AFTER_PUSHBACK`]: crate::worker::WorkerConfig::RATE_AFTER_PUSHBACK
 
 use std::collections::VecDeque;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::keys::Priority;
-use crate::store::coord::{BookAhead, LaneLimit};
+use crate::store::coord::{BookAhead, LaneLimit, RateLearning};
 use crate::store::{Store, StoreResult};
+use crate::worker::config::{RateLimit, WorkerConfig};
+
+/// How `--rate-limit auto` learns the provider's rate from its `429`s.
+pub const LEARNING: RateLearning = RateLearning {
+    first: WorkerConfig::RATE_AFTER_PUSHBACK,
+    lowest: 1,
+    kept: Duration::from_secs(600),
+    between: Duration::from_secs(1),
+};
+
+/// How often a worker under `--rate-limit auto` reads the rate the workers
+/// learned (a `429` seen by another process reaches it within this).
+pub const LEARNED_READ_EVERY: Duration = Duration::from_secs(1);
+
+/// Gauge: the requests per second this process keeps to (0: no pace).
+const METRIC_RATE: &str = "groupcast_rate_limit_per_second";
 
 /// The shared limiter.
 ///
@@ -74,9 +104,62 @@ struct Shared {
 struct Booker {
     store: Store,
     key: String,
-    rate: u32,
+    pace: Arc<Pace>,
     burst: u32,
     share: u32,
+}
+
+/// The rate the limiter keeps to now: fixed, or learned from the
+/// provider's `429`s.
+struct Pace {
+    /// Where the learned rate is kept, under `--rate-limit auto`.
+    learned_key: Option<String>,
+    /// Requests per second now (0: no pace).
+    rate: AtomicU32,
+    /// Set once the task reading the learned rate runs.
+    watching: OnceLock<()>,
+}
+
+impl Pace {
+    fn rate(&self) -> u32 {
+        self.rate.load(Ordering::Relaxed)
+    }
+
+    /// Keeps to `rate` from now on; logs a change.
+    fn set(&self, rate: u32) {
+        let before = self.rate.swap(rate, Ordering::Relaxed);
+        if before != rate {
+            metrics::gauge!(METRIC_RATE).set(f64::from(rate));
+            match rate {
+                0 => tracing::info!(
+                    before,
+                    "no 429 from the provider lately: provider requests go unpaced again"
+                ),
+                _ => tracing::info!(
+                    rate,
+                    before,
+                    "the provider pushed back (429): pacing provider requests"
+                ),
+            }
+        }
+    }
+}
+
+/// Under `--rate-limit auto`: reads the rate the workers learned every
+/// [`LEARNED_READ_EVERY`], until the limiter is dropped.
+async fn watch_learned(store: Store, key: String, pace: Weak<Pace>) {
+    let mut every = tokio::time::interval(LEARNED_READ_EVERY);
+    loop {
+        every.tick().await;
+        let Some(pace) = pace.upgrade() else {
+            return;
+        };
+        match store.learned_rate(&key).await {
+            Ok(rate) => pace.set(rate.unwrap_or(0)),
+            // The last rate read stands until Redis answers again.
+            Err(e) => tracing::debug!(error = %e, "cannot read the learned provider rate"),
+        }
+    }
 }
 
 /// A reservation waiting for its lane's next booking round.
@@ -271,7 +354,6 @@ impl Ahead {
 async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiver<Booking>) {
     let mut next: Option<Booking> = None;
     let mut ahead = Ahead::new();
-    let cap = ahead_cap(booker.rate);
     loop {
         let first = match next.take() {
             Some(b) => b,
@@ -290,6 +372,14 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
             }
         }
         let max_wait = round[0].max_wait;
+        // Read per round: under `auto` the rate changes with the provider.
+        let rate = booker.pace.rate();
+        if rate == 0 {
+            for b in round {
+                let _ = b.reply.send(Ok(0));
+            }
+            continue;
+        }
         // Served from the slots booked ahead, in arrival order, until one
         // does not fit in what is left: it and those after it are booked.
         let now = Instant::now();
@@ -313,16 +403,16 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
         let limit = max_wait.map(|m| LaneLimit {
             max_wait_ms: m.as_millis() as u64,
             horizon_ms: horizon(lane, m).as_millis() as u64,
-            share: guaranteed(lane, booker.rate, booker.share),
+            share: guaranteed(lane, rate, booker.share),
             share_key: booker.store.keys.limiter_share(lane),
         });
-        let book_ahead = ahead.size(cap);
+        let book_ahead = ahead.size(ahead_cap(rate));
         let asked = Instant::now();
         let booked = booker
             .store
             .reserve_rate_ahead(
                 &booker.key,
-                booker.rate,
+                rate,
                 booker.burst,
                 cost,
                 BookAhead {
@@ -345,9 +435,9 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
                     let window = Duration::from_millis(within);
                     ahead.add_within(n, asked, answered, window, max_wait);
                 } else {
-                    ahead.add_after(n, answered, w, booker.rate, max_wait);
+                    ahead.add_after(n, answered, w, rate, max_wait);
                 }
-                for (b, own) in round.into_iter().zip(split_wait(w, &requests, booker.rate)) {
+                for (b, own) in round.into_iter().zip(split_wait(w, &requests, rate)) {
                     let _ = b.reply.send(Ok(own));
                 }
             }
@@ -361,22 +451,55 @@ async fn rounds(booker: Booker, lane: Priority, mut queue: mpsc::UnboundedReceiv
 }
 
 impl Limiter {
-    /// A limiter of `rate` requests per second (0: unlimited) with `burst`,
-    /// each lower lane guaranteed `share` percent of `rate`.
-    pub fn new(store: Store, rate: u32, burst: u32, share: u32) -> Limiter {
+    /// A limiter of `rate` requests per second (fixed, 0: unlimited; or
+    /// learned) with `burst`, each lower lane guaranteed `share` percent of
+    /// the rate.
+    pub fn new(store: Store, rate: RateLimit, burst: u32, share: u32) -> Limiter {
         let key = store.keys.limiter();
+        let (fixed, learned_key) = match rate {
+            RateLimit::PerSecond(n) => (n, None),
+            RateLimit::Auto => (0, Some(store.keys.learned_rate())),
+        };
+        metrics::gauge!(METRIC_RATE).set(f64::from(fixed));
         Limiter {
             inner: Arc::new(Shared {
                 booker: Booker {
                     store,
                     key,
-                    rate,
+                    pace: Arc::new(Pace {
+                        learned_key,
+                        rate: AtomicU32::new(fixed),
+                        watching: OnceLock::new(),
+                    }),
                     burst: burst.max(1),
                     share,
                 },
                 rounds: Default::default(),
             }),
         }
+    }
+
+    /// The provider answered `429`. Under `--rate-limit auto`, learns or
+    /// lowers the rate every worker keeps to, in the background: the
+    /// request that got it retries after the provider's `Retry-After`
+    /// whatever this decides. A fixed rate ignores it.
+    pub fn pushed_back(&self) {
+        let booker = &self.inner.booker;
+        let Some(key) = booker.pace.learned_key.clone() else {
+            return;
+        };
+        let (store, pace) = (booker.store.clone(), booker.pace.clone());
+        tokio::spawn(async move {
+            match store.learn_rate(&key, &LEARNING).await {
+                Ok(rate) => pace.set(rate),
+                Err(e) => tracing::warn!(error = %e, "cannot record the provider's 429"),
+            }
+        });
+    }
+
+    /// The requests per second kept to now (0: no pace).
+    pub fn rate(&self) -> u32 {
+        self.inner.booker.pace.rate()
     }
 
     /// Waits until `requests` provider requests may go (no lane: every
@@ -410,7 +533,14 @@ impl Limiter {
         max_wait: Option<Duration>,
     ) -> StoreResult<Result<Duration, Duration>> {
         let shared = &self.inner;
-        if shared.booker.rate == 0 || requests == 0 {
+        let pace = &shared.booker.pace;
+        if let Some(key) = &pace.learned_key {
+            pace.watching.get_or_init(|| {
+                let store = shared.booker.store.clone();
+                tokio::spawn(watch_learned(store, key.clone(), Arc::downgrade(pace)));
+            });
+        }
+        if pace.rate() == 0 || requests == 0 {
             return Ok(Ok(Duration::ZERO));
         }
         let started = Instant::now();

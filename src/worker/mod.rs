@@ -31,7 +31,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use config::{DurableWait, Role, WorkerConfig};
+pub use config::{DurableWait, RateLimit, Role, WorkerConfig};
 pub use ctx::{Ctx, Handled};
 
 use crate::keys::Priority;

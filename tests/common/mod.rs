@@ -40,7 +40,7 @@ pub const SECRET: &str = "test-secret";
 pub fn test_config() -> WorkerConfig {
     WorkerConfig {
         concurrency: 4,
-        rate_limit: 0,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(0),
         backoff_base: Duration::from_millis(20),
         backoff_max: Duration::from_millis(300),
         visibility_timeout: Duration::from_secs(2),

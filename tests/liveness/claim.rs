@@ -277,7 +277,7 @@ async fn a_claim_that_outlives_quiet_hours_after_a_cancel_is_not_renewed() {
 async fn sends_racing_the_start_of_quiet_hours_never_go_inside_them() {
     let config = WorkerConfig {
         group_cap: 100,
-        rate_limit: 4,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(4),
         rate_burst: 1,
         ..test_config()
     };

@@ -333,7 +333,7 @@ async fn replay_while_workers_run_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_provider_and_long_limiter_waits_are_neither_stalls_nor_double_runs() {
     let config = WorkerConfig {
-        rate_limit: 8,
+        rate_limit: groupcast::worker::RateLimit::PerSecond(8),
         rate_burst: 1,
         visibility_timeout: Duration::from_millis(800),
         stall_after: Duration::from_secs(2),
