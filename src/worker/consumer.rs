@@ -66,9 +66,7 @@ pub async fn run(
     let stream = source.stream(&ctx, shard, lane);
     let group = source.group();
     let permits = Arc::new(Semaphore::new(ctx.config.concurrency.max(1)));
-    let waiting = Arc::new(Semaphore::new(
-        ctx.config.concurrency.max(1) * slot::WAITING_PER_SLOT,
-    ));
+    let waiting = Arc::new(Semaphore::new(slot::WAITING_KIB));
     let (acker, flusher) = Acker::spawn(ctx.store.clone(), stream.clone(), group);
     let total = ctx.config.concurrency.max(1) as u32;
     let mut conn = None;
@@ -156,7 +154,8 @@ pub async fn run(
         let acker = acker.clone();
         // Every log line of this entry (handling and settling) names it.
         let span = tracing::info_span!("entry", stream = source.label(), shard, lane = lane.name(), id = %entry.id, deliveries);
-        let slot = Slot::new(permits.clone(), slot, waiting.clone());
+        let bytes = entry.fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let slot = Slot::new(permits.clone(), slot, waiting.clone(), bytes);
         tokio::spawn(
             slot::scope(slot, async move {
                 let at = At {
