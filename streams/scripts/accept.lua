@@ -143,9 +143,13 @@ local byte, sub, find = string.byte, string.sub, string.find
 local function set_bits(offsets, seen)
   local n = #offsets
   for i = 1, n, PAGE / 4 do
-    local j, ops = math.min(i + PAGE / 4 - 1, n), {}
+    -- The value as a string (a Lua number costs Redis a sprintf each) and
+    -- a counter rather than `#ops` (a search each): a quarter less Redis
+    -- CPU for the whole page (`groupcast bench --workload w1`).
+    local j, ops, o = math.min(i + PAGE / 4 - 1, n), {}, 0
     for x = i, j do
-      ops[#ops + 1], ops[#ops + 2], ops[#ops + 3], ops[#ops + 4] = 'SET', 'u1', offsets[x], 1
+      ops[o + 1], ops[o + 2], ops[o + 3], ops[o + 4] = 'SET', 'u1', offsets[x], '1'
+      o = o + 4
     end
     local old = redis.call('BITFIELD', DEDUPE_MOBILE, unpack(ops))
     for x = 1, #old do
@@ -240,14 +244,15 @@ local content, dirty = {}, {}
 -- The chunk's numbers for the buckets: position, record, bucket; and for
 -- the bitmap: position, offset.
 local at_b, recs, where = {}, {}, {}
-local at_m, offsets = {}, {}
+local at_m, offsets, nm = {}, {}, 0
 local wanted, names = {}, {}
 for k = 1, count do
   local at = 5 * k - 4
   local a, b, c, d, e = byte(numbers, at, at + 4)
   local v = (((a * 256 + b) * 256 + c) * 256 + d) * 256 + e
   if bucketed and v >= MOBILE_LOW and v < MOBILE_HIGH then
-    at_m[#at_m + 1], offsets[#offsets + 1] = k, v - MOBILE_LOW
+    nm = nm + 1
+    at_m[nm], offsets[nm] = k, v - MOBILE_LOW
   else
     local bk = v % low
     if bk < p0 then
