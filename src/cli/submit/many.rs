@@ -14,9 +14,6 @@ use std::path::{Path, PathBuf};
 
 use tokio::sync::mpsc;
 
-use super::check::Scan;
-use super::cut::cut_recipients;
-use super::input::Input;
 use super::options::refuse_a_far_send_at;
 use super::{
     append_rounds, check_file, ended_batches, producer, progress_bar, summary, usage, BatchFile,
@@ -26,6 +23,9 @@ use crate::cli::CliError;
 use crate::events::options::BatchOptions;
 use crate::events::Template;
 use crate::keys::validate_batch_id;
+use crate::producer::check::Scan;
+use crate::producer::cut_file::cut_recipients;
+use crate::producer::input::Input;
 use crate::producer::{ROUND_BYTES, ROUND_CHUNKS};
 
 /// The most files one `submit` takes: each stays open from its check to
