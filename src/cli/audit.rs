@@ -115,15 +115,7 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
         },
         Event::ClaimGivenBack(e) => claim_given_back(e, tz),
         Event::BatchCancelled(e) => batch_cancelled(e),
-        Event::ReportDelivered(e) => format!(
-            "{} delivered to the webhook ({})",
-            if e.report.is_some() {
-                "delivery report"
-            } else {
-                "report"
-            },
-            e.status
-        ),
+        Event::ReportDelivered(e) => report_delivered(e),
         Event::InputRejected(e) => input_rejected(e),
         Event::GenerationDelivered(e) => generation_delivered(e),
         Event::BatchDelivered(e) => batch_delivered(e),
@@ -261,6 +253,20 @@ fn batch_cancelled(e: &crate::events::BatchCancelled) -> String {
     e.sending.len(),
     e.sending
 )
+}
+
+/// The summary of `report_delivered`: which report reached the webhook,
+/// and its answer.
+fn report_delivered(e: &crate::events::ReportDelivered) -> String {
+    format!(
+        "{} delivered to the webhook ({})",
+        if e.report.is_some() {
+            "delivery report"
+        } else {
+            "report"
+        },
+        e.status
+    )
 }
 
 /// The summary of `input_rejected`: the reason, and what it says of the batch's end.

@@ -534,17 +534,7 @@ fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
     // more): this script is the one closer. Approval counters are never given back.
     if gen_closed || (n > 0 && n + count > cap) {
         if !gen_closed {
-            r.emit(
-                &format!("close/{gen}"),
-                Event::GenerationClosed(GenerationClosed {
-                    gen: gen as u32,
-                    reason: "full".into(),
-                    chunks: c as u32,
-                    recipients: n as u32,
-                }),
-                true,
-            );
-            r.put(gk(gen, "closed"), "full");
+            close_generation(r, gen, "full", c, n);
             if l == c {
                 make_ready(r, gen as u32, c as u32, reg);
             }
@@ -557,6 +547,22 @@ fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
         };
     }
     Open { gen, n, c, group }
+}
+
+/// Closes generation `gen` for `reason` (`full` or `final`), with its
+/// `chunks` and `recipients` approved.
+fn close_generation(r: &mut Run, gen: i64, reason: &str, chunks: i64, recipients: i64) {
+    r.emit(
+        &format!("close/{gen}"),
+        Event::GenerationClosed(GenerationClosed {
+            gen: gen as u32,
+            reason: reason.into(),
+            chunks: chunks as u32,
+            recipients: recipients as u32,
+        }),
+        true,
+    );
+    r.put(gk(gen, "closed"), reason);
 }
 
 /// Assigns the chunk to generation `open` with its `count` new recipients
@@ -627,17 +633,7 @@ fn assign(
     }
     // Every seq 0..last is assigned (or a hole): this generation is the final one.
     if settled(false, last, seqs, holes) {
-        r.emit(
-            &format!("close/{gen}"),
-            Event::GenerationClosed(GenerationClosed {
-                gen: gen as u32,
-                reason: "final".into(),
-                chunks: c as u32,
-                recipients: n as u32,
-            }),
-            true,
-        );
-        r.put(gk(gen, "closed"), "final");
+        close_generation(r, gen, "final", c, n);
     }
     r.flush();
     vec![

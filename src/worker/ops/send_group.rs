@@ -67,25 +67,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         ])
         .await?;
     let ready_id = match standing(&p, gen) {
-        Standing::Sent => return Ok(Outcome::Done),
-        Standing::GivenUp => {
-            // Given up (`give_up_send.lua`): never claimed again, so a redrive
-            // of this item cannot send it (the claim refuses it too).
-            tracing::info!(batch = %item.batch, gen, "this generation's send was given up: not sent");
-            return Ok(Outcome::Done);
-        }
-        Standing::NotReady => {
-            // make_ready appends the event and this item together: an item
-            // without the event comes from writes Redis lost (a worker held it
-            // in memory and re-queued it after the restart). Stale, like such a
-            // load item: the generation gets a send item of its own when it is
-            // ready again, and nothing was sent (a send waits until what it
-            // relies on is on disk). A dead letter would ask an operator for a
-            // replay that can do nothing.
-            tracing::warn!(batch = %item.batch, gen, "send work item for a generation our events do not show ready (lost Redis writes?): dropped as stale");
-            return Ok(Outcome::Done);
-        }
         Standing::Ready(id) => id.to_string(),
+        other => return Ok(not_sendable(item, &other)),
     };
     // Held until `send_at`, and never inside the batch's quiet hours: a
     // check before the provider is read, unless a claim is in place (a
@@ -115,22 +98,10 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         window,
         group_id,
         ready_id,
-        // Recipients of chunks given up on may or may not have been registered
-        // before the add failed for good: the provider may hold up to that many
-        // more than our events count.
         registered: p.registered_in(gen),
         unsure: p.unsure_in(gen),
         poll,
         poll_ms,
-        // The send makes two provider requests: the status read, then the send.
-        // A first try books them one by one. A try after a claim (the earlier
-        // one read the status, then the limiter gave the entry back before the
-        // send) books both at once: booked one by one again, each try's read
-        // could take the slot the send needs (the lane's horizon, or its owed
-        // slot), try after try, and the send would never go (seen in
-        // tests/liveness: a claimed generation unsent for 90 s at 8/s). A
-        // booking refused reserves nothing, so one for both goes as soon as the
-        // schedule has room for two, or the lane is owed its share.
         booked_both: claimed,
     };
     if let Some(back) = provider_slots(ctx, lane, if claimed { 2 } else { 1 }).await? {
@@ -177,6 +148,31 @@ fn standing(p: &Projection, gen: u32) -> Standing<'_> {
     }
 }
 
+/// The outcome of an item whose generation is not to be sent (`standing`
+/// is not [`Standing::Ready`]), said in the log.
+fn not_sendable(item: &WorkItem, standing: &Standing) -> Outcome {
+    let gen = item.gen;
+    match standing {
+        Standing::GivenUp => {
+            // Given up (`give_up_send.lua`): never claimed again, so a redrive
+            // of this item cannot send it (the claim refuses it too).
+            tracing::info!(batch = %item.batch, gen, "this generation's send was given up: not sent");
+        }
+        Standing::NotReady => {
+            // make_ready appends the event and this item together: an item
+            // without the event comes from writes Redis lost (a worker held it
+            // in memory and re-queued it after the restart). Stale, like such a
+            // load item: the generation gets a send item of its own when it is
+            // ready again, and nothing was sent (a send waits until what it
+            // relies on is on disk). A dead letter would ask an operator for a
+            // replay that can do nothing.
+            tracing::warn!(batch = %item.batch, gen, "send work item for a generation our events do not show ready (lost Redis writes?): dropped as stale");
+        }
+        Standing::Sent | Standing::Ready(_) => {}
+    }
+    Outcome::Done
+}
+
 /// A ready generation whose group is known: what its send goes on with.
 struct Sendable<'a> {
     item: &'a WorkItem,
@@ -189,12 +185,23 @@ struct Sendable<'a> {
     ready_id: String,
     /// Recipients our events say were registered in the group.
     registered: u64,
-    /// Recipients of chunks given up on, registered or not.
+    /// Recipients of chunks given up on: they may or may not have been
+    /// registered before the add failed for good, so the provider may hold
+    /// up to that many more than our events count.
     unsure: u64,
     /// The first status read's delayed entry, and its delay in ms.
     poll: Vec<u8>,
     poll_ms: u64,
-    /// Whether both provider requests were booked at once.
+    /// Whether both provider requests were booked at once. The send makes
+    /// two provider requests: the status read, then the send. A first try
+    /// books them one by one. A try after a claim (the earlier one read the
+    /// status, then the limiter gave the entry back before the send) books
+    /// both at once: booked one by one again, each try's read could take the
+    /// slot the send needs (the lane's horizon, or its owed slot), try after
+    /// try, and the send would never go (seen in tests/liveness: a claimed
+    /// generation unsent for 90 s at 8/s). A booking refused reserves
+    /// nothing, so one for both goes as soon as the schedule has room for
+    /// two, or the lane is owed its share.
     booked_both: bool,
 }
 
