@@ -347,51 +347,10 @@ fn g(gen: u32, name: &str) -> String {
 pub fn updates(event: &Event) -> Vec<Update> {
     use Update::*;
     match event {
-        Event::ChunkAssigned(e) => {
-            let mut u = vec![
-                Set(
-                    field::assignment(e.seq),
-                    format!("{}|{}|{}", e.gen, e.count, e.digest),
-                ),
-                Incr(g(e.gen, "n"), i64::from(e.count)),
-                Incr(g(e.gen, "c"), 1),
-                Max("gen".into(), u64::from(e.gen)),
-                Incr("seqs".into(), 1),
-                Incr("recipients".into(), i64::from(e.count)),
-                Max("max".into(), u64::from(e.seq)),
-            ];
-            if e.last {
-                u.push(Set("last".into(), e.seq.to_string()));
-            }
-            if !e.duplicates.is_empty() {
-                let positions: Vec<String> = e.duplicates.iter().map(u32::to_string).collect();
-                u.push(Set(format!("x:{}", e.seq), positions.join(",")));
-                u.push(Incr(field::DUPLICATES.into(), e.duplicates.len() as i64));
-            }
-            if let Some(opts) = &e.opts {
-                u.push(Set(field::OPTIONS.into(), opts.clone()));
-            }
-            u
-        }
+        Event::ChunkAssigned(e) => chunk_assigned(e),
         Event::GenerationClosed(e) => vec![Set(g(e.gen, "closed"), e.reason.clone())],
         Event::GroupCreated(e) => vec![Set(g(e.gen, "group"), e.group_id.clone())],
-        Event::ChunkLoaded(e) => {
-            let failed = e.failed.len() as i64;
-            let mut u = vec![
-                Incr(g(e.gen, "l"), 1),
-                Incr(g(e.gen, "reg"), i64::from(e.registered)),
-                Incr(g(e.gen, "fail"), failed),
-                Incr(field::REGISTERED.into(), i64::from(e.registered)),
-                Incr(field::FAILED.into(), failed),
-            ];
-            if e.given_up.is_some() && failed > 0 {
-                u.push(Incr(field::unsure_in(e.gen), failed));
-            }
-            for f in &e.failed {
-                u.push(Incr(field::failed_for(&f.code), 1));
-            }
-            u
-        }
+        Event::ChunkLoaded(e) => chunk_loaded(e),
         Event::GenerationReady(e) => vec![Set(g(e.gen, "ready"), "1".into())],
         Event::SendScheduled(e) => vec![Set(g(e.gen, "at"), e.at_ms.to_string())],
         Event::SendTriggered(e) => vec![Set(g(e.gen, "sent"), e.outcome.clone())],
@@ -401,42 +360,13 @@ pub fn updates(event: &Event) -> Vec<Update> {
             Set(field::MISSING.into(), e.count().to_string()),
         ],
         Event::BatchSealed(e) => vec![Set("last".into(), e.last.to_string())],
-        Event::GroupCompleted(e) => {
-            let mut u = vec![
-                Set(g(e.gen, "done"), e.status.clone()),
-                Incr("done".into(), 1),
-                Incr("sent_success".into(), e.sent_success as i64),
-                Incr("sent_failed".into(), e.sent_failed as i64),
-            ];
-            // A send given up counts its registered recipients as what
-            // became of them (the script's increment creates the field).
-            match e.status.as_str() {
-                "unsent" => u.push(Incr(field::UNSENT.into(), e.recipients as i64)),
-                "unknown" => u.push(Incr(field::UNKNOWN.into(), e.recipients as i64)),
-                _ => {}
-            }
-            u
-        }
+        Event::GroupCompleted(e) => group_completed(e),
         Event::BatchReported(e) => vec![Set(field::REPORT.into(), e.outcome.clone())],
         Event::ReportDelivered(e) if e.report.is_some() => {
             vec![Set(field::DL_REPORT_DELIVERED.into(), e.status.to_string())]
         }
         Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
-        Event::InputRejected(e) => {
-            let mut u = vec![Incr(field::REJECTED.into(), 1)];
-            if let Some(last) = e.last {
-                u.push(Set("last".into(), last.to_string()));
-            }
-            if let Some(why) = &e.last_conflict {
-                u.push(Set(field::LAST_CONFLICT.into(), why.clone()));
-            }
-            if let (true, Some(seq)) = (e.hole, e.seq) {
-                u.push(Set(field::hole(seq), "1".into()));
-                u.push(Incr(field::HOLES.into(), 1));
-                u.push(Max("rmax".into(), u64::from(seq)));
-            }
-            u
-        }
+        Event::InputRejected(e) => input_rejected(e),
         Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
         Event::SendClaimed(e) => {
             let mut u = vec![Max(field::claimed(e.gen), u64::from(e.n.unwrap_or(1)))];
@@ -467,19 +397,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
         // An operator's act on a dead letter: in the log for `audit`,
         // nothing in the state.
         Event::DeadLetterHandled(_) => vec![],
-        Event::GenerationDelivered(e) => {
-            let mut u = vec![
-                Set(field::delivered_in(e.gen), "1".into()),
-                Incr(field::DL_DELIVERED.into(), e.delivered as i64),
-                Incr(field::DL_FAILED.into(), e.failed as i64),
-                Incr(field::DL_UNKNOWN.into(), e.unknown as i64),
-                Incr(field::DL_GENS.into(), 1),
-            ];
-            for (code, n) in &e.failed_by_code {
-                u.push(Incr(field::delivery_failed_for(code), *n as i64));
-            }
-            u
-        }
+        Event::GenerationDelivered(e) => generation_delivered(e),
         Event::BatchDelivered(_) => vec![Set(field::DL_REPORT.into(), "1".into())],
         Event::BatchOrigin(e) => vec![Set(field::ORIGIN.into(), e.describe())],
         Event::ChunkParked(_)
@@ -487,6 +405,114 @@ pub fn updates(event: &Event) -> Vec<Update> {
         | Event::ChunksReleased(_)
         | Event::GroupDiscarded(_) => vec![],
     }
+}
+
+/// The updates of `chunk_assigned`: the chunk's assignment, its generation's
+/// and the batch's counters, and what it says of the batch (its last seq,
+/// its copies, its options).
+fn chunk_assigned(e: &crate::events::ChunkAssigned) -> Vec<Update> {
+    use Update::*;
+    let mut u = vec![
+        Set(
+            field::assignment(e.seq),
+            format!("{}|{}|{}", e.gen, e.count, e.digest),
+        ),
+        Incr(g(e.gen, "n"), i64::from(e.count)),
+        Incr(g(e.gen, "c"), 1),
+        Max("gen".into(), u64::from(e.gen)),
+        Incr("seqs".into(), 1),
+        Incr("recipients".into(), i64::from(e.count)),
+        Max("max".into(), u64::from(e.seq)),
+    ];
+    if e.last {
+        u.push(Set("last".into(), e.seq.to_string()));
+    }
+    if !e.duplicates.is_empty() {
+        let positions: Vec<String> = e.duplicates.iter().map(u32::to_string).collect();
+        u.push(Set(format!("x:{}", e.seq), positions.join(",")));
+        u.push(Incr(field::DUPLICATES.into(), e.duplicates.len() as i64));
+    }
+    if let Some(opts) = &e.opts {
+        u.push(Set(field::OPTIONS.into(), opts.clone()));
+    }
+    u
+}
+
+/// The updates of `chunk_loaded`: its generation's and the batch's
+/// registered and failed counts (by failure code).
+fn chunk_loaded(e: &crate::events::ChunkLoaded) -> Vec<Update> {
+    use Update::*;
+    let failed = e.failed.len() as i64;
+    let mut u = vec![
+        Incr(g(e.gen, "l"), 1),
+        Incr(g(e.gen, "reg"), i64::from(e.registered)),
+        Incr(g(e.gen, "fail"), failed),
+        Incr(field::REGISTERED.into(), i64::from(e.registered)),
+        Incr(field::FAILED.into(), failed),
+    ];
+    if e.given_up.is_some() && failed > 0 {
+        u.push(Incr(field::unsure_in(e.gen), failed));
+    }
+    for f in &e.failed {
+        u.push(Incr(field::failed_for(&f.code), 1));
+    }
+    u
+}
+
+/// The updates of `group_completed`: the generation done, and its
+/// recipients counted as what became of them.
+fn group_completed(e: &crate::events::GroupCompleted) -> Vec<Update> {
+    use Update::*;
+    let mut u = vec![
+        Set(g(e.gen, "done"), e.status.clone()),
+        Incr("done".into(), 1),
+        Incr("sent_success".into(), e.sent_success as i64),
+        Incr("sent_failed".into(), e.sent_failed as i64),
+    ];
+    // A send given up counts its registered recipients as what
+    // became of them (the script's increment creates the field).
+    match e.status.as_str() {
+        "unsent" => u.push(Incr(field::UNSENT.into(), e.recipients as i64)),
+        "unknown" => u.push(Incr(field::UNKNOWN.into(), e.recipients as i64)),
+        _ => {}
+    }
+    u
+}
+
+/// The updates of `input_rejected`: the rejection counted, and what it
+/// says of the batch's last seq and its holes.
+fn input_rejected(e: &crate::events::InputRejected) -> Vec<Update> {
+    use Update::*;
+    let mut u = vec![Incr(field::REJECTED.into(), 1)];
+    if let Some(last) = e.last {
+        u.push(Set("last".into(), last.to_string()));
+    }
+    if let Some(why) = &e.last_conflict {
+        u.push(Set(field::LAST_CONFLICT.into(), why.clone()));
+    }
+    if let (true, Some(seq)) = (e.hole, e.seq) {
+        u.push(Set(field::hole(seq), "1".into()));
+        u.push(Incr(field::HOLES.into(), 1));
+        u.push(Max("rmax".into(), u64::from(seq)));
+    }
+    u
+}
+
+/// The updates of `generation_delivered`: the delivery results of a
+/// generation, counted.
+fn generation_delivered(e: &crate::events::GenerationDelivered) -> Vec<Update> {
+    use Update::*;
+    let mut u = vec![
+        Set(field::delivered_in(e.gen), "1".into()),
+        Incr(field::DL_DELIVERED.into(), e.delivered as i64),
+        Incr(field::DL_FAILED.into(), e.failed as i64),
+        Incr(field::DL_UNKNOWN.into(), e.unknown as i64),
+        Incr(field::DL_GENS.into(), 1),
+    ];
+    for (code, n) in &e.failed_by_code {
+        u.push(Incr(field::delivery_failed_for(code), *n as i64));
+    }
+    u
 }
 
 /// State fields kept by the live copy only, not derived from events: the

@@ -300,6 +300,24 @@ fn generation_checks(
     cancel_at: Option<usize>,
 ) {
     // 1. One group per generation.
+    one_group_checks(c, g, st);
+    // 2. Sent once, only when fully loaded.
+    send_checks(c, g, st, reported);
+    cancel_checks(c, g, st, cancel_at);
+    // 3. Loaded once, into the generation's own group.
+    load_checks(c, g, st);
+    // 6. The cap.
+    let n: u64 = st.assigned.values().map(|c| u64::from(*c)).sum();
+    c.check(
+        6,
+        n <= cap,
+        format!("gen {g}: {n} recipients assigned, cap {cap}"),
+    );
+}
+
+/// Invariant 1 of generation `g`: one group, and the kept one never
+/// discarded.
+fn one_group_checks(c: &mut Checks, g: u32, st: &Gen) {
     let kept = st.kept();
     c.check(
         1,
@@ -313,7 +331,11 @@ fn generation_checks(
         st.cancelled || st.unsent() || st.discarded.iter().all(|d| Some(d) != kept),
         format!("gen {g}: the kept group was never discarded"),
     );
-    // 2. Sent once, only when fully loaded.
+}
+
+/// Invariant 2 of generation `g`: sent once, only when fully loaded
+/// (`reported`: whether its batch was reported).
+fn send_checks(c: &mut Checks, g: u32, st: &Gen, reported: bool) {
     c.check(
         2,
         st.sends.len() <= 1,
@@ -366,6 +388,11 @@ fn generation_checks(
             format!("gen {g}: done with nobody registered, and not sent"),
         );
     }
+}
+
+/// Invariant 2 of generation `g` in a cancelled batch (`cancel_at`: where
+/// the cancel stands in its log).
+fn cancel_checks(c: &mut Checks, g: u32, st: &Gen, cancel_at: Option<usize>) {
     // A cancel: a generation it stopped is never sent, and holds no claim
     // (every claim it had was given back); one sent after it had its send
     // claimed before it, and that claim still in place at the cancel.
@@ -399,7 +426,12 @@ fn generation_checks(
             ),
         );
     }
-    // 3. Loaded once, into the generation's own group.
+}
+
+/// Invariant 3 of generation `g`: each chunk loaded once, into the
+/// generation's own group.
+fn load_checks(c: &mut Checks, g: u32, st: &Gen) {
+    let kept = st.kept();
     // (A chunk of copies only adds nobody: it names no group; nor does a
     // chunk given up because its generation's creation was.)
     let given_up_without_group =
@@ -426,13 +458,6 @@ fn generation_checks(
         3,
         unassigned.is_empty(),
         format!("gen {g}: only assigned chunks loaded (stray: {unassigned:?})"),
-    );
-    // 6. The cap.
-    let n: u64 = st.assigned.values().map(|c| u64::from(*c)).sum();
-    c.check(
-        6,
-        n <= cap,
-        format!("gen {g}: {n} recipients assigned, cap {cap}"),
     );
 }
 
@@ -522,125 +547,10 @@ fn batch_checks(
             stream_reports == 1,
             format!("{stream_reports} entr(ies) in the reports stream"),
         );
-        // 5. Nothing lost: every seq up to the last (or, closed without
-        // one, the highest seen) is assigned, refused for good, or given up
-        // by the close; every recipient registered or a listed failure.
-        // As ranges: the work is proportional to the seqs that arrived,
-        // never to the highest one.
-        let present: Vec<u32> = t
-            .gens
-            .values()
-            .flat_map(|g| g.assigned.keys())
-            .chain(&t.holes)
-            .copied()
-            .collect();
-        let top = last.or_else(|| {
-            let c = t.closed.as_ref()?;
-            let listed = c.ranges.last().map(|r| r[1]);
-            present.iter().copied().chain(listed).max()
-        });
-        let gaps = missing_ranges(present, top, usize::MAX);
-        // Given up by the close: no more seqs than it counted, and within
-        // its ranges when it listed them all.
-        let given_up = match &t.closed {
-            None => gaps.is_empty(),
-            Some(c) => {
-                gaps.count <= c.count
-                    && (c.ranges_total > c.ranges.len() as u64 || covered(&gaps.ranges, &c.ranges))
-            }
-        };
-        // A cancel gives up on whatever had not arrived.
-        c.check(
-            5,
-            t.cancelled.is_some() || ((top.is_some() || t.gens.is_empty()) && given_up),
-            format!(
-                "every seq 0..={top:?} assigned, refused or given up (not: {} seq(s), {:?}...)",
-                gaps.count,
-                &gaps.ranges[..gaps.ranges.len().min(10)]
-            ),
-        );
-        let accounted: u64 = t
-            .gens
-            .values()
-            .flat_map(|g| g.loaded.values())
-            .map(|l| u64::from(l.registered) + l.failed as u64)
-            .sum();
-        // A cancel stops the loading of generations it stopped: their
-        // recipients not loaded yet are neither registered nor failed.
-        c.check(
-            5,
-            accounted == t.recipients || (t.cancelled.is_some() && accounted <= t.recipients),
-            format!(
-                "{accounted} of {} recipients registered or listed as failures",
-                t.recipients
-            ),
-        );
+        nothing_lost_checks(c, t, last);
         // 7. The report tells the truth.
         if let Some(r) = &t.report {
-            let registered: u64 = t.gens.values().map(Gen::registered).sum();
-            let failed: u64 = t
-                .gens
-                .values()
-                .flat_map(|g| g.loaded.values())
-                .map(|l| l.failed as u64)
-                .sum();
-            let missing_n = t.closed.as_ref().map_or(0, |c| c.count);
-            let rejected = t.rejected.len() as u64;
-            let registered_in = |f: fn(&Gen) -> bool| -> u64 {
-                t.gens.values().filter(|g| f(g)).map(Gen::registered).sum()
-            };
-            let unsent = registered_in(|g| g.cancelled || g.unsent());
-            let unknown = registered_in(|g| g.given_up.as_deref() == Some("unknown"));
-            let expected = if t.cancelled.is_some() {
-                "cancelled"
-            } else if registered == unsent {
-                "failed"
-            } else if failed == 0
-                && rejected == 0
-                && missing_n == 0
-                && unsent == 0
-                && unknown == 0
-                && last.is_some()
-            {
-                "completed"
-            } else {
-                "partial"
-            };
-            c.check(
-                7,
-                r.outcome == expected,
-                format!(
-                    "report outcome {:?}, the counts say {expected:?}",
-                    r.outcome
-                ),
-            );
-            let counts = (r.registered, r.failed, r.duplicates, r.rejected, r.missing);
-            let ours = (registered, failed, t.duplicates, rejected, missing_n);
-            c.check(
-                7,
-                counts == ours,
-                format!(
-                    "report (registered, failed, duplicates, rejected, missing) {counts:?}, events {ours:?}"
-                ),
-            );
-            c.check(
-                7,
-                r.failed_by_reason.values().sum::<u64>() == r.failed,
-                format!("failures by reason add up to {}", r.failed),
-            );
-            let stopped = match t.cancelled {
-                Some(_) => t.gens.values().filter(|g| g.cancelled).count() as u32,
-                None => 0,
-            };
-            let ours = (stopped, unsent, unknown);
-            c.check(
-                7,
-                (r.stopped, r.unsent, r.unknown) == ours,
-                format!(
-                    "report (stopped, unsent, unknown) {:?}, events {ours:?}",
-                    (r.stopped, r.unsent, r.unknown)
-                ),
-            );
+            report_checks(c, t, last, r);
         }
         c.check(7, tombstoned, "a reported batch is remembered (tombstone)");
         // Nothing after the end: no chunk, park, create, send or other
@@ -661,6 +571,161 @@ fn batch_checks(
         format!(
             "{} rejected input(s), {dead} dead letter(s) for the batch",
             t.rejected.len()
+        ),
+    );
+}
+
+/// Invariant 5 of a reported batch: nothing lost.
+fn nothing_lost_checks(c: &mut Checks, t: &Tally, last: Option<u32>) {
+    // 5. Nothing lost: every seq up to the last (or, closed without
+    // one, the highest seen) is assigned, refused for good, or given up
+    // by the close; every recipient registered or a listed failure.
+    // As ranges: the work is proportional to the seqs that arrived,
+    // never to the highest one.
+    let present: Vec<u32> = t
+        .gens
+        .values()
+        .flat_map(|g| g.assigned.keys())
+        .chain(&t.holes)
+        .copied()
+        .collect();
+    let top = last.or_else(|| {
+        let c = t.closed.as_ref()?;
+        let listed = c.ranges.last().map(|r| r[1]);
+        present.iter().copied().chain(listed).max()
+    });
+    let gaps = missing_ranges(present, top, usize::MAX);
+    // Given up by the close: no more seqs than it counted, and within
+    // its ranges when it listed them all.
+    let given_up = match &t.closed {
+        None => gaps.is_empty(),
+        Some(c) => {
+            gaps.count <= c.count
+                && (c.ranges_total > c.ranges.len() as u64 || covered(&gaps.ranges, &c.ranges))
+        }
+    };
+    // A cancel gives up on whatever had not arrived.
+    c.check(
+        5,
+        t.cancelled.is_some() || ((top.is_some() || t.gens.is_empty()) && given_up),
+        format!(
+            "every seq 0..={top:?} assigned, refused or given up (not: {} seq(s), {:?}...)",
+            gaps.count,
+            &gaps.ranges[..gaps.ranges.len().min(10)]
+        ),
+    );
+    let accounted: u64 = t
+        .gens
+        .values()
+        .flat_map(|g| g.loaded.values())
+        .map(|l| u64::from(l.registered) + l.failed as u64)
+        .sum();
+    // A cancel stops the loading of generations it stopped: their
+    // recipients not loaded yet are neither registered nor failed.
+    c.check(
+        5,
+        accounted == t.recipients || (t.cancelled.is_some() && accounted <= t.recipients),
+        format!(
+            "{accounted} of {} recipients registered or listed as failures",
+            t.recipients
+        ),
+    );
+}
+
+/// What the events count of a reported batch, as its report should.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counted {
+    registered: u64,
+    failed: u64,
+    missing: u64,
+    rejected: u64,
+    unsent: u64,
+    unknown: u64,
+    stopped: u32,
+}
+
+impl Counted {
+    /// The counts of the events tallied in `t`.
+    fn of(t: &Tally) -> Counted {
+        let registered: u64 = t.gens.values().map(Gen::registered).sum();
+        let failed: u64 = t
+            .gens
+            .values()
+            .flat_map(|g| g.loaded.values())
+            .map(|l| l.failed as u64)
+            .sum();
+        let registered_in = |f: fn(&Gen) -> bool| -> u64 {
+            t.gens.values().filter(|g| f(g)).map(Gen::registered).sum()
+        };
+        let stopped = match t.cancelled {
+            Some(_) => t.gens.values().filter(|g| g.cancelled).count() as u32,
+            None => 0,
+        };
+        Counted {
+            registered,
+            failed,
+            missing: t.closed.as_ref().map_or(0, |c| c.count),
+            rejected: t.rejected.len() as u64,
+            unsent: registered_in(|g| g.cancelled || g.unsent()),
+            unknown: registered_in(|g| g.given_up.as_deref() == Some("unknown")),
+            stopped,
+        }
+    }
+
+    /// The outcome these counts make (`last`: the batch's last seq, if
+    /// known; `cancelled`: whether it was cancelled).
+    fn outcome(&self, last: Option<u32>, cancelled: bool) -> &'static str {
+        if cancelled {
+            "cancelled"
+        } else if self.registered == self.unsent {
+            "failed"
+        } else if self.failed == 0
+            && self.rejected == 0
+            && self.missing == 0
+            && self.unsent == 0
+            && self.unknown == 0
+            && last.is_some()
+        {
+            "completed"
+        } else {
+            "partial"
+        }
+    }
+}
+
+/// Invariant 7 of a reported batch: report `r` tells what the events say.
+fn report_checks(c: &mut Checks, t: &Tally, last: Option<u32>, r: &crate::events::BatchReported) {
+    let n = Counted::of(t);
+    let expected = n.outcome(last, t.cancelled.is_some());
+    c.check(
+        7,
+        r.outcome == expected,
+        format!(
+            "report outcome {:?}, the counts say {expected:?}",
+            r.outcome
+        ),
+    );
+    let counts = (r.registered, r.failed, r.duplicates, r.rejected, r.missing);
+    let ours = (n.registered, n.failed, t.duplicates, n.rejected, n.missing);
+    c.check(
+        7,
+        counts == ours,
+        format!(
+            "report (registered, failed, duplicates, rejected, missing) {counts:?}, events {ours:?}"
+        ),
+    );
+    c.check(
+        7,
+        r.failed_by_reason.values().sum::<u64>() == r.failed,
+        format!("failures by reason add up to {}", r.failed),
+    );
+    let ours = (n.stopped, n.unsent, n.unknown);
+    c.check(
+        7,
+        (r.stopped, r.unsent, r.unknown) == ours,
+        format!(
+            "report (stopped, unsent, unknown) {:?}, events {ours:?}",
+            (r.stopped, r.unsent, r.unknown)
         ),
     );
 }

@@ -59,17 +59,7 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
     let num = |n: &str| if show_numbers { n.to_string() } else { mask(n) };
     let at = |ms: u64| zoned_time(ms, tz);
     match e {
-        Event::ChunkAssigned(e) => format!(
-            "chunk {} ({} recipients{}) → generation {}",
-            e.seq,
-            e.count,
-            if e.last { ", last" } else { "" },
-            e.gen
-        ) + &e
-            .opts
-            .as_deref()
-            .map(|o| format!("; batch options: {}", SendWindow::describe_canonical(o)))
-            .unwrap_or_default(),
+        Event::ChunkAssigned(e) => chunk_assigned(e),
         Event::GenerationClosed(e) => format!(
             "generation {} closed ({}): {} chunks, {} recipients",
             e.gen, e.reason, e.chunks, e.recipients
@@ -92,23 +82,7 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
             "losing group {} of generation {} deleted (kept {})",
             e.group_id, e.gen, e.kept
         ),
-        Event::ChunkLoaded(e) => {
-            let mut s = format!(
-                "chunk {} loaded into {}: {} registered ({} already there), {} failed",
-                e.seq,
-                e.group_id,
-                e.registered,
-                e.duplicates,
-                e.failed.len()
-            );
-            for f in e.failed.iter().take(3) {
-                s.push_str(&format!(" [{} {}]", num(&f.to), f.code));
-            }
-            if e.failed.len() > 3 {
-                s.push_str(" …");
-            }
-            s
-        }
+        Event::ChunkLoaded(e) => chunk_loaded(e, &num),
         Event::GenerationReady(e) => format!(
             "generation {} complete ({} chunks): send enqueued",
             e.gen, e.chunks
@@ -127,155 +101,240 @@ pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
             e.outcome.replace('_', " ")
         ),
         Event::SendRefused(e) => format!("generation {} send REFUSED: {}", e.gen, e.reason),
-        Event::GenerationFailed(e) => format!(
-            "generation {} FAILED: its {} was given up ({}); {}",
-            e.gen,
-            e.op,
-            e.reason,
-            match (e.op.as_str(), e.recall) {
-                ("create", _) => "its chunks end as failed",
-                ("send", false) => "nothing went out: never sent",
-                ("send", true) => "its send was claimed: the provider is asked whether it went out",
-                _ => "its outcome is unknown",
-            }
-        ),
+        Event::GenerationFailed(e) => generation_failed(e),
         Event::GroupCompleted(e) => format!(
             "generation {} group {} {}: {} delivered, {} failed",
             e.gen, e.group_id, e.status, e.sent_success, e.sent_failed
         ),
-        Event::BatchReported(e) => format!(
-            "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing{}{}",
-            e.outcome,
-            e.generations,
-            e.recipients,
-            e.registered,
-            e.failed,
-            e.sent_success,
-            e.duplicates,
-            e.rejected,
-            e.missing,
-            match (e.outcome.as_str(), e.unsent) {
-                ("cancelled", _) => format!(
-                    ", {} generation(s) stopped ({} registered, never sent)",
-                    e.stopped, e.unsent
-                ),
-                (_, 0) => String::new(),
-                (_, n) => format!(", {n} registered never sent (sends given up)"),
-            },
-            match e.unknown {
-                0 => String::new(),
-                n => format!(", {n} registered with an unknown outcome"),
-            }
-        ),
+        Event::BatchReported(e) => batch_reported(e),
         Event::BatchSealed(e) => format!("SEALED: the batch ends at seq {}", e.last),
-        Event::BatchClosed(e) => {
-            let m = e.missing_seqs();
-            format!(
-                "CLOSED ({}): {} missing seq(s){}",
-                e.reason,
-                m.count,
-                if m.is_empty() {
-                    String::new()
-                } else {
-                    format!(" {}", m.text())
-                }
-            )
-        }
+        Event::BatchClosed(e) => batch_closed(e),
         Event::SendClaimed(e) => match e.n {
             Some(n) => format!("generation {} send claimed (claim {n})", e.gen),
             None => format!("generation {} send claimed", e.gen),
         },
-        Event::ClaimGivenBack(e) => format!(
-            "generation {} send claim {} given back: held until {} ({}){}",
-            e.gen,
-            e.n,
-            at(e.at_ms),
-            e.reason.replace('_', " "),
-            if e.stopped {
-                ", the batch was cancelled: generation stopped"
-            } else {
-                ""
-            }
-        ),
-        Event::BatchCancelled(e) => format!(
-            "CANCELLED ({}): {} generation(s) stopped {:?} ({} registered recipient(s) never sent), {} being sent {:?}",
-            e.reason,
-            e.stopped.len(),
-            e.stopped,
-            e.unsent,
-            e.sending.len(),
-            e.sending
-        ),
-        Event::ReportDelivered(e) => format!(
-            "{} delivered to the webhook ({})",
-            if e.report.is_some() {
-                "delivery report"
-            } else {
-                "report"
-            },
-            e.status
-        ),
-        Event::InputRejected(e) => {
-            let reason = options_read_as_written(&e.reason);
-            let mut s = match e.seq {
-                Some(seq) => format!("chunk {seq} rejected: {reason}"),
-                None => format!("input rejected: {reason}"),
-            };
-            match (&e.last_conflict, e.last) {
-                (Some(why), _) => s.push_str(&format!("; {why}")),
-                (None, Some(last)) => s.push_str(&format!("; the batch ends at seq {last}")),
-                _ => {}
-            }
-            s
-        }
-        Event::GenerationDelivered(e) => format!(
-            "generation {} delivery results{}: {} delivered, {} failed{}, {} unknown",
-            e.gen,
-            if e.window_ended {
-                " (the delivery window ended)"
-            } else {
-                ""
-            },
-            e.delivered,
-            e.failed,
-            by_code(&e.failed_by_code),
-            e.unknown
-        ),
-        Event::BatchDelivered(e) => format!(
-            "delivery report: of {} recipients, {} delivered, {} failed ({} at registration, {} at delivery){}, {} unknown, {} duplicates, {} not sent{}",
-            e.recipients,
-            e.delivered,
-            e.failed,
-            e.failed_at_registration,
-            e.failed_at_delivery,
-            by_code(&e.failed_by_code),
-            e.unknown,
-            e.duplicates,
-            e.not_sent,
-            e.origin
-                .as_deref()
-                .map(|o| format!("; follows up {o}"))
-                .unwrap_or_default()
-        ),
+        Event::ClaimGivenBack(e) => claim_given_back(e, tz),
+        Event::BatchCancelled(e) => batch_cancelled(e),
+        Event::ReportDelivered(e) => report_delivered(e),
+        Event::InputRejected(e) => input_rejected(e),
+        Event::GenerationDelivered(e) => generation_delivered(e),
+        Event::BatchDelivered(e) => batch_delivered(e),
         Event::BatchOrigin(e) => format!("follows up batch {}", e.describe()),
-        Event::DeadLetterHandled(e) => format!(
-            "dead letter {} ({}) {} by {}; it had been dead-lettered: {}",
-            e.entry,
-            e.what,
-            if e.action == "purge" {
-                "PURGED"
-            } else {
-                "redriven"
-            },
-            e.by,
-            e.reason
-        ),
+        Event::DeadLetterHandled(e) => dead_letter_handled(e),
         Event::BatchStalled(e) => format!(
             "STALLED: no event for {} (since {})",
             human_duration(e.quiet_for_ms),
             at(e.quiet_since_ms)
         ),
     }
+}
+
+/// The summary of `chunk_assigned`: the chunk, its generation, and the batch options it
+/// set.
+fn chunk_assigned(e: &crate::events::ChunkAssigned) -> String {
+    format!(
+        "chunk {} ({} recipients{}) → generation {}",
+        e.seq,
+        e.count,
+        if e.last { ", last" } else { "" },
+        e.gen
+    ) + &e
+        .opts
+        .as_deref()
+        .map(|o| format!("; batch options: {}", SendWindow::describe_canonical(o)))
+        .unwrap_or_default()
+}
+
+/// The summary of `chunk_loaded`: what was registered, and the first failures (`num`
+/// shows or masks a number).
+fn chunk_loaded(e: &crate::events::ChunkLoaded, num: &dyn Fn(&str) -> String) -> String {
+    let mut s = format!(
+        "chunk {} loaded into {}: {} registered ({} already there), {} failed",
+        e.seq,
+        e.group_id,
+        e.registered,
+        e.duplicates,
+        e.failed.len()
+    );
+    for f in e.failed.iter().take(3) {
+        s.push_str(&format!(" [{} {}]", num(&f.to), f.code));
+    }
+    if e.failed.len() > 3 {
+        s.push_str(" …");
+    }
+    s
+}
+
+/// The summary of `generation_failed`: what was given up, and what that means for the
+/// generation's recipients.
+fn generation_failed(e: &crate::events::GenerationFailed) -> String {
+    format!(
+        "generation {} FAILED: its {} was given up ({}); {}",
+        e.gen,
+        e.op,
+        e.reason,
+        match (e.op.as_str(), e.recall) {
+            ("create", _) => "its chunks end as failed",
+            ("send", false) => "nothing went out: never sent",
+            ("send", true) => "its send was claimed: the provider is asked whether it went out",
+            _ => "its outcome is unknown",
+        }
+    )
+}
+
+/// The summary of `batch_reported`: the report's counts.
+fn batch_reported(e: &crate::events::BatchReported) -> String {
+    format!(
+    "REPORT {}: {} generations, {} recipients, {} registered, {} failed, {} delivered, {} duplicate(s), {} chunk(s) rejected, {} seq(s) missing{}{}",
+    e.outcome,
+    e.generations,
+    e.recipients,
+    e.registered,
+    e.failed,
+    e.sent_success,
+    e.duplicates,
+    e.rejected,
+    e.missing,
+    match (e.outcome.as_str(), e.unsent) {
+        ("cancelled", _) => format!(
+            ", {} generation(s) stopped ({} registered, never sent)",
+            e.stopped, e.unsent
+        ),
+        (_, 0) => String::new(),
+        (_, n) => format!(", {n} registered never sent (sends given up)"),
+    },
+    match e.unknown {
+        0 => String::new(),
+        n => format!(", {n} registered with an unknown outcome"),
+    }
+)
+}
+
+/// The summary of `batch_closed`: the reason and the seqs given up.
+fn batch_closed(e: &crate::events::BatchClosed) -> String {
+    let m = e.missing_seqs();
+    format!(
+        "CLOSED ({}): {} missing seq(s){}",
+        e.reason,
+        m.count,
+        if m.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", m.text())
+        }
+    )
+}
+
+/// The summary of `claim_given_back`: until when the send is held, and whether the
+/// generation was stopped (times in `tz`).
+fn claim_given_back(e: &crate::events::ClaimGivenBack, tz: &TimeZone) -> String {
+    format!(
+        "generation {} send claim {} given back: held until {} ({}){}",
+        e.gen,
+        e.n,
+        zoned_time(e.at_ms, tz),
+        e.reason.replace('_', " "),
+        if e.stopped {
+            ", the batch was cancelled: generation stopped"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The summary of `batch_cancelled`: the generations stopped and those being sent.
+fn batch_cancelled(e: &crate::events::BatchCancelled) -> String {
+    format!(
+    "CANCELLED ({}): {} generation(s) stopped {:?} ({} registered recipient(s) never sent), {} being sent {:?}",
+    e.reason,
+    e.stopped.len(),
+    e.stopped,
+    e.unsent,
+    e.sending.len(),
+    e.sending
+)
+}
+
+/// The summary of `report_delivered`: which report reached the webhook,
+/// and its answer.
+fn report_delivered(e: &crate::events::ReportDelivered) -> String {
+    format!(
+        "{} delivered to the webhook ({})",
+        if e.report.is_some() {
+            "delivery report"
+        } else {
+            "report"
+        },
+        e.status
+    )
+}
+
+/// The summary of `input_rejected`: the reason, and what it says of the batch's end.
+fn input_rejected(e: &crate::events::InputRejected) -> String {
+    let reason = options_read_as_written(&e.reason);
+    let mut s = match e.seq {
+        Some(seq) => format!("chunk {seq} rejected: {reason}"),
+        None => format!("input rejected: {reason}"),
+    };
+    match (&e.last_conflict, e.last) {
+        (Some(why), _) => s.push_str(&format!("; {why}")),
+        (None, Some(last)) => s.push_str(&format!("; the batch ends at seq {last}")),
+        _ => {}
+    }
+    s
+}
+
+/// The summary of `generation_delivered`: a generation's delivery results.
+fn generation_delivered(e: &crate::events::GenerationDelivered) -> String {
+    format!(
+        "generation {} delivery results{}: {} delivered, {} failed{}, {} unknown",
+        e.gen,
+        if e.window_ended {
+            " (the delivery window ended)"
+        } else {
+            ""
+        },
+        e.delivered,
+        e.failed,
+        by_code(&e.failed_by_code),
+        e.unknown
+    )
+}
+
+/// The summary of `batch_delivered`: the delivery report's counts.
+fn batch_delivered(e: &crate::events::BatchDelivered) -> String {
+    format!(
+    "delivery report: of {} recipients, {} delivered, {} failed ({} at registration, {} at delivery){}, {} unknown, {} duplicates, {} not sent{}",
+    e.recipients,
+    e.delivered,
+    e.failed,
+    e.failed_at_registration,
+    e.failed_at_delivery,
+    by_code(&e.failed_by_code),
+    e.unknown,
+    e.duplicates,
+    e.not_sent,
+    e.origin
+        .as_deref()
+        .map(|o| format!("; follows up {o}"))
+        .unwrap_or_default()
+)
+}
+
+/// The summary of `dead_letter_handled`: an operator's act on a dead letter.
+fn dead_letter_handled(e: &crate::events::DeadLetterHandled) -> String {
+    format!(
+        "dead letter {} ({}) {} by {}; it had been dead-lettered: {}",
+        e.entry,
+        e.what,
+        if e.action == "purge" {
+            "PURGED"
+        } else {
+            "redriven"
+        },
+        e.by,
+        e.reason
+    )
 }
 
 /// A conflict's reason with both batch options as people write them:

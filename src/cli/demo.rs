@@ -413,6 +413,51 @@ fn judge(findings: &[BatchFindings], ledger: &LedgerCheck, recipients: u64) -> V
     failures
 }
 
+/// What each batch came to: the reports the webhook received for it
+/// (the first one printed), `verify`'s checks against our events and the
+/// provider's view (printed as a count; `group_cap`: the workers'), and
+/// what the ledger registered.
+async fn batch_findings(
+    store: &Store,
+    provider: &ProviderClient,
+    batches: &[String],
+    deliveries: &[Delivery],
+    ledger: &LedgerCheck,
+    group_cap: u64,
+) -> Result<Vec<BatchFindings>, CliError> {
+    let mut findings = Vec::new();
+    for b in batches {
+        let key = format!("{b}:report");
+        let reports: Vec<serde_json::Value> = deliveries
+            .iter()
+            .filter(|d| d.idempotency_key == key)
+            .map(|d| d.body.clone())
+            .collect();
+        if let Some(body) = reports.first() {
+            println!("report for {b} (received by the webhook with Idempotency-Key {key}):");
+            println!("{}", serde_json::to_string_pretty(body).unwrap_or_default());
+        }
+        let v = verify_batch(store, Some(provider), b, group_cap).await?;
+        let failed_checks: Vec<(u8, String)> = v
+            .failures()
+            .into_iter()
+            .map(|c| (c.invariant, c.detail.clone()))
+            .collect();
+        println!(
+            "verify {b}: {} checks from our events and the provider's view, {} failed",
+            v.checks.len(),
+            failed_checks.len()
+        );
+        findings.push(BatchFindings {
+            batch: b.clone(),
+            reports,
+            failed_checks,
+            registered: ledger.registered.get(b).copied().unwrap_or(0),
+        });
+    }
+    Ok(findings)
+}
+
 /// Runs the demo.
 pub async fn run(args: DemoArgs) -> Result<(), CliError> {
     check_args(&args)?;
@@ -455,36 +500,15 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
     // 7. Report, verification, ledger.
     let deliveries = received.all();
     let ledger = mock::invariants::check(&mock.ledger_summary(), args.group_cap);
-    let mut findings = Vec::new();
-    for b in &sub.batches {
-        let key = format!("{b}:report");
-        let reports: Vec<serde_json::Value> = deliveries
-            .iter()
-            .filter(|d| d.idempotency_key == key)
-            .map(|d| d.body.clone())
-            .collect();
-        if let Some(body) = reports.first() {
-            println!("report for {b} (received by the webhook with Idempotency-Key {key}):");
-            println!("{}", serde_json::to_string_pretty(body).unwrap_or_default());
-        }
-        let v = verify_batch(&store, Some(&provider), b, args.group_cap).await?;
-        let failed_checks: Vec<(u8, String)> = v
-            .failures()
-            .into_iter()
-            .map(|c| (c.invariant, c.detail.clone()))
-            .collect();
-        println!(
-            "verify {b}: {} checks from our events and the provider's view, {} failed",
-            v.checks.len(),
-            failed_checks.len()
-        );
-        findings.push(BatchFindings {
-            batch: b.clone(),
-            reports,
-            failed_checks,
-            registered: ledger.registered.get(b).copied().unwrap_or(0),
-        });
-    }
+    let findings = batch_findings(
+        &store,
+        &provider,
+        &sub.batches,
+        &deliveries,
+        &ledger,
+        args.group_cap,
+    )
+    .await?;
     let summary = mock.ledger_summary();
     println!(
         "provider ledger: {} group(s) used, {} deleted, {} orphaned, {} recipients registered, {} requests, faults injected: {} errors, {} dropped answers",

@@ -482,124 +482,150 @@ fn preview(letters: &[&Letter]) {
 pub async fn run(args: DlqArgs) -> Result<(), CliError> {
     let store = args.redis.connect().await?;
     match args.action {
-        DlqAction::List { filter, json } => {
-            let letters = letters(&store, &filter).await?;
-            if json {
-                for l in &letters {
-                    outln!("{}", l.json());
-                }
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = letters
-                .iter()
-                .map(|l| {
-                    vec![
-                        l.entry.id.clone(),
-                        human_duration(l.age_ms),
-                        l.holding.batch.clone().unwrap_or_else(|| "-".into()),
-                        l.holding.seq.map_or("-".into(), |s| s.to_string()),
-                        l.holding.op.clone(),
-                        l.verdict.short().into(),
-                        l.entry.text("reason").unwrap_or_default(),
-                    ]
-                })
-                .collect();
-            print_table(
-                &["id", "age", "batch", "seq", "op", "redrive", "reason"],
-                &rows,
-            );
-            let hopeless = letters
-                .iter()
-                .filter(|l| l.verdict != Verdict::Redrivable)
-                .count();
-            outln!(
-                "{} dead letter(s), {hopeless} that a redrive cannot help (`dlq show ID` says why)",
-                rows.len()
-            );
+        DlqAction::List { filter, json } => list(&store, &filter, json).await,
+        DlqAction::Show { id, json } => show(&store, &id, json).await,
+        DlqAction::Redrive { select, force } => redrive(&store, &select, force).await,
+        DlqAction::Purge { select } => purge(&store, &select).await,
+    }
+}
+
+/// `dlq list`: the dead letters `filter` selects, as a table or JSON lines.
+async fn list(store: &Store, filter: &Filter, json: bool) -> Result<(), CliError> {
+    let letters = letters(store, filter).await?;
+    if json {
+        for l in &letters {
+            outln!("{}", l.json());
         }
-        DlqAction::Show { id, json } => {
-            let letters = letters(&store, &Filter::default()).await?;
-            let l = letters
-                .iter()
-                .find(|l| l.entry.id == id)
-                .ok_or_else(|| CliError::Failed(format!("no dead letter {id}")))?;
-            let d = l.json();
-            if json {
-                outln!("{d}");
-            } else {
-                outln!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
-            }
-        }
-        DlqAction::Redrive { select, force } => {
-            let found = selected(&store, &select).await?;
-            let mut go = Vec::new();
-            for l in &found {
-                match &l.verdict {
-                    Verdict::Hopeless(why) if !force => outln!(
-                        "skipped {}: a redrive cannot help ({why}); purge it, or --force to redrive it anyway",
-                        l.entry.id
-                    ),
-                    _ => go.push(l),
-                }
-            }
-            if go.is_empty() {
-                outln!("0 dead letter(s) redriven");
-                return Ok(());
-            }
-            preview(&go);
-            if !confirm(
-                &format!("Redrive these {} dead letter(s)?", go.len()),
-                select.yes,
-            )? {
-                outln!("nothing redriven");
-                return Ok(());
-            }
-            let mut n = 0;
-            for l in go {
-                let Some(source) = store
-                    .redrive_letter(l.shard, &l.entry)
-                    .await
-                    .map_err(|err| CliError::Redis(format!("redriving {}: {err}", l.entry.id)))?
-                else {
-                    outln!("skipped {}: it names no source stream", l.entry.id);
-                    continue;
-                };
-                record(&store, l, "redrive").await?;
-                outln!("redrove {} to {source}", l.entry.id);
-                n += 1;
-            }
-            outln!("{n} dead letter(s) redriven");
-        }
-        DlqAction::Purge { select } => {
-            let found = selected(&store, &select).await?;
-            if found.is_empty() {
-                outln!("0 dead letter(s) purged");
-                return Ok(());
-            }
-            let all: Vec<&Letter> = found.iter().collect();
-            preview(&all);
-            if !confirm(
-                &format!(
-                    "Delete these {} dead letter(s) for good? Their recipients are not sent.",
-                    all.len()
-                ),
-                select.yes,
-            )? {
-                outln!("nothing purged");
-                return Ok(());
-            }
-            let mut n = 0;
-            for l in all {
-                // Recorded first: a purge that fails after it leaves the
-                // letter and an event saying it was purged, visibly; the
-                // other order could lose the trace of a deletion.
-                record(&store, l, "purge").await?;
-                if store.purge_letter(l.shard, &l.entry.id).await? {
-                    n += 1;
-                }
-            }
-            outln!("{n} dead letter(s) purged");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = letters.iter().map(list_row).collect();
+    print_table(
+        &["id", "age", "batch", "seq", "op", "redrive", "reason"],
+        &rows,
+    );
+    let hopeless = letters
+        .iter()
+        .filter(|l| l.verdict != Verdict::Redrivable)
+        .count();
+    outln!(
+        "{} dead letter(s), {hopeless} that a redrive cannot help (`dlq show ID` says why)",
+        rows.len()
+    );
+    Ok(())
+}
+
+/// A dead letter's row in `dlq list`.
+fn list_row(l: &Letter) -> Vec<String> {
+    vec![
+        l.entry.id.clone(),
+        human_duration(l.age_ms),
+        l.holding.batch.clone().unwrap_or_else(|| "-".into()),
+        l.holding.seq.map_or("-".into(), |s| s.to_string()),
+        l.holding.op.clone(),
+        l.verdict.short().into(),
+        l.entry.text("reason").unwrap_or_default(),
+    ]
+}
+
+/// `dlq show ID`: one dead letter with every field.
+async fn show(store: &Store, id: &str, json: bool) -> Result<(), CliError> {
+    let letters = letters(store, &Filter::default()).await?;
+    let l = letters
+        .iter()
+        .find(|l| l.entry.id == id)
+        .ok_or_else(|| CliError::Failed(format!("no dead letter {id}")))?;
+    let d = l.json();
+    if json {
+        outln!("{d}");
+    } else {
+        outln!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// The letters a redrive goes on with (all of them with `force`), and the
+/// lines saying which were skipped and why.
+fn redrivable(found: &[Letter], force: bool) -> (Vec<&Letter>, Vec<String>) {
+    let (mut go, mut skipped) = (Vec::new(), Vec::new());
+    for l in found {
+        match &l.verdict {
+            Verdict::Hopeless(why) if !force => skipped.push(format!(
+                "skipped {}: a redrive cannot help ({why}); purge it, or --force to redrive it anyway",
+                l.entry.id
+            )),
+            _ => go.push(l),
         }
     }
+    (go, skipped)
+}
+
+/// `dlq redrive`: puts the selected dead letters back on the streams they
+/// came from, once confirmed.
+async fn redrive(store: &Store, select: &Selection, force: bool) -> Result<(), CliError> {
+    let found = selected(store, select).await?;
+    let (go, skipped) = redrivable(&found, force);
+    for line in skipped {
+        outln!("{line}");
+    }
+    if go.is_empty() {
+        outln!("0 dead letter(s) redriven");
+        return Ok(());
+    }
+    preview(&go);
+    if !confirm(
+        &format!("Redrive these {} dead letter(s)?", go.len()),
+        select.yes,
+    )? {
+        outln!("nothing redriven");
+        return Ok(());
+    }
+    let mut n = 0;
+    for l in go {
+        let Some(source) = store
+            .redrive_letter(l.shard, &l.entry)
+            .await
+            .map_err(|err| CliError::Redis(format!("redriving {}: {err}", l.entry.id)))?
+        else {
+            outln!("skipped {}: it names no source stream", l.entry.id);
+            continue;
+        };
+        record(store, l, "redrive").await?;
+        outln!("redrove {} to {source}", l.entry.id);
+        n += 1;
+    }
+    outln!("{n} dead letter(s) redriven");
+    Ok(())
+}
+
+/// `dlq purge`: deletes the selected dead letters for good, once confirmed.
+async fn purge(store: &Store, select: &Selection) -> Result<(), CliError> {
+    let found = selected(store, select).await?;
+    if found.is_empty() {
+        outln!("0 dead letter(s) purged");
+        return Ok(());
+    }
+    let all: Vec<&Letter> = found.iter().collect();
+    preview(&all);
+    if !confirm(
+        &format!(
+            "Delete these {} dead letter(s) for good? Their recipients are not sent.",
+            all.len()
+        ),
+        select.yes,
+    )? {
+        outln!("nothing purged");
+        return Ok(());
+    }
+    let mut n = 0;
+    for l in all {
+        // Recorded first: a purge that fails after it leaves the
+        // letter and an event saying it was purged, visibly; the
+        // other order could lose the trace of a deletion.
+        record(store, l, "purge").await?;
+        if store.purge_letter(l.shard, &l.entry.id).await? {
+            n += 1;
+        }
+    }
+    outln!("{n} dead letter(s) purged");
     Ok(())
 }

@@ -391,6 +391,15 @@ pub enum CliError {
     Failed(String),
 }
 
+impl From<crate::producer::InputError> for CliError {
+    fn from(e: crate::producer::InputError) -> Self {
+        match e {
+            crate::producer::InputError::Usage(m) => CliError::Usage(m),
+            crate::producer::InputError::Failed(m) => CliError::Failed(m),
+        }
+    }
+}
+
 impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
         match &e {

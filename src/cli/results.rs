@@ -226,23 +226,128 @@ pub(crate) async fn export_stored(
     format: Format,
     w: &mut impl Write,
 ) -> Result<(), CliError> {
-    let crate::store::delivery::Tracked { groups, reasons } = log.tracked().await?;
-    let reason_of = |code: &str| reasons.get(code).cloned().unwrap_or_default();
-    let show = |n: &str| {
-        if show_numbers {
-            n.to_string()
-        } else {
-            mask(n)
-        }
+    let sel = Selection {
+        status,
+        codes: codes.iter().map(String::as_str).collect(),
+        show_numbers,
+        tracked: log.tracked().await?,
     };
-    let codes: HashSet<&str> = codes.iter().map(String::as_str).collect();
-    let code_ok = |c: &str| codes.is_empty() || codes.contains(c);
     let mut out = Out {
         w,
         format,
         started: false,
     };
-    // The results hash.
+    export_results_hash(log, &sel, &mut out).await?;
+    export_load_failures(log, &sel, &mut out).await
+}
+
+/// What an export of stored outcomes selects, and what it shows them with.
+struct Selection<'a> {
+    /// The outcomes wanted.
+    status: &'a Filter,
+    /// The codes wanted (empty: any).
+    codes: HashSet<&'a str>,
+    /// Whether numbers are shown in full.
+    show_numbers: bool,
+    /// The batch's groups and the provider's texts for codes.
+    tracked: crate::store::delivery::Tracked,
+}
+
+impl Selection<'_> {
+    /// Whether code `c` is wanted.
+    fn code_ok(&self, c: &str) -> bool {
+        self.codes.is_empty() || self.codes.contains(c)
+    }
+
+    /// A number as shown: masked unless `--show-numbers`.
+    fn show(&self, n: &str) -> String {
+        if self.show_numbers {
+            n.to_string()
+        } else {
+            mask(n)
+        }
+    }
+
+    /// The provider's text for `code`, where tracking saw one.
+    fn reason_of(&self, code: &str) -> String {
+        self.tracked.reasons.get(code).cloned().unwrap_or_default()
+    }
+
+    /// The row of the results hash's record `r` of field `number`, if it
+    /// is selected.
+    fn stored_row(&self, number: &str, r: Record) -> Option<Row> {
+        if !self.status.wants(r.outcome) || !self.code_ok(&r.code) {
+            return None;
+        }
+        let failed = r.outcome == Outcome::Failed;
+        Some(Row {
+            number: self.show(Record::number_of(number)),
+            outcome: r.outcome.name().into(),
+            stage: if failed || r.outcome == Outcome::Unknown {
+                r.stage.name().into()
+            } else {
+                String::new()
+            },
+            reason: if failed {
+                self.reason_of(&r.code)
+            } else {
+                String::new()
+            },
+            code: r.code,
+            generation: Some(r.gen),
+            group_id: self.tracked.groups.get(&r.gen).cloned().unwrap_or_default(),
+            message_id: r.message_id,
+            seq: r.seq,
+        })
+    }
+
+    /// The row of failure `f` of chunk `e`: `not_sent` when the chunk was
+    /// given up (`given_up`), else a registration failure.
+    fn failure_row(
+        &self,
+        e: &crate::events::ChunkLoaded,
+        f: &crate::events::RegistrationFailure,
+        given_up: bool,
+    ) -> Row {
+        let outcome = failure_outcome(given_up);
+        Row {
+            number: self.show(&f.to),
+            outcome: outcome.name().into(),
+            stage: if given_up {
+                String::new()
+            } else {
+                Stage::Registration.name().into()
+            },
+            code: f.code.clone(),
+            generation: Some(e.gen),
+            group_id: e.group_id.clone(),
+            message_id: String::new(),
+            seq: Some(e.seq),
+            reason: if given_up {
+                e.given_up.clone().unwrap_or_default()
+            } else {
+                self.reason_of(&f.code)
+            },
+        }
+    }
+}
+
+/// The outcome of a recipient listed failed in a `chunk_loaded` event:
+/// not sent when its chunk was given up, else failed.
+fn failure_outcome(given_up: bool) -> Outcome {
+    if given_up {
+        Outcome::NotSent
+    } else {
+        Outcome::Failed
+    }
+}
+
+/// Writes the selected records of the results hash.
+async fn export_results_hash<W: Write>(
+    log: &BatchLog,
+    sel: &Selection<'_>,
+    out: &mut Out<W>,
+) -> Result<(), CliError> {
     let mut cursor = 0;
     loop {
         let (next, pairs) = log.scan_results(cursor).await?;
@@ -250,48 +355,32 @@ pub(crate) async fn export_stored(
             let Some(r) = Record::decode(&record) else {
                 continue;
             };
-            if !status.wants(r.outcome) || !code_ok(&r.code) {
-                continue;
+            if let Some(row) = sel.stored_row(&number, r) {
+                out.row(&row)?;
             }
-            let failed = r.outcome == Outcome::Failed;
-            out.row(&Row {
-                number: show(Record::number_of(&number)),
-                outcome: r.outcome.name().into(),
-                stage: if failed || r.outcome == Outcome::Unknown {
-                    r.stage.name().into()
-                } else {
-                    String::new()
-                },
-                reason: if failed {
-                    reason_of(&r.code)
-                } else {
-                    String::new()
-                },
-                code: r.code,
-                generation: Some(r.gen),
-                group_id: groups.get(&r.gen).cloned().unwrap_or_default(),
-                message_id: r.message_id,
-                seq: r.seq,
-            })?;
         }
         cursor = next;
         if cursor == 0 {
             break;
         }
     }
-    // The events: chunks given up, and registration failures tracking did
-    // not record (their generation was never tracked).
+    Ok(())
+}
+
+/// Writes the events' selected failures the results hash lacks: chunks
+/// given up, and registration failures tracking did not record (their
+/// generation was never tracked).
+async fn export_load_failures<W: Write>(
+    log: &BatchLog,
+    sel: &Selection<'_>,
+    out: &mut Out<W>,
+) -> Result<(), CliError> {
     for recorded in log.events().await?.into_iter().flatten() {
         let Event::ChunkLoaded(e) = recorded.event else {
             continue;
         };
         let given_up = e.given_up.is_some();
-        let outcome = if given_up {
-            Outcome::NotSent
-        } else {
-            Outcome::Failed
-        };
-        if e.failed.is_empty() || !status.wants(outcome) {
+        if e.failed.is_empty() || !sel.status.wants(failure_outcome(given_up)) {
             continue;
         }
         // A number the results hash has is listed from there: tracking
@@ -299,28 +388,10 @@ pub(crate) async fn export_stored(
         let numbers: Vec<&str> = e.failed.iter().map(|f| f.to.as_str()).collect();
         let known = log.results_of(&numbers).await?;
         for (f, known) in e.failed.iter().zip(known) {
-            if known.is_some() || !code_ok(&f.code) {
+            if known.is_some() || !sel.code_ok(&f.code) {
                 continue;
             }
-            out.row(&Row {
-                number: show(&f.to),
-                outcome: outcome.name().into(),
-                stage: if given_up {
-                    String::new()
-                } else {
-                    Stage::Registration.name().into()
-                },
-                code: f.code.clone(),
-                generation: Some(e.gen),
-                group_id: e.group_id.clone(),
-                message_id: String::new(),
-                seq: Some(e.seq),
-                reason: if given_up {
-                    e.given_up.clone().unwrap_or_default()
-                } else {
-                    reason_of(&f.code)
-                },
-            })?;
+            out.row(&sel.failure_row(&e, f, given_up))?;
         }
     }
     Ok(())

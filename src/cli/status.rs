@@ -129,162 +129,198 @@ pub fn options_json(p: &Projection) -> serde_json::Value {
 /// Runs status.
 pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     let store = args.redis.connect().await?;
-    if let Some(batch) = &args.batch {
-        validate_batch_id(batch).map_err(|e| CliError::Usage(format!("{batch:?}: {e}")))?;
-        if args.wait {
-            wait_for_report(&store, batch).await?;
-        }
-        let p = store.batch(batch).state().await?;
-        let queued = store.queued(store.keys.shard_of(batch)).await?;
-        let waiting = queued.of(batch);
-        if p.fields.is_empty() {
-            let Some(w) = waiting else {
-                return Err(CliError::Failed(format!(
-                    "no state for batch {batch} (unknown, or past its retention), and no chunk of it waits in the ingest stream"
-                )));
-            };
-            if args.json {
-                outln!("{}", queued_json(batch, w, &queued));
-            } else {
-                outln!("{}", queued.describe(w));
-            }
-            return Ok(());
-        }
-        if args.json {
-            let mut v = batch_json(batch, &p);
-            v["queuedChunks"] = waiting.map_or(0, |w| w.chunks).into();
-            outln!("{v}");
-            return Ok(());
-        }
-        let outcome = match (p.get("report"), p.cancelled()) {
-            (Some(o), _) => o,
-            (None, Some(_)) => "cancelled, finishing the sends claimed before the cancel",
-            (None, None) if p.get(field::CREDS_REFUSED).is_some() => {
-                "in flight, but the provider refused credentials"
-            }
-            (None, None) => "in flight",
+    match &args.batch {
+        Some(batch) => batch_status(&store, batch, args.wait, args.json).await,
+        None => overview(&store, args.json).await,
+    }
+}
+
+/// `status BATCH`: the batch's state (after its report, with `wait`), or
+/// what of it waits in the ingest stream when it has no state yet.
+async fn batch_status(store: &Store, batch: &str, wait: bool, json: bool) -> Result<(), CliError> {
+    validate_batch_id(batch).map_err(|e| CliError::Usage(format!("{batch:?}: {e}")))?;
+    if wait {
+        wait_for_report(store, batch).await?;
+    }
+    let p = store.batch(batch).state().await?;
+    let queued = store.queued(store.keys.shard_of(batch)).await?;
+    let waiting = queued.of(batch);
+    if p.fields.is_empty() {
+        let Some(w) = waiting else {
+            return Err(CliError::Failed(format!(
+                "no state for batch {batch} (unknown, or past its retention), and no chunk of it waits in the ingest stream"
+            )));
         };
-        let last = p
-            .last_seq()
-            .map(|l| (l + 1).to_string())
-            .unwrap_or_else(|| "?".into());
-        outln!(
-            "batch {batch}: {outcome}; {} of {last} chunks, {} recipients, {} registered, {} failed, {} rejected input(s), {} stall(s)",
-            p.int("seqs"),
-            p.int("recipients"),
-            p.int("registered"),
-            p.int("failed"),
-            p.int("rejected"),
-            p.int("stalls"),
-        );
-        let window = p
-            .get(field::OPTIONS)
-            .and_then(SendWindow::from_canonical)
-            .unwrap_or_default();
-        if window.holds() || window.priority != Priority::Normal || window.ad.is_some() {
-            outln!("{}", window.describe());
+        if json {
+            outln!("{}", queued_json(batch, w, &queued));
+        } else {
+            outln!("{}", queued.describe(w));
         }
-        if let Some(why) = p.cancelled() {
-            outln!(
-                "cancelled ({why}): {} generation(s) stopped, never sent ({} registered recipient(s)); later chunks are refused",
-                p.int(crate::projection::field::STOPPED),
-                p.int(crate::projection::field::UNSENT),
-            );
-        }
-        if let Some(why) = p.get(field::CREDS_REFUSED) {
-            let then = if p.get("report").is_some() {
-                "submit the batch again".to_string()
-            } else {
-                format!("`groupcast dlq redrive --batch {batch}`")
-            };
-            outln!(
-                "provider refused credentials: {why}. Fix GROUPCAST_PROVIDER_API_KEY / \
-                 GROUPCAST_PROVIDER_API_SECRET, restart the workers, then {then}"
-            );
-        }
-        if let Some(line) = delivery_line(batch, &p) {
-            // Before tracking's first page (or with `--delivery-window 0`,
-            // never) there is nothing read to show.
-            let read = p.get(field::DL_GENS).is_some()
-                || store.batch(batch).has_delivery_results().await?;
-            if read {
-                outln!("{line}");
-            } else {
-                outln!("delivery: no results read yet (workers read them after the send unless started with --delivery-window 0)");
-            }
-        }
-        let after_end = p.int(field::AFTER_END);
-        if after_end > 0 {
-            outln!(
-                "{after_end} chunk(s) came after the batch ended: counted, not loaded, not dead-lettered"
-            );
-        }
-        if let Some(w) = waiting {
-            outln!(
-                "{} more chunk(s) wait unread in the ingest stream{}",
-                w.chunks,
-                if queued.read_by_a_worker() {
-                    ""
-                } else {
-                    " (no worker reads it)"
-                }
-            );
-        }
-        let hb = p.int("hb") as u64;
-        if hb > 0 {
-            // The clock that stamped the heartbeat: the batch's server's.
-            let now = store.batch(batch).server_time_ms().await?.max(hb);
-            outln!(
-                "last event {} ({} ago)",
-                window.time_text(i64::try_from(hb).unwrap_or(i64::MAX)),
-                human_duration(now.saturating_sub(hb))
-            );
-        }
-        let rows: Vec<Vec<String>> = (0..p.generations())
-            .map(|g| {
-                let f = |k: &str| p.gen_field(g, k).unwrap_or("-").to_string();
-                vec![
-                    g.to_string(),
-                    f("group"),
-                    p.gen_int(g, "n").to_string(),
-                    format!("{}/{}", p.gen_int(g, "l"), p.gen_int(g, "c")),
-                    p.gen_int(g, "reg").to_string(),
-                    p.gen_int(g, "fail").to_string(),
-                    f("closed"),
-                    p.gen_field(g, "refused")
-                        .map(|r| format!("REFUSED: {r}"))
-                        .or_else(|| p.gen_field(g, "sent").map(str::to_string))
-                        .or_else(|| {
-                            let at = p.gen_field(g, "at")?.parse::<u64>().ok()?;
-                            // In the zone the batch's quiet hours are in:
-                            // the hold is most often theirs.
-                            Some(format!(
-                                "held until {}",
-                                window.time_text(i64::try_from(at).ok()?)
-                            ))
-                        })
-                        .unwrap_or_else(|| "-".into()),
-                    f("done"),
-                ]
-            })
-            .collect();
-        print_table(
-            &[
-                "gen",
-                "group",
-                "recipients",
-                "loaded",
-                "registered",
-                "failed",
-                "closed",
-                "send",
-                "provider",
-            ],
-            &rows,
-        );
         return Ok(());
     }
-    overview(&store, args.json).await
+    if json {
+        let mut v = batch_json(batch, &p);
+        v["queuedChunks"] = waiting.map_or(0, |w| w.chunks).into();
+        outln!("{v}");
+        return Ok(());
+    }
+    outln!("{}", headline(batch, &p));
+    let window = p
+        .get(field::OPTIONS)
+        .and_then(SendWindow::from_canonical)
+        .unwrap_or_default();
+    if window.holds() || window.priority != Priority::Normal || window.ad.is_some() {
+        outln!("{}", window.describe());
+    }
+    for line in state_notes(batch, &p) {
+        outln!("{line}");
+    }
+    if let Some(line) = delivery_line(batch, &p) {
+        // Before tracking's first page (or with `--delivery-window 0`,
+        // never) there is nothing read to show.
+        let read =
+            p.get(field::DL_GENS).is_some() || store.batch(batch).has_delivery_results().await?;
+        if read {
+            outln!("{line}");
+        } else {
+            outln!("delivery: no results read yet (workers read them after the send unless started with --delivery-window 0)");
+        }
+    }
+    for line in queue_notes(&p, waiting, &queued) {
+        outln!("{line}");
+    }
+    let hb = p.int("hb") as u64;
+    if hb > 0 {
+        // The clock that stamped the heartbeat: the batch's server's.
+        let now = store.batch(batch).server_time_ms().await?.max(hb);
+        outln!(
+            "last event {} ({} ago)",
+            window.time_text(i64::try_from(hb).unwrap_or(i64::MAX)),
+            human_duration(now.saturating_sub(hb))
+        );
+    }
+    print_table(
+        &[
+            "gen",
+            "group",
+            "recipients",
+            "loaded",
+            "registered",
+            "failed",
+            "closed",
+            "send",
+            "provider",
+        ],
+        &generation_rows(&p, &window),
+    );
+    Ok(())
+}
+
+/// The batch's first line: its outcome (or where it stands) and its counts.
+fn headline(batch: &str, p: &Projection) -> String {
+    let outcome = match (p.get("report"), p.cancelled()) {
+        (Some(o), _) => o,
+        (None, Some(_)) => "cancelled, finishing the sends claimed before the cancel",
+        (None, None) if p.get(field::CREDS_REFUSED).is_some() => {
+            "in flight, but the provider refused credentials"
+        }
+        (None, None) => "in flight",
+    };
+    let last = p
+        .last_seq()
+        .map(|l| (l + 1).to_string())
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "batch {batch}: {outcome}; {} of {last} chunks, {} recipients, {} registered, {} failed, {} rejected input(s), {} stall(s)",
+        p.int("seqs"),
+        p.int("recipients"),
+        p.int("registered"),
+        p.int("failed"),
+        p.int("rejected"),
+        p.int("stalls"),
+    )
+}
+
+/// What the state says needs saying: a cancel, and credentials the
+/// provider refused (with what to do about them).
+fn state_notes(batch: &str, p: &Projection) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(why) = p.cancelled() {
+        notes.push(format!(
+            "cancelled ({why}): {} generation(s) stopped, never sent ({} registered recipient(s)); later chunks are refused",
+            p.int(crate::projection::field::STOPPED),
+            p.int(crate::projection::field::UNSENT),
+        ));
+    }
+    if let Some(why) = p.get(field::CREDS_REFUSED) {
+        let then = if p.get("report").is_some() {
+            "submit the batch again".to_string()
+        } else {
+            format!("`groupcast dlq redrive --batch {batch}`")
+        };
+        notes.push(format!(
+            "provider refused credentials: {why}. Fix GROUPCAST_PROVIDER_API_KEY / \
+             GROUPCAST_PROVIDER_API_SECRET, restart the workers, then {then}"
+        ));
+    }
+    notes
+}
+
+/// Chunks outside the batch's counts: those that came after it ended, and
+/// those still waiting in the ingest stream (`waiting`, of `queued`).
+fn queue_notes(p: &Projection, waiting: Option<&QueuedBatch>, queued: &Queued) -> Vec<String> {
+    let mut notes = Vec::new();
+    let after_end = p.int(field::AFTER_END);
+    if after_end > 0 {
+        notes.push(format!(
+            "{after_end} chunk(s) came after the batch ended: counted, not loaded, not dead-lettered"
+        ));
+    }
+    if let Some(w) = waiting {
+        notes.push(format!(
+            "{} more chunk(s) wait unread in the ingest stream{}",
+            w.chunks,
+            if queued.read_by_a_worker() {
+                ""
+            } else {
+                " (no worker reads it)"
+            }
+        ));
+    }
+    notes
+}
+
+/// One row per generation: its group, counts, and where its send stands
+/// (holds shown in `window`'s zone).
+fn generation_rows(p: &Projection, window: &SendWindow) -> Vec<Vec<String>> {
+    (0..p.generations())
+        .map(|g| {
+            let f = |k: &str| p.gen_field(g, k).unwrap_or("-").to_string();
+            vec![
+                g.to_string(),
+                f("group"),
+                p.gen_int(g, "n").to_string(),
+                format!("{}/{}", p.gen_int(g, "l"), p.gen_int(g, "c")),
+                p.gen_int(g, "reg").to_string(),
+                p.gen_int(g, "fail").to_string(),
+                f("closed"),
+                p.gen_field(g, "refused")
+                    .map(|r| format!("REFUSED: {r}"))
+                    .or_else(|| p.gen_field(g, "sent").map(str::to_string))
+                    .or_else(|| {
+                        let at = p.gen_field(g, "at")?.parse::<u64>().ok()?;
+                        // In the zone the batch's quiet hours are in:
+                        // the hold is most often theirs.
+                        Some(format!(
+                            "held until {}",
+                            window.time_text(i64::try_from(at).ok()?)
+                        ))
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                f("done"),
+            ]
+        })
+        .collect()
 }
 
 /// A queued batch (chunks waiting, no state yet) as JSON.
@@ -307,6 +343,20 @@ pub fn queued_json(batch: &str, w: &QueuedBatch, q: &Queued) -> serde_json::Valu
 /// streams, and the batches in flight with how long each has been quiet.
 async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
     let health = store.stream_health().await?;
+    let queued = store.queued_all().await?;
+    let in_flight = in_flight(store).await?;
+    if json {
+        let queued_json: Vec<_> = queued
+            .iter()
+            .flat_map(|q| q.batches.iter().map(|w| queued_json(&w.batch, w, q)))
+            .collect();
+        let batches: Vec<_> = in_flight.iter().map(InFlight::json).collect();
+        outln!(
+            "{}",
+            serde_json::json!({"streams": health, "batchesQueued": queued_json, "batchesInFlight": batches})
+        );
+        return Ok(());
+    }
     let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     let rows: Vec<Vec<String>> = health
         .iter()
@@ -322,51 +372,6 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
             ]
         })
         .collect();
-    let queued = store.queued_all().await?;
-    let mut batch_rows = Vec::new();
-    let mut batches = Vec::new();
-    for shard in 0..store.keys.shards() {
-        // How long a batch is quiet, on the clock that stamped its
-        // heartbeat: its shard's server's.
-        let now = store.shard_time_ms(shard).await?;
-        let mut active = store.active_batches(shard).await?;
-        active.sort();
-        for b in active {
-            let p = store.batch(&b).state().await?;
-            let hb = p.int("hb") as u64;
-            let quiet = (hb > 0).then(|| now.saturating_sub(hb));
-            let last = p
-                .last_seq()
-                .map(|l| (l + 1).to_string())
-                .unwrap_or_else(|| "?".into());
-            batch_rows.push(vec![
-                b.clone(),
-                shard.to_string(),
-                format!("{}/{last}", p.int("seqs")),
-                p.int("recipients").to_string(),
-                p.int("registered").to_string(),
-                format!("{}/{}", sent_count(&p), p.generations()),
-                quiet.map_or("-".into(), human_duration),
-                p.int("stalls").to_string(),
-            ]);
-            batches.push(serde_json::json!({
-                "batch": b, "shard": shard, "chunks": p.int("seqs"), "lastSeq": p.last_seq(),
-                "recipients": p.int("recipients"), "registered": p.int("registered"),
-                "groupsSent": sent_count(&p), "generations": p.generations(), "quietMs": quiet, "stalls": p.int("stalls"),
-            }));
-        }
-    }
-    if json {
-        let queued_json: Vec<_> = queued
-            .iter()
-            .flat_map(|q| q.batches.iter().map(|w| queued_json(&w.batch, w, q)))
-            .collect();
-        outln!(
-            "{}",
-            serde_json::json!({"streams": health, "batchesQueued": queued_json, "batchesInFlight": batches})
-        );
-        return Ok(());
-    }
     print_table(
         &[
             "key",
@@ -388,10 +393,11 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
         }
     }
     outln!();
-    if batch_rows.is_empty() {
+    if in_flight.is_empty() {
         outln!("no batches in flight");
     } else {
-        outln!("{} batch(es) in flight:", batch_rows.len());
+        outln!("{} batch(es) in flight:", in_flight.len());
+        let batch_rows: Vec<Vec<String>> = in_flight.iter().map(InFlight::row).collect();
         print_table(
             &[
                 "batch",
@@ -407,6 +413,70 @@ async fn overview(store: &Store, json: bool) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// A batch in flight, as the overview shows it.
+struct InFlight {
+    batch: String,
+    shard: u32,
+    p: Projection,
+    /// How long it has been quiet (ms), once it has a heartbeat.
+    quiet: Option<u64>,
+}
+
+impl InFlight {
+    /// Its row in the overview's table.
+    fn row(&self) -> Vec<String> {
+        let p = &self.p;
+        let last = p
+            .last_seq()
+            .map(|l| (l + 1).to_string())
+            .unwrap_or_else(|| "?".into());
+        vec![
+            self.batch.clone(),
+            self.shard.to_string(),
+            format!("{}/{last}", p.int("seqs")),
+            p.int("recipients").to_string(),
+            p.int("registered").to_string(),
+            format!("{}/{}", sent_count(p), p.generations()),
+            self.quiet.map_or("-".into(), human_duration),
+            p.int("stalls").to_string(),
+        ]
+    }
+
+    /// It as JSON.
+    fn json(&self) -> serde_json::Value {
+        let p = &self.p;
+        serde_json::json!({
+            "batch": self.batch, "shard": self.shard, "chunks": p.int("seqs"), "lastSeq": p.last_seq(),
+            "recipients": p.int("recipients"), "registered": p.int("registered"),
+            "groupsSent": sent_count(p), "generations": p.generations(), "quietMs": self.quiet, "stalls": p.int("stalls"),
+        })
+    }
+}
+
+/// The batches in flight on every shard, by shard then id.
+async fn in_flight(store: &Store) -> Result<Vec<InFlight>, CliError> {
+    let mut batches = Vec::new();
+    for shard in 0..store.keys.shards() {
+        // How long a batch is quiet, on the clock that stamped its
+        // heartbeat: its shard's server's.
+        let now = store.shard_time_ms(shard).await?;
+        let mut active = store.active_batches(shard).await?;
+        active.sort();
+        for b in active {
+            let p = store.batch(&b).state().await?;
+            let hb = p.int("hb") as u64;
+            let quiet = (hb > 0).then(|| now.saturating_sub(hb));
+            batches.push(InFlight {
+                batch: b,
+                shard,
+                p,
+                quiet,
+            });
+        }
+    }
+    Ok(batches)
 }
 
 /// Generations of a batch whose group was sent.

@@ -239,115 +239,242 @@ pub fn accept(
     a: &AcceptArgs,
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    let seq = i64::from(a.seq);
-    let (count, cap) = ((a.records.len() / RECORD) as i64, a.cap as i64);
-    let refused = |why: String| vec!["refused".to_string(), format!("batch {batch} {why}")];
-    let report = r.get("report");
-    let closed = r.get("closed");
-    let cancelled = r.get("cancelled");
-    if let Some(s) = r.get(&format!("s:{seq}")) {
-        // A repeat delivery: same content is a no-op, other content a conflict.
-        let mut it = s.splitn(3, '|');
-        let g = it.next().unwrap_or_default().to_string();
-        let d = it.nth(1).unwrap_or_default().to_string();
-        if d == a.digest {
-            let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
-            let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
-            if let (Some(c), false) = (&cancelled, loaded) {
-                // Cancelled before it was loaded: it never will be.
-                return refused(format!("was cancelled ({c}): seq {seq} will not be loaded"));
-            }
-            let positions = r.get(&format!("x:{seq}")).unwrap_or_default();
-            return vec![
-                "duplicate".into(),
-                g,
-                group,
-                if loaded { "1" } else { "0" }.into(),
-                positions,
-            ];
-        }
-        if report.is_some() || closed.is_some() || cancelled.is_some() {
-            return refused(format!(
-                "has ended: seq {seq} came again with other content"
-            ));
-        }
-        let why = format!(
-            "seq {seq} was already accepted with other content (digest {d}, this one {})",
-            a.digest
-        );
-        reject(&mut r, policy, a.seq, a.digest, &why, false, false);
-        return vec!["conflict".into(), why];
+    let ends = Ends::read(&r);
+    if let Some(s) = r.get(&format!("s:{}", a.seq)) {
+        return accept_again(&mut r, policy, a, &s, &ends);
     }
-    if let Some(o) = report {
-        return refused(format!(
+    if let Some(why) = ended_refusal(&r, &ends) {
+        return refused(&r, &why);
+    }
+    let seen = Seen::read(&r, a.seq);
+    match admission(a, &seen) {
+        Admission::Admitted => {}
+        Admission::Refused(why) => return refused(&r, &why),
+        Admission::Rejected {
+            kind,
+            why,
+            may_hole,
+        } => return rejected(&mut r, policy, a, kind, why, may_hole),
+    }
+    let (dups, count) = dedupe(&mut r, policy, seen.recipients, a.records);
+    let open = generation_for(&mut r, count, a.cap as i64);
+    assign(&mut r, a, &seen, open, dups, count)
+}
+
+/// The reply `refused` (nothing recorded): the batch has ended or takes no
+/// more chunks.
+fn refused(r: &Run, why: &str) -> Vec<String> {
+    vec!["refused".to_string(), format!("batch {} {why}", r.batch)]
+}
+
+/// The reply `rejected` or `conflict` (`kind`), recorded as input_rejected;
+/// `may_hole`: the seq may be a hole from now on.
+fn rejected(
+    r: &mut Run,
+    policy: &BatchPolicy,
+    a: &AcceptArgs,
+    kind: &str,
+    why: String,
+    may_hole: bool,
+) -> Vec<String> {
+    reject(
+        r,
+        policy,
+        a.seq,
+        a.digest,
+        &why,
+        may_hole,
+        may_hole && a.last,
+    );
+    vec![kind.to_string(), why]
+}
+
+/// The marks of a batch that has ended: reported, closed or cancelled
+/// (each with its reason).
+struct Ends {
+    report: Option<String>,
+    closed: Option<String>,
+    cancelled: Option<String>,
+}
+
+impl Ends {
+    /// The marks, from the state.
+    fn read(r: &Run) -> Ends {
+        Ends {
+            report: r.get("report"),
+            closed: r.get("closed"),
+            cancelled: r.get("cancelled"),
+        }
+    }
+
+    /// Whether the batch has ended in any way.
+    fn any(&self) -> bool {
+        self.report.is_some() || self.closed.is_some() || self.cancelled.is_some()
+    }
+}
+
+/// A seq the batch already has (`s`: its `gen|count|digest`) comes again.
+fn accept_again(
+    r: &mut Run,
+    policy: &BatchPolicy,
+    a: &AcceptArgs,
+    s: &str,
+    ends: &Ends,
+) -> Vec<String> {
+    let seq = a.seq;
+    // A repeat delivery: same content is a no-op, other content a conflict.
+    let mut it = s.splitn(3, '|');
+    let g = it.next().unwrap_or_default().to_string();
+    let d = it.nth(1).unwrap_or_default().to_string();
+    if d == a.digest {
+        let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
+        let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
+        if let (Some(c), false) = (&ends.cancelled, loaded) {
+            // Cancelled before it was loaded: it never will be.
+            return refused(
+                r,
+                &format!("was cancelled ({c}): seq {seq} will not be loaded"),
+            );
+        }
+        let positions = r.get(&format!("x:{seq}")).unwrap_or_default();
+        return vec![
+            "duplicate".into(),
+            g,
+            group,
+            if loaded { "1" } else { "0" }.into(),
+            positions,
+        ];
+    }
+    if ends.any() {
+        return refused(
+            r,
+            &format!("has ended: seq {seq} came again with other content"),
+        );
+    }
+    let why = format!(
+        "seq {seq} was already accepted with other content (digest {d}, this one {})",
+        a.digest
+    );
+    rejected(r, policy, a, "conflict", why, false)
+}
+
+/// Why a batch that has ended takes no new seq, if it has.
+fn ended_refusal(r: &Run, ends: &Ends) -> Option<String> {
+    if let Some(o) = &ends.report {
+        return Some(format!(
             "was already reported ({o}): it takes no more chunks"
         ));
     }
-    if let Some(c) = cancelled {
-        return refused(format!("was cancelled ({c}): it takes no more chunks"));
+    if let Some(c) = &ends.cancelled {
+        return Some(format!("was cancelled ({c}): it takes no more chunks"));
     }
-    if let Some(c) = closed {
-        return refused(format!("was closed ({c}): it takes no more chunks"));
+    if let Some(c) = &ends.closed {
+        return Some(format!("was closed ({c}): it takes no more chunks"));
     }
     let nothing =
         r.get("seqs").is_none() && r.get("holes").is_none() && r.get("rejected").is_none();
-    if tombstoned(&r, nothing) {
-        return refused(
+    if tombstoned(r, nothing) {
+        return Some(
             "was already reported (its events have expired): it takes no more chunks".into(),
         );
     }
+    None
+}
 
-    let last = tonumber(r.get("last").as_deref());
-    let max = tonumber(r.get("max").as_deref());
-    let rmax = tonumber(r.get("rmax").as_deref());
-    let (mut seqs, mut holes) = (r.num("seqs"), r.num("holes"));
-    let was_hole = r.get(&format!("r:{seq}")).as_deref() == Some("1");
-    let duplicates0 = r.num("duplicates");
-    let rejected = |r: &mut Run, kind: &str, why: String, may_hole: bool| {
-        reject(
-            r,
-            policy,
-            a.seq,
-            a.digest,
-            &why,
-            may_hole,
-            may_hole && a.last,
-        );
-        vec![kind.to_string(), why]
+/// What the batch's state says about the seqs it has seen, as a new seq
+/// reads it.
+struct Seen {
+    /// The seq flagged last, if one was.
+    last: Option<i64>,
+    /// The highest seq accepted.
+    max: Option<i64>,
+    /// The highest seq received (rejected ones too).
+    rmax: Option<i64>,
+    /// Seqs assigned.
+    seqs: i64,
+    /// Seqs refused for good (holes).
+    holes: i64,
+    /// Whether this seq is one of the holes.
+    was_hole: bool,
+    /// Recipients the batch already had, counted over its chunks.
+    duplicates: i64,
+    /// Recipients given to the batch.
+    recipients: i64,
+    /// The batch options, once a chunk set them.
+    opts: Option<String>,
+}
+
+impl Seen {
+    /// The state, as seq `seq` reads it.
+    fn read(r: &Run, seq: u32) -> Seen {
+        Seen {
+            last: tonumber(r.get("last").as_deref()),
+            max: tonumber(r.get("max").as_deref()),
+            rmax: tonumber(r.get("rmax").as_deref()),
+            seqs: r.num("seqs"),
+            holes: r.num("holes"),
+            was_hole: r.get(&format!("r:{seq}")).as_deref() == Some("1"),
+            duplicates: r.num("duplicates"),
+            recipients: r.num("recipients"),
+            opts: r.get("opts"),
+        }
+    }
+}
+
+/// What `accept` decides about a seq new to a batch that has not ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    /// It goes on to the dedupe and a generation.
+    Admitted,
+    /// Refused, nothing recorded.
+    Refused(String),
+    /// Recorded as input_rejected, replied as `kind`.
+    Rejected {
+        kind: &'static str,
+        why: String,
+        may_hole: bool,
+    },
+}
+
+/// Whether a new seq is admitted, given what the batch has seen.
+fn admission(a: &AcceptArgs, seen: &Seen) -> Admission {
+    let seq = i64::from(a.seq);
+    let count = (a.records.len() / RECORD) as i64;
+    let cap = a.cap as i64;
+    let rejected = |kind, why, may_hole| Admission::Rejected {
+        kind,
+        why,
+        may_hole,
     };
-    if let Some(l) = last.filter(|&l| seq > l) {
+    if let Some(l) = seen.last.filter(|&l| seq > l) {
         return rejected(
-            &mut r,
             "rejected",
             format!("seq {seq} is beyond the last seq {l}"),
             false,
         );
     }
-    if settled(false, last, seqs, holes) {
+    if settled(false, seen.last, seen.seqs, seen.holes) {
         // Every seq 0..last is assigned or a hole: this one was refused before.
-        return refused(format!(
+        return Admission::Refused(format!(
             "went on without seq {seq} (refused earlier): it takes no more chunks"
         ));
     }
-    if let Some(l) = last.filter(|&l| a.last && l != seq) {
+    if let Some(l) = seen.last.filter(|&l| a.last && l != seq) {
         return rejected(
-            &mut r,
             "rejected",
             format!("seq {seq} is flagged last, but seq {l} already was"),
             true,
         );
     }
-    if let Some(m) = max.filter(|&m| a.last && m > seq) {
+    if let Some(m) = seen.max.filter(|&m| a.last && m > seq) {
         return rejected(
-            &mut r,
             "rejected",
             format!("seq {seq} is flagged last, but seq {m} was already accepted"),
             true,
         );
     }
-    if let Some(m) = rmax.filter(|&m| a.last && m > seq) {
+    if let Some(m) = seen.rmax.filter(|&m| a.last && m > seq) {
         return rejected(
-            &mut r,
             "rejected",
             format!("seq {seq} is flagged last, but seq {m} was already received"),
             true,
@@ -355,16 +482,13 @@ pub fn accept(
     }
     if count > cap {
         return rejected(
-            &mut r,
             "rejected",
             format!("chunk has {count} recipients, more than the group cap {cap}"),
             true,
         );
     }
-    let opts = r.get("opts");
-    if let Some(o) = opts.as_deref().filter(|o| *o != a.opts) {
+    if let Some(o) = seen.opts.as_deref().filter(|o| *o != a.opts) {
         return rejected(
-            &mut r,
             "conflict",
             format!(
                 "seq {seq} has the batch options {}, but the batch has {o}",
@@ -373,18 +497,36 @@ pub fn accept(
             true,
         );
     }
+    Admission::Admitted
+}
 
-    let mut recipients = r.num("recipients");
-    let (dups, count) = dedupe(&mut r, policy, recipients, a.records);
+/// The generation a chunk is assigned to, with its counters before it.
+struct Open {
+    gen: i64,
+    /// Recipients approved.
+    n: i64,
+    /// Chunks approved.
+    c: i64,
+    /// Its provider group, once created.
+    group: Option<String>,
+}
 
-    let mut gen = r.num("gen");
-    let gk = |gen: i64, f: &str| format!("g:{gen}:{f}");
-    let (mut n, mut c, l) = (
+/// A field of generation `gen` in the state: `g:<gen>:<f>`.
+fn gk(gen: i64, f: &str) -> String {
+    format!("g:{gen}:{f}")
+}
+
+/// The generation a chunk of `count` new recipients goes to: the current
+/// one, or the next when the current one is closed or would pass the cap
+/// (closing it as full if it was not).
+fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
+    let gen = r.num("gen");
+    let (n, c, l) = (
         r.num(&gk(gen, "n")),
         r.num(&gk(gen, "c")),
         r.num(&gk(gen, "l")),
     );
-    let mut group = r.get(&gk(gen, "group"));
+    let group = r.get(&gk(gen, "group"));
     let gen_closed = r.get(&gk(gen, "closed")).is_some();
     let reg = r.num(&gk(gen, "reg"));
 
@@ -392,25 +534,52 @@ pub fn accept(
     // more): this script is the one closer. Approval counters are never given back.
     if gen_closed || (n > 0 && n + count > cap) {
         if !gen_closed {
-            r.emit(
-                &format!("close/{gen}"),
-                Event::GenerationClosed(GenerationClosed {
-                    gen: gen as u32,
-                    reason: "full".into(),
-                    chunks: c as u32,
-                    recipients: n as u32,
-                }),
-                true,
-            );
-            r.put(gk(gen, "closed"), "full");
+            close_generation(r, gen, "full", c, n);
             if l == c {
-                make_ready(&mut r, gen as u32, c as u32, reg);
+                make_ready(r, gen as u32, c as u32, reg);
             }
         }
-        (gen, n, c, group) = (gen + 1, 0, 0, None);
+        return Open {
+            gen: gen + 1,
+            n: 0,
+            c: 0,
+            group: None,
+        };
     }
+    Open { gen, n, c, group }
+}
 
-    (n, c, seqs, recipients) = (n + count, c + 1, seqs + 1, recipients + count);
+/// Closes generation `gen` for `reason` (`full` or `final`), with its
+/// `chunks` and `recipients` approved.
+fn close_generation(r: &mut Run, gen: i64, reason: &str, chunks: i64, recipients: i64) {
+    r.emit(
+        &format!("close/{gen}"),
+        Event::GenerationClosed(GenerationClosed {
+            gen: gen as u32,
+            reason: reason.into(),
+            chunks: chunks as u32,
+            recipients: recipients as u32,
+        }),
+        true,
+    );
+    r.put(gk(gen, "closed"), reason);
+}
+
+/// Assigns the chunk to generation `open` with its `count` new recipients
+/// (`dups`: the positions of the others): records it, closes the
+/// generation when it is the final one, and replies `assigned`.
+fn assign(
+    r: &mut Run,
+    a: &AcceptArgs,
+    seen: &Seen,
+    open: Open,
+    dups: Vec<u32>,
+    count: i64,
+) -> Vec<String> {
+    let seq = i64::from(a.seq);
+    let Open { gen, n, c, group } = open;
+    let (n, c, seqs, recipients) = (n + count, c + 1, seen.seqs + 1, seen.recipients + count);
+    let mut holes = seen.holes;
     let positions = dups
         .iter()
         .map(u32::to_string)
@@ -418,9 +587,9 @@ pub fn accept(
         .join(",");
     if !dups.is_empty() {
         r.put(format!("x:{seq}"), &positions);
-        r.put("duplicates", duplicates0 + dups.len() as i64);
+        r.put("duplicates", seen.duplicates + dups.len() as i64);
     }
-    if was_hole {
+    if seen.was_hole {
         // A corrected copy of a seq refused earlier: no longer a hole.
         r.put(format!("r:{seq}"), 0);
         holes -= 1;
@@ -435,12 +604,12 @@ pub fn accept(
             last: a.last,
             digest: a.digest.to_string(),
             duplicates: dups,
-            opts: opts.is_none().then(|| a.opts.to_string()),
+            opts: seen.opts.is_none().then(|| a.opts.to_string()),
         }),
         true,
     );
     r.put(format!("s:{seq}"), format!("{gen}|{count}|{}", a.digest));
-    if opts.is_none() {
+    if seen.opts.is_none() {
         r.put("opts", a.opts);
     }
     r.put(gk(gen, "n"), n);
@@ -448,10 +617,10 @@ pub fn accept(
     r.put("gen", gen);
     r.put("seqs", seqs);
     r.put("recipients", recipients);
-    if max.is_none_or(|m| seq > m) {
+    if seen.max.is_none_or(|m| seq > m) {
         r.put("max", seq);
     }
-    let mut last = last;
+    let mut last = seen.last;
     if a.last {
         r.put("last", seq);
         last = Some(seq);
@@ -464,23 +633,12 @@ pub fn accept(
     }
     // Every seq 0..last is assigned (or a hole): this generation is the final one.
     if settled(false, last, seqs, holes) {
-        r.emit(
-            &format!("close/{gen}"),
-            Event::GenerationClosed(GenerationClosed {
-                gen: gen as u32,
-                reason: "final".into(),
-                chunks: c as u32,
-                recipients: n as u32,
-            }),
-            true,
-        );
-        r.put(gk(gen, "closed"), "final");
+        close_generation(r, gen, "final", c, n);
     }
     r.flush();
-    let g = gen.to_string();
     vec![
         "assigned".into(),
-        g,
+        gen.to_string(),
         group.unwrap_or_default(),
         "0".into(),
         positions,
@@ -502,5 +660,72 @@ mod tests {
         assert_eq!(bucket_of(7, 2, 1), 3);
         assert_eq!(bucket_count(0), 1);
         assert_eq!(bucket_count(33), 2);
+    }
+
+    fn seen() -> Seen {
+        Seen {
+            last: None,
+            max: None,
+            rmax: None,
+            seqs: 0,
+            holes: 0,
+            was_hole: false,
+            duplicates: 0,
+            recipients: 0,
+            opts: None,
+        }
+    }
+
+    #[test]
+    fn a_new_seq_is_admitted_unless_the_batch_says_otherwise() {
+        let records = [0u8; 2 * RECORD];
+        let a = AcceptArgs {
+            seq: 3,
+            last: true,
+            records: &records,
+            digest: "d",
+            cap: 2,
+            opts: "0|0|0",
+        };
+        assert_eq!(admission(&a, &seen()), Admission::Admitted);
+        let beyond = Seen {
+            last: Some(2),
+            ..seen()
+        };
+        assert!(matches!(
+            admission(&a, &beyond),
+            Admission::Rejected {
+                kind: "rejected",
+                may_hole: false,
+                ..
+            }
+        ));
+        let done = Seen {
+            last: Some(3),
+            seqs: 4,
+            ..seen()
+        };
+        assert!(matches!(admission(&a, &done), Admission::Refused(_)));
+        let other = Seen {
+            opts: Some("1|0|0".into()),
+            ..seen()
+        };
+        assert!(matches!(
+            admission(&a, &other),
+            Admission::Rejected {
+                kind: "conflict",
+                may_hole: true,
+                ..
+            }
+        ));
+        let small = AcceptArgs { cap: 1, ..a };
+        assert!(matches!(
+            admission(&small, &seen()),
+            Admission::Rejected {
+                kind: "rejected",
+                may_hole: true,
+                ..
+            }
+        ));
     }
 }

@@ -76,28 +76,15 @@ pub fn claim_send(
     now: u64,
 ) -> Vec<String> {
     let gen = a.gen;
-    let gk = |f: &str| format!("g:{gen}:{f}");
     let mut r = Run::new(db, batch);
-    let mut n = r.num(&gk("claimed"));
-    let mut live = n > r.num(&gk("back"));
-    // The claim in place, by its event's key; a state that lost that key (a
-    // write Redis lost) holds no claim: it is taken again under the same
-    // number.
-    let mut claim_id = None;
-    if live {
-        claim_id = r.get(&format!("k:{}", claim_key(gen, n)));
-        if claim_id.is_none() {
-            (live, n) = (false, n - 1);
-        }
-    }
-    let cancelled = r.get("cancelled");
-    if let (false, Some(reason)) = (live, &cancelled) {
+    let found = Found::read(&r, gen);
+    if let (false, Some(reason)) = (found.live, &found.cancelled) {
         return reply(["cancelled", reason]);
     }
     // Sent, done, or its send given up (`give_up_send`): never claimed again.
     if r.get(&format!("k:send/{gen}")).is_some()
-        || r.get(&gk("done")).is_some()
-        || r.get(&gk("failed")).is_some()
+        || r.get(&gk(gen, "done")).is_some()
+        || r.get(&gk(gen, "failed")).is_some()
     {
         return reply(["done"]);
     }
@@ -109,80 +96,150 @@ pub fn claim_send(
     let granted = r
         .get(&field::claim_until(gen))
         .and_then(|v| v.parse::<u64>().ok());
-    let bound = granted.filter(|_| live && cancelled.is_some() && a.mode == ClaimMode::Claim);
-    let decision = match bound {
-        Some(end) if now >= end => HoldDecision::Held {
-            at: end,
-            reason: "expired",
-        },
-        _ => hold(now, a.lifetime_ms, &a.schedule),
-    };
-    let until = match decision {
+    let bound =
+        granted.filter(|_| found.live && found.cancelled.is_some() && a.mode == ClaimMode::Claim);
+    let until = match schedule(bound, now, a) {
         HoldDecision::Stale => return reply(["stale", &now.to_string()]),
         HoldDecision::Free { until } => bound.map_or(until, |end| until.min(end)),
         HoldDecision::Held { at, reason } => {
-            let group = r.get(&gk("group"));
-            if reason != "expired" && r.get(&format!("k:schedule/{gen}")).is_none() {
-                r.emit(
-                    &format!("schedule/{gen}"),
-                    Event::SendScheduled(SendScheduled {
-                        gen,
-                        group_id: group.clone().unwrap_or_default(),
-                        at_ms: at,
-                        reason: reason.into(),
-                    }),
-                    true,
-                );
-                r.put(gk("at"), at);
-            }
-            // Only a claim gives a claim back: the worker claims after it
-            // read the provider's status (a send whose answer was lost is
-            // told from one never started); a check comes before that read.
-            if !live || a.mode != ClaimMode::Claim {
-                r.flush();
-                return reply(["held", &at.to_string(), reason, &now.to_string(), "0"]);
-            }
-            let stopping = cancelled.is_some();
-            let unsent = if stopping { r.num(&gk("reg")) } else { 0 };
-            r.emit(
-                &format!("back/{gen}/{n}"),
-                Event::ClaimGivenBack(ClaimGivenBack {
-                    gen,
-                    n: n as u32,
-                    at_ms: at,
-                    reason: reason.into(),
-                    stopped: stopping,
-                    unsent: unsent as u64,
-                }),
-                true,
-            );
-            r.put(gk("back"), n);
-            let Some(why) = cancelled else {
-                r.flush();
-                return reply(["held", &at.to_string(), reason, &now.to_string(), "1"]);
-            };
-            let closed = r.get(&gk("closed")).is_some();
-            let (c, recipients) = (r.num(&gk("c")), r.num(&gk("n")));
-            stop_generation(&mut r, gen, closed, group, c, recipients);
-            r.flush();
-            r.incr("stopped", 1);
-            r.incr("unsent", unsent);
-            r.incr("done", 1);
-            r.incr("sent_success", 0);
-            r.incr("sent_failed", 0);
-            try_report(&mut r, policy);
-            return reply(["cancelled", &why]);
+            return held(&mut r, policy, a, found, at, reason, now)
         }
     };
     if a.mode != ClaimMode::Claim {
         return reply(["free", &now.to_string()]);
     }
+    grant(&mut r, gen, found, until, now)
+}
+
+/// A field of generation `gen` in the state: `g:<gen>:<f>`.
+fn gk(gen: u32, f: &str) -> String {
+    format!("g:{gen}:{f}")
+}
+
+/// What a claim call finds in the state: the claim in place and the
+/// batch's cancel.
+struct Found {
+    /// The number of the last claim taken (given back or not).
+    n: i64,
+    /// Whether claim `n` is in place (not given back).
+    live: bool,
+    /// Its event's entry id, when in place.
+    claim_id: Option<String>,
+    /// The cancel's reason, when the batch was cancelled.
+    cancelled: Option<String>,
+}
+
+impl Found {
+    /// Reads generation `gen`'s claim and the batch's cancel.
+    fn read(r: &Run, gen: u32) -> Found {
+        let mut n = r.num(&gk(gen, "claimed"));
+        let mut live = n > r.num(&gk(gen, "back"));
+        // The claim in place, by its event's key; a state that lost that key (a
+        // write Redis lost) holds no claim: it is taken again under the same
+        // number.
+        let mut claim_id = None;
+        if live {
+            claim_id = r.get(&format!("k:{}", claim_key(gen, n)));
+            if claim_id.is_none() {
+                (live, n) = (false, n - 1);
+            }
+        }
+        Found {
+            n,
+            live,
+            claim_id,
+            cancelled: r.get("cancelled"),
+        }
+    }
+}
+
+/// The schedule at `now`: held when a bound claim (`bound`, its end) has
+/// expired, else as the batch's schedule says.
+fn schedule(bound: Option<u64>, now: u64, a: &ClaimArgs) -> HoldDecision {
+    match bound {
+        Some(end) if now >= end => HoldDecision::Held {
+            at: end,
+            reason: "expired",
+        },
+        _ => hold(now, a.lifetime_ms, &a.schedule),
+    }
+}
+
+/// The batch is held until `at` for `reason`: records the hold once, and a
+/// claim call gives the claim in place back (stopping the generation in a
+/// cancelled batch).
+fn held(
+    r: &mut Run,
+    policy: &BatchPolicy,
+    a: &ClaimArgs,
+    found: Found,
+    at: u64,
+    reason: &str,
+    now: u64,
+) -> Vec<String> {
+    let (gen, n) = (a.gen, found.n);
+    let group = r.get(&gk(gen, "group"));
+    if reason != "expired" && r.get(&format!("k:schedule/{gen}")).is_none() {
+        r.emit(
+            &format!("schedule/{gen}"),
+            Event::SendScheduled(SendScheduled {
+                gen,
+                group_id: group.clone().unwrap_or_default(),
+                at_ms: at,
+                reason: reason.into(),
+            }),
+            true,
+        );
+        r.put(gk(gen, "at"), at);
+    }
+    // Only a claim gives a claim back: the worker claims after it
+    // read the provider's status (a send whose answer was lost is
+    // told from one never started); a check comes before that read.
+    if !found.live || a.mode != ClaimMode::Claim {
+        r.flush();
+        return reply(["held", &at.to_string(), reason, &now.to_string(), "0"]);
+    }
+    let stopping = found.cancelled.is_some();
+    let unsent = if stopping { r.num(&gk(gen, "reg")) } else { 0 };
+    r.emit(
+        &format!("back/{gen}/{n}"),
+        Event::ClaimGivenBack(ClaimGivenBack {
+            gen,
+            n: n as u32,
+            at_ms: at,
+            reason: reason.into(),
+            stopped: stopping,
+            unsent: unsent as u64,
+        }),
+        true,
+    );
+    r.put(gk(gen, "back"), n);
+    let Some(why) = found.cancelled else {
+        r.flush();
+        return reply(["held", &at.to_string(), reason, &now.to_string(), "1"]);
+    };
+    let closed = r.get(&gk(gen, "closed")).is_some();
+    let (c, recipients) = (r.num(&gk(gen, "c")), r.num(&gk(gen, "n")));
+    stop_generation(r, gen, closed, group, c, recipients);
+    r.flush();
+    r.incr("stopped", 1);
+    r.incr("unsent", unsent);
+    r.incr("done", 1);
+    r.incr("sent_success", 0);
+    r.incr("sent_failed", 0);
+    try_report(r, policy);
+    reply(["cancelled", &why])
+}
+
+/// The send may go until `until`: renews the claim in place, or takes a
+/// new one.
+fn grant(r: &mut Run, gen: u32, found: Found, until: u64, now: u64) -> Vec<String> {
     let until_ms = until;
     let (until, now) = (until.to_string(), now.to_string());
-    if let (true, Some(id)) = (live, &claim_id) {
-        return reply(["claimed", id, &until, &now, &n.to_string(), "renewed"]);
+    if let (true, Some(id)) = (found.live, &found.claim_id) {
+        return reply(["claimed", id, &until, &now, &found.n.to_string(), "renewed"]);
     }
-    let n = n + 1;
+    let n = found.n + 1;
     let id = r.emit(
         &claim_key(gen, n),
         Event::SendClaimed(SendClaimed {
@@ -193,7 +250,7 @@ pub fn claim_send(
         true,
     );
     r.put(field::claim_until(gen), until_ms);
-    r.put(gk("claimed"), n);
+    r.put(gk(gen, "claimed"), n);
     r.flush();
     reply([
         "claimed",

@@ -13,6 +13,7 @@ use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
 use crate::store::queue::{read_group, Alive, DelayedEntry, Entry, LoadHolds, Rescheduled};
 use crate::store::witness::{self, LastAppended};
+use crate::store::BlockingConn;
 use crate::worker::ops::{
     create_group, load_chunk, recall_send, Op, Outcome, RetryCause, WorkItem,
 };
@@ -69,84 +70,21 @@ pub async fn run(
     let waiting = Arc::new(Semaphore::new(slot::WAITING_KIB));
     let (acker, flusher) = Acker::spawn(ctx.store.clone(), stream.clone(), group);
     let total = ctx.config.concurrency.max(1) as u32;
-    let mut conn = None;
-    let mut last_reclaim = Instant::now();
-    let reclaim_every = (ctx.config.visibility_timeout / 2).max(Duration::from_millis(100));
-    let mut failures = 0u32;
-    // Entries read but not yet started. Reads ask for a whole
-    // `concurrency` worth at once and refill only when this runs dry, so a
-    // busy consumer reads many entries per command; at most `concurrency`
-    // entries wait here, well within the visibility timeout.
-    let mut buffer: VecDeque<(Entry, u64)> = VecDeque::new();
-    let read_count = ctx.config.concurrency.max(1);
+    let mut reader = Reader::new(&ctx, source, stream.clone());
     while !*shutdown.borrow() {
         let slot = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = shutdown.changed() => break,
         };
-        if buffer.is_empty() && last_reclaim.elapsed() >= reclaim_every {
-            last_reclaim = Instant::now();
-            let min_idle = ctx.config.visibility_timeout.as_millis() as u64;
-            match ctx
-                .store
-                .reclaim(&stream, group, &ctx.consumer, min_idle, read_count)
-                .await
-            {
-                Ok((got, deleted)) => {
-                    if deleted > 0 {
-                        tracing::warn!(%stream, deleted, "pending entries were trimmed before they were handled");
-                        metrics::counter!("groupcast_reclaimed_trimmed_total", "stream" => source.label())
-                            .increment(deleted as u64);
-                    }
-                    if !got.is_empty() {
-                        tracing::info!(%stream, n = got.len(), "reclaimed idle entries");
-                        metrics::counter!("groupcast_reclaimed_total", "stream" => source.label())
-                            .increment(got.len() as u64);
-                    }
-                    buffer.extend(got.into_iter().map(|r| (r.entry, r.deliveries)));
-                }
-                Err(e) => tracing::warn!(%stream, error = %e, "reclaim failed"),
+        reader.reclaim_if_due(&ctx).await;
+        if reader.buffer.is_empty() {
+            match reader.read(&ctx, &mut shutdown).await {
+                Fill::Read => {}
+                Fill::Failed => continue,
+                Fill::Shutdown => break,
             }
         }
-        if buffer.is_empty() {
-            if conn.is_none() {
-                match ctx.store.blocking().await {
-                    Ok(c) => conn = Some(c),
-                    Err(e) => {
-                        failures += 1;
-                        tracing::warn!(error = %e, "cannot open a reading connection");
-                        pause(&mut shutdown, failures).await;
-                        continue;
-                    }
-                }
-            }
-            let Some(c) = conn.as_mut() else { continue };
-            let block = ctx.config.block.as_millis() as u64;
-            let streams = [stream.clone()];
-            let read = tokio::select! {
-                r = read_group(c, group, &ctx.consumer, &streams, read_count, block) => r,
-                _ = shutdown.changed() => break,
-            };
-            match read {
-                Ok(entries) => {
-                    failures = 0;
-                    buffer.extend(entries.into_iter().map(|(_, e)| (e, 1)));
-                }
-                Err(e) => {
-                    failures += 1;
-                    if matches!(&e, crate::store::StoreError::Redis(r) if r.code() == Some("NOGROUP"))
-                    {
-                        // The stream or its group was deleted under us.
-                        let _ = ctx.store.ensure_group(&stream, group).await;
-                    }
-                    tracing::warn!(%stream, error = %e, "read failed");
-                    conn = None;
-                    pause(&mut shutdown, failures).await;
-                    continue;
-                }
-            }
-        }
-        let Some((entry, deliveries)) = buffer.pop_front() else {
+        let Some((entry, deliveries)) = reader.buffer.pop_front() else {
             continue;
         };
         let ctx = ctx.clone();
@@ -175,6 +113,129 @@ pub async fn run(
     // The last acknowledgements go out before we return.
     drop(acker);
     let _ = flusher.await;
+}
+
+/// The reading side of a consumer: its connection, and the entries read
+/// (or reclaimed) but not yet started.
+struct Reader {
+    source: Source,
+    stream: String,
+    group: &'static str,
+    /// Entries asked for per read or reclaim.
+    read_count: usize,
+    /// The blocking connection, opened on first use and after a failure.
+    conn: Option<BlockingConn>,
+    /// Failures in a row (opening or reading), for the pause after them.
+    failures: u32,
+    last_reclaim: Instant,
+    reclaim_every: Duration,
+    /// Entries read but not yet started, with their delivery counts. Reads
+    /// ask for a whole `concurrency` worth at once and refill only when this
+    /// runs dry, so a busy consumer reads many entries per command; at most
+    /// `concurrency` entries wait here, well within the visibility timeout.
+    buffer: VecDeque<(Entry, u64)>,
+}
+
+/// What a read came to.
+enum Fill {
+    /// Read (maybe nothing).
+    Read,
+    /// Failed (after a pause): start over.
+    Failed,
+    /// Shut down while blocked.
+    Shutdown,
+}
+
+impl Reader {
+    /// A reader of `stream`, of `source`.
+    fn new(ctx: &Ctx, source: Source, stream: String) -> Reader {
+        Reader {
+            source,
+            stream,
+            group: source.group(),
+            read_count: ctx.config.concurrency.max(1),
+            conn: None,
+            failures: 0,
+            last_reclaim: Instant::now(),
+            reclaim_every: (ctx.config.visibility_timeout / 2).max(Duration::from_millis(100)),
+            buffer: VecDeque::new(),
+        }
+    }
+
+    /// With nothing buffered and the time come, takes over the entries
+    /// left pending past the visibility timeout.
+    async fn reclaim_if_due(&mut self, ctx: &Ctx) {
+        if !self.buffer.is_empty() || self.last_reclaim.elapsed() < self.reclaim_every {
+            return;
+        }
+        let (stream, source) = (&self.stream, self.source);
+        self.last_reclaim = Instant::now();
+        let min_idle = ctx.config.visibility_timeout.as_millis() as u64;
+        match ctx
+            .store
+            .reclaim(stream, self.group, &ctx.consumer, min_idle, self.read_count)
+            .await
+        {
+            Ok((got, deleted)) => {
+                if deleted > 0 {
+                    tracing::warn!(%stream, deleted, "pending entries were trimmed before they were handled");
+                    metrics::counter!("groupcast_reclaimed_trimmed_total", "stream" => source.label())
+                        .increment(deleted as u64);
+                }
+                if !got.is_empty() {
+                    tracing::info!(%stream, n = got.len(), "reclaimed idle entries");
+                    metrics::counter!("groupcast_reclaimed_total", "stream" => source.label())
+                        .increment(got.len() as u64);
+                }
+                self.buffer
+                    .extend(got.into_iter().map(|r| (r.entry, r.deliveries)));
+            }
+            Err(e) => tracing::warn!(%stream, error = %e, "reclaim failed"),
+        }
+    }
+
+    /// Reads new entries into the buffer, blocking up to `config.block`.
+    async fn read(&mut self, ctx: &Ctx, shutdown: &mut watch::Receiver<bool>) -> Fill {
+        let stream = &self.stream;
+        if self.conn.is_none() {
+            match ctx.store.blocking().await {
+                Ok(c) => self.conn = Some(c),
+                Err(e) => {
+                    self.failures += 1;
+                    tracing::warn!(error = %e, "cannot open a reading connection");
+                    pause(shutdown, self.failures).await;
+                    return Fill::Failed;
+                }
+            }
+        }
+        let Some(c) = self.conn.as_mut() else {
+            return Fill::Failed;
+        };
+        let block = ctx.config.block.as_millis() as u64;
+        let streams = [stream.clone()];
+        let read = tokio::select! {
+            r = read_group(c, self.group, &ctx.consumer, &streams, self.read_count, block) => r,
+            _ = shutdown.changed() => return Fill::Shutdown,
+        };
+        match read {
+            Ok(entries) => {
+                self.failures = 0;
+                self.buffer.extend(entries.into_iter().map(|(_, e)| (e, 1)));
+                Fill::Read
+            }
+            Err(e) => {
+                self.failures += 1;
+                if matches!(&e, crate::store::StoreError::Redis(r) if r.code() == Some("NOGROUP")) {
+                    // The stream or its group was deleted under us.
+                    let _ = ctx.store.ensure_group(stream, self.group).await;
+                }
+                tracing::warn!(%stream, error = %e, "read failed");
+                self.conn = None;
+                pause(shutdown, self.failures).await;
+                Fill::Failed
+            }
+        }
+    }
 }
 
 /// How long settled entries wait to be acknowledged together: long enough
@@ -349,6 +410,8 @@ async fn renewing_lease<T>(
     }
 }
 
+/// Settles an entry as `handled` says: acknowledged, retried later, or
+/// dead-lettered. On Redis trouble it stays pending.
 async fn settle(
     ctx: &Ctx,
     acker: &Acker,
@@ -358,9 +421,8 @@ async fn settle(
     deliveries: u64,
     appended: Option<LastAppended>,
 ) {
-    let (source, shard, lane, stream) = (at.source, at.shard, at.lane, at.stream);
-    let group = source.group();
-    let keys = &ctx.store.keys;
+    let (shard, stream) = (at.shard, at.stream);
+    let group = at.source.group();
     let result = match handled.outcome {
         Outcome::Done => {
             if acker.ack(&entry.id, appended.clone()) {
@@ -379,7 +441,7 @@ async fn settle(
                 let now = if retry::needs_clock(cause) {
                     // The shard server's clock: the one that started the
                     // item's budget, whichever worker that was.
-                    match ctx.store.time_ms_at(&keys.delayed(shard)).await {
+                    match ctx.store.time_ms_at(&ctx.store.keys.delayed(shard)).await {
                         Ok(now) => Some(now),
                         Err(e) => {
                             tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
@@ -413,71 +475,8 @@ async fn settle(
                         .await
                     }
                     retry::Decision::Retry(delay) => {
-                        metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
-                            .increment(1);
-                        let reason = crate::redact::text(&reason);
-                        tracing::debug!(op = op.name(), attempt = item.attempt, ?delay, %reason, "retry later");
-                        // A wait that shows the batch alive (a poll, a limiter
-                        // or durability wait) refreshes its heartbeat in the
-                        // same step, so the watchdog does not call it stalled.
-                        // A held send stamps its due time: the batch is not
-                        // quiet before then.
-                        let state = cause
-                            .is_heartbeat()
-                            .then(|| ctx.store.keys.batch(&item.batch).state);
-                        let alive = state.as_deref().map(|state| Alive {
-                            state,
-                            until_due: cause == RetryCause::Scheduled,
-                        });
-                        // A load retried while adds wait for durability
-                        // is written only while its chunk's assignment and
-                        // group still hold (see `LoadHolds`): a restart from
-                        // disk between the load's read and here may have
-                        // taken them.
-                        let load_state = keys.batch(&item.batch).state;
-                        let load = match (op, item.seq, item.group_id.as_deref()) {
-                            (Op::Load, Some(seq), Some(group_id)) if ctx.config.durable.waits() => {
-                                Some(LoadHolds {
-                                    state: &load_state,
-                                    seq,
-                                    gen: item.gen,
-                                    group: group_id,
-                                })
-                            }
-                            _ => None,
-                        };
-                        let delayed = DelayedEntry {
-                            op: op.name().into(),
-                            d: encode_payload(&item),
-                            c: chunk,
-                            lane,
-                        };
-                        match ctx
-                            .store
-                            .retry_later(
-                                &keys.delayed(shard),
-                                stream,
-                                group,
-                                &entry.id,
-                                delay.as_millis() as u64,
-                                &delayed,
-                                alive,
-                                load,
-                            )
-                            .await
-                        {
-                            Ok(Rescheduled::Scheduled) => Ok(()),
-                            Ok(Rescheduled::LoadGone) => {
-                                metrics::counter!("groupcast_chunks_total", "outcome" => "stale")
-                                    .increment(1);
-                                tracing::warn!(
-                                    %stream, id = %entry.id, batch = %item.batch, gen = item.gen, seq = ?item.seq,
-                                    "the load to retry lost its chunk's assignment or group (lost Redis writes?): the entry stays pending, to be handled again"
-                                );
-                                Ok(())
-                            }
-                            Err(e) => Err(e),
-                        }
+                        let retry = (op, item, chunk);
+                        retry_later(ctx, at, entry, retry, delay, cause, &reason).await
                     }
                 }
             }
@@ -491,6 +490,92 @@ async fn settle(
     };
     if let Err(e) = result {
         tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
+    }
+}
+
+/// Moves `entry` to the delayed set, due in `delay`, as `retry` (op, item,
+/// chunk) (`retry_later.lua`).
+async fn retry_later(
+    ctx: &Ctx,
+    at: &At<'_>,
+    entry: &Entry,
+    retry: (Op, WorkItem, Option<Vec<u8>>),
+    delay: Duration,
+    cause: RetryCause,
+    reason: &str,
+) -> crate::store::StoreResult<()> {
+    let (shard, lane, stream) = (at.shard, at.lane, at.stream);
+    let keys = &ctx.store.keys;
+    let (op, item, chunk) = retry;
+    metrics::counter!("groupcast_retries_total", "op" => op.name(), "reason" => cause.label())
+        .increment(1);
+    let reason = crate::redact::text(reason);
+    tracing::debug!(op = op.name(), attempt = item.attempt, ?delay, %reason, "retry later");
+    // A wait that shows the batch alive (a poll, a limiter
+    // or durability wait) refreshes its heartbeat in the
+    // same step, so the watchdog does not call it stalled.
+    // A held send stamps its due time: the batch is not
+    // quiet before then.
+    let state = cause
+        .is_heartbeat()
+        .then(|| ctx.store.keys.batch(&item.batch).state);
+    let alive = state.as_deref().map(|state| Alive {
+        state,
+        until_due: cause == RetryCause::Scheduled,
+    });
+    let load_state = keys.batch(&item.batch).state;
+    let load = load_holds(ctx.config.durable.waits(), op, &item, &load_state);
+    let delayed = DelayedEntry {
+        op: op.name().into(),
+        d: encode_payload(&item),
+        c: chunk,
+        lane,
+    };
+    match ctx
+        .store
+        .retry_later(
+            &keys.delayed(shard),
+            stream,
+            at.source.group(),
+            &entry.id,
+            delay.as_millis() as u64,
+            &delayed,
+            alive,
+            load,
+        )
+        .await?
+    {
+        Rescheduled::Scheduled => {}
+        Rescheduled::LoadGone => {
+            metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
+            tracing::warn!(
+                %stream, id = %entry.id, batch = %item.batch, gen = item.gen, seq = ?item.seq,
+                "the load to retry lost its chunk's assignment or group (lost Redis writes?): the entry stays pending, to be handled again"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What a retried load's rescheduling checks still holds, if anything.
+/// A load retried while adds wait for durability (`durable_waits`) is
+/// written only while its chunk's assignment and group still hold (see
+/// `LoadHolds`): a restart from disk between the load's read and here may
+/// have taken them.
+fn load_holds<'a>(
+    durable_waits: bool,
+    op: Op,
+    item: &'a WorkItem,
+    state: &'a str,
+) -> Option<LoadHolds<'a>> {
+    match (op, item.seq, item.group_id.as_deref()) {
+        (Op::Load, Some(seq), Some(group_id)) if durable_waits => Some(LoadHolds {
+            state,
+            seq,
+            gen: item.gen,
+            group: group_id,
+        }),
+        _ => None,
     }
 }
 

@@ -178,50 +178,17 @@ async fn accept_and_load(
     digest: &str,
     opts: &str,
 ) -> Result<Option<Handled>, OpError> {
-    let dead = |reason: String| Ok(Some(Handled::new(Outcome::Dead(reason))));
     let done = || Ok(Some(Handled::new(Outcome::Done)));
-    let accepted = log
-        .accept_chunk(
-            &AcceptArgs {
-                seq: chunk.seq,
-                last: chunk.last,
-                records,
-                digest,
-                cap: ctx.config.group_cap,
-                opts,
-            },
-            ctx.gen_hint(chunk.batch),
-        )
-        .await?;
-    let (gen, group, duplicates, first) = match accepted {
-        Accepted::Conflict(reason) | Accepted::Rejected(reason) => {
-            metrics::counter!("groupcast_chunks_total", "outcome" => "rejected").increment(1);
-            tracing::warn!(%reason, "chunk rejected");
-            return dead(reason);
-        }
-        Accepted::Refused(why) => return refused(ctx, chunk.batch, &why).await.map(Some),
-        Accepted::Duplicate { loaded: true, .. } => {
-            metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
-            return done();
-        }
-        Accepted::Assigned {
-            gen,
-            group,
-            duplicates,
-        } => {
-            metrics::counter!("groupcast_chunks_total", "outcome" => "accepted").increment(1);
-            (gen, group, duplicates, true)
-        }
-        Accepted::Duplicate {
-            gen,
-            group,
-            duplicates,
-            ..
-        } => {
-            metrics::counter!("groupcast_chunks_total", "outcome" => "duplicate").increment(1);
-            (gen, group, duplicates, false)
-        }
+    let assigned = match accept(ctx, log, chunk, records, digest, opts).await? {
+        Accepting::Assigned(a) => a,
+        Accepting::Settled(handled) => return Ok(Some(handled)),
     };
+    let Assignment {
+        gen,
+        group,
+        duplicates,
+        first,
+    } = assigned;
     tracing::Span::current().record("gen", gen);
     ctx.remember_gen(chunk.batch, gen);
     // Numbers the batch already had are recorded (in the assignment), not
@@ -249,58 +216,11 @@ async fn accept_and_load(
     }
     let group = match group {
         Some(g) => g,
-        None => {
-            // The generation's first chunk here parks (and asks for the
-            // group); the next ones wait here for it (group_wait.rs), and
-            // park only if it does not come.
-            let hold = group_wait::hold_for(&ctx.config);
-            let (lead, found) = match ctx.group_waits.join(chunk.batch, gen) {
-                Role::Lead(lead) => (Some(lead), None),
-                Role::Wait(rx) => (None, group_wait::wait(rx, hold).await),
-            };
-            match found {
-                Some(g) => g,
-                None => match log.park(chunk.seq, gen, &payload).await? {
-                    Parked::Parked => {
-                        metrics::counter!("groupcast_chunks_total", "outcome" => "parked")
-                            .increment(1);
-                        if let Some(lead) = lead {
-                            lead.watch(hold, log.clone(), gen);
-                        }
-                        return done();
-                    }
-                    Parked::AlreadyLoaded => return done(),
-                    Parked::Ended => {
-                        if let Some(lead) = lead {
-                            lead.found(None);
-                        }
-                        // Cancelled (not reported: an assigned chunk not
-                        // loaded holds its batch's report back): never sent.
-                        let p = log.read(&[field::CANCELLED.to_string()]).await?;
-                        if p.cancelled().is_some() {
-                            let numbers = chunk.recipients.iter().map(|r| r.to);
-                            load_chunk::record_cancelled(ctx, log, gen, numbers).await?;
-                        }
-                        tracing::info!(batch = %chunk.batch, gen, seq = chunk.seq, "the batch was cancelled or reported: chunk not parked");
-                        return done();
-                    }
-                    Parked::Unassigned => return Ok(None),
-                    Parked::Failed => {
-                        if let Some(lead) = lead {
-                            lead.found(None);
-                        }
-                        load_chunk::give_up_in_failed_generation(log, chunk, gen).await?;
-                        return done();
-                    }
-                    Parked::Group(g) => {
-                        if let Some(lead) = lead {
-                            lead.found(Some(&g));
-                        }
-                        g
-                    }
-                },
-            }
-        }
+        None => match wait_or_park(ctx, log, chunk, gen, &payload).await? {
+            Grouped::Group(g) => g,
+            Grouped::Done => return done(),
+            Grouped::Unassigned => return Ok(None),
+        },
     };
     let outcome = match load_chunk::run_ref(ctx, log, chunk, gen, &group).await? {
         Load::Handled(outcome) => outcome,
@@ -311,6 +231,174 @@ async fn accept_and_load(
     if matches!(outcome, Outcome::Done) {
         return done();
     }
+    Ok(Some(retry_as_load(chunk, gen, group, payload, outcome)))
+}
+
+/// A chunk assigned to a generation, by this acceptance or an earlier one.
+struct Assignment {
+    gen: u32,
+    /// The generation's group, if recorded.
+    group: Option<String>,
+    /// Positions of recipients whose number the batch already had.
+    duplicates: Vec<u32>,
+    /// Whether this acceptance assigned it (not a repeat delivery).
+    first: bool,
+}
+
+/// What accepting a chunk came to.
+enum Accepting {
+    /// Assigned: it is parked or loaded next.
+    Assigned(Assignment),
+    /// Nothing more to do with it (rejected, refused, or loaded before).
+    Settled(Handled),
+}
+
+/// Asks `accept.lua` to accept the chunk and counts the answer.
+async fn accept(
+    ctx: &Ctx,
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    records: &[u8],
+    digest: &str,
+    opts: &str,
+) -> Result<Accepting, OpError> {
+    let accepted = log
+        .accept_chunk(
+            &AcceptArgs {
+                seq: chunk.seq,
+                last: chunk.last,
+                records,
+                digest,
+                cap: ctx.config.group_cap,
+                opts,
+            },
+            ctx.gen_hint(chunk.batch),
+        )
+        .await?;
+    let count = |outcome: &'static str| {
+        metrics::counter!("groupcast_chunks_total", "outcome" => outcome).increment(1);
+    };
+    Ok(match accepted {
+        Accepted::Conflict(reason) | Accepted::Rejected(reason) => {
+            count("rejected");
+            tracing::warn!(%reason, "chunk rejected");
+            Accepting::Settled(Handled::new(Outcome::Dead(reason)))
+        }
+        Accepted::Refused(why) => Accepting::Settled(refused(ctx, chunk.batch, &why).await?),
+        Accepted::Duplicate { loaded: true, .. } => {
+            count("duplicate");
+            Accepting::Settled(Handled::new(Outcome::Done))
+        }
+        Accepted::Assigned {
+            gen,
+            group,
+            duplicates,
+        } => {
+            count("accepted");
+            Accepting::Assigned(Assignment {
+                gen,
+                group,
+                duplicates,
+                first: true,
+            })
+        }
+        Accepted::Duplicate {
+            gen,
+            group,
+            duplicates,
+            ..
+        } => {
+            count("duplicate");
+            Accepting::Assigned(Assignment {
+                gen,
+                group,
+                duplicates,
+                first: false,
+            })
+        }
+    })
+}
+
+/// What waiting for (or parking for) a generation's group came to.
+enum Grouped {
+    /// The group: the chunk is loaded into it.
+    Group(String),
+    /// The chunk is handled (parked, loaded before, or its batch or
+    /// generation ended).
+    Done,
+    /// Its assignment was lost meanwhile.
+    Unassigned,
+}
+
+/// A chunk of generation `gen`, which has no group on record: waits for it,
+/// or parks the chunk (and asks for the group).
+async fn wait_or_park(
+    ctx: &Ctx,
+    log: &BatchLog,
+    chunk: &ChunkRef<'_>,
+    gen: u32,
+    payload: &[u8],
+) -> Result<Grouped, OpError> {
+    // The generation's first chunk here parks (and asks for the
+    // group); the next ones wait here for it (group_wait.rs), and
+    // park only if it does not come.
+    let hold = group_wait::hold_for(&ctx.config);
+    let (lead, found) = match ctx.group_waits.join(chunk.batch, gen) {
+        Role::Lead(lead) => (Some(lead), None),
+        Role::Wait(rx) => (None, group_wait::wait(rx, hold).await),
+    };
+    if let Some(g) = found {
+        return Ok(Grouped::Group(g));
+    }
+    Ok(match log.park(chunk.seq, gen, payload).await? {
+        Parked::Parked => {
+            metrics::counter!("groupcast_chunks_total", "outcome" => "parked").increment(1);
+            if let Some(lead) = lead {
+                lead.watch(hold, log.clone(), gen);
+            }
+            Grouped::Done
+        }
+        Parked::AlreadyLoaded => Grouped::Done,
+        Parked::Ended => {
+            if let Some(lead) = lead {
+                lead.found(None);
+            }
+            // Cancelled (not reported: an assigned chunk not
+            // loaded holds its batch's report back): never sent.
+            let p = log.read(&[field::CANCELLED.to_string()]).await?;
+            if p.cancelled().is_some() {
+                let numbers = chunk.recipients.iter().map(|r| r.to);
+                load_chunk::record_cancelled(ctx, log, gen, numbers).await?;
+            }
+            tracing::info!(batch = %chunk.batch, gen, seq = chunk.seq, "the batch was cancelled or reported: chunk not parked");
+            Grouped::Done
+        }
+        Parked::Unassigned => Grouped::Unassigned,
+        Parked::Failed => {
+            if let Some(lead) = lead {
+                lead.found(None);
+            }
+            load_chunk::give_up_in_failed_generation(log, chunk, gen).await?;
+            Grouped::Done
+        }
+        Parked::Group(g) => {
+            if let Some(lead) = lead {
+                lead.found(Some(&g));
+            }
+            Grouped::Group(g)
+        }
+    })
+}
+
+/// A load that did not finish: its `outcome`, retried as a `load` work item
+/// carrying the chunk (`payload`).
+fn retry_as_load(
+    chunk: &ChunkRef<'_>,
+    gen: u32,
+    group: String,
+    payload: std::borrow::Cow<'_, [u8]>,
+    outcome: Outcome,
+) -> Handled {
     let retry = WorkItem {
         batch: chunk.batch.to_string(),
         gen,
@@ -321,10 +409,10 @@ async fn accept_and_load(
         poll_delay_ms: 0,
         cursor: None,
     };
-    Ok(Some(Handled {
+    Handled {
         outcome,
         retry_as: Some((Op::Load, retry, Some(payload.into_owned()))),
-    }))
+    }
 }
 
 /// Keeps each copy (at `positions` of `chunk`, in generation `gen`) of a

@@ -75,8 +75,57 @@ pub(super) async fn run(args: &BenchArgs) -> Result<(), CliError> {
     tokio::time::sleep(Duration::from_millis(args.urgent_after_ms)).await;
     let urgent_at = append(&store, Priority::Urgent, &urgent_chunks).await?;
 
-    // Both reports, by the reports stream (entry ids: Redis' clock).
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let reported = both_reports(&store, (bulk, urgent), deadline, args.timeout_secs).await?;
+    let provider = ProviderClient::new(ProviderConfig {
+        base_url,
+        api_key: super::API_KEY.into(),
+        api_secret: super::API_SECRET.into(),
+        ..ProviderConfig::default()
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    let batches = [bulk.to_string(), urgent.to_string()];
+    let failed = failed_checks(&store, &provider, &batches, 1_000_000).await?;
+    let line = result_line(
+        args,
+        bulk_chunks.len(),
+        (bulk_at, urgent_at),
+        &reported,
+        failed.is_empty(),
+    );
+    println!("{line}");
+    drop(procs);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "verification failed: {:?}",
+            failed
+                .iter()
+                .map(|f| format!("{}: {}", f.batch, f.detail))
+                .collect::<Vec<_>>()
+        )))
+    }
+}
+
+/// When each batch reported (ms, Redis' clock), and how far the bulk batch
+/// had got when the urgent one did.
+struct Reported {
+    urgent_done: Option<u64>,
+    bulk_done: Option<u64>,
+    /// The bulk batch's registered count, and whether it had reported,
+    /// when the urgent batch reported.
+    bulk_registered_then: Option<(i64, bool)>,
+}
+
+/// Waits for both batches' reports (`bulk`, `urgent`), until `deadline`.
+async fn both_reports(
+    store: &Store,
+    (bulk, urgent): (&str, &str),
+    deadline: Instant,
+    timeout_secs: u64,
+) -> Result<Reported, CliError> {
+    // Both reports, by the reports stream (entry ids: Redis' clock).
     let mut reader = store.blocking().await?;
     let reports = store.keys.reports(0);
     let mut after = "0-0".to_string();
@@ -85,8 +134,7 @@ pub(super) async fn run(args: &BenchArgs) -> Result<(), CliError> {
     while urgent_done.is_none() || bulk_done.is_none() {
         if Instant::now() > deadline {
             return Err(CliError::Failed(format!(
-                "the batches did not report in {}s",
-                args.timeout_secs
+                "the batches did not report in {timeout_secs}s"
             )));
         }
         for e in read_after(&mut reader, &reports, &after, 10, 250).await? {
@@ -107,41 +155,35 @@ pub(super) async fn run(args: &BenchArgs) -> Result<(), CliError> {
             after = e.id;
         }
     }
-    let provider = ProviderClient::new(ProviderConfig {
-        base_url,
-        api_key: super::API_KEY.into(),
-        api_secret: super::API_SECRET.into(),
-        ..ProviderConfig::default()
+    Ok(Reported {
+        urgent_done,
+        bulk_done,
+        bulk_registered_then,
     })
-    .map_err(|e| CliError::Failed(e.to_string()))?;
-    let batches = [bulk.to_string(), urgent.to_string()];
-    let failed = failed_checks(&store, &provider, &batches, 1_000_000).await?;
+}
+
+/// The bench's JSON line: the batches appended at `(bulk_at, urgent_at)`,
+/// what `reported` says, and whether both verified.
+fn result_line(
+    args: &BenchArgs,
+    bulk_chunks: usize,
+    (bulk_at, urgent_at): (u64, u64),
+    reported: &Reported,
+    verified: bool,
+) -> serde_json::Value {
     let secs = |from: u64, to: Option<u64>| to.map(|t| t.saturating_sub(from) as f64 / 1000.0);
-    let (registered, bulk_reported) = bulk_registered_then.unwrap_or((0, false));
-    let line = serde_json::json!({
+    let (registered, bulk_reported) = reported.bulk_registered_then.unwrap_or((0, false));
+    serde_json::json!({
         "bench": "lanes",
         "rate_limit": args.rate_limit,
-        "bulk_recipients": bulk_n,
-        "bulk_chunks": bulk_chunks.len(),
+        "bulk_recipients": args.recipients.unwrap_or(100_000),
+        "bulk_chunks": bulk_chunks,
         "urgent_recipients": URGENT_RECIPIENTS,
         "urgent_submitted_after_s": secs(bulk_at, Some(urgent_at)),
-        "urgent_submit_to_report_s": secs(urgent_at, urgent_done),
+        "urgent_submit_to_report_s": secs(urgent_at, reported.urgent_done),
         "bulk_registered_at_urgent_report": registered,
         "bulk_reported_before_urgent": bulk_reported,
-        "bulk_append_to_report_s": secs(bulk_at, bulk_done),
-        "verified": failed.is_empty(),
-    });
-    println!("{line}");
-    drop(procs);
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(CliError::Failed(format!(
-            "verification failed: {:?}",
-            failed
-                .iter()
-                .map(|f| format!("{}: {}", f.batch, f.detail))
-                .collect::<Vec<_>>()
-        )))
-    }
+        "bulk_append_to_report_s": secs(bulk_at, reported.bulk_done),
+        "verified": verified,
+    })
 }

@@ -655,47 +655,15 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
     let scripts =
         info_field(&info(&store, "memory").await?, "used_memory_scripts").unwrap_or(0.0) as u64;
 
-    let provider = ProviderClient::new(ProviderConfig {
-        base_url: base_url.clone(),
-        api_key: API_KEY.into(),
-        api_secret: API_SECRET.into(),
-        ..ProviderConfig::default()
-    })
-    .map_err(|e| CliError::Failed(e.to_string()))?;
-    let latencies = during(
-        "reading the batches' events",
-        latencies(&store, &batches, &appended, &submitted).await,
-    )?;
-    let failed = during(
-        "verifying the batches",
-        failed_checks(&store, &provider, &batches, plan.group_cap).await,
-    )?;
-    let summary: LedgerSummary = reqwest::get(format!("{base_url}/_mock/ledger/summary"))
-        .await
-        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?
-        .json()
-        .await
-        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?;
-    let ledger = crate::mock::invariants::check(&summary, plan.group_cap);
-    let violations = violations(&failed, &ledger, plan.total_recipients());
+    let (latencies, violations) =
+        verify_run(&store, &base_url, plan, &batches, &appended, &submitted).await?;
 
     // Final memory with the workers, the mock and our own connections gone:
     // their client buffers are not what Redis keeps.
     drop(procs);
     let url = server.url();
     drop(store);
-    let fresh = Store::connect(&url, Keyspace::new("bench", 1)).await?;
-    let end = used_memory(&fresh).await?.unwrap_or(0.0);
-    let stats_end = fresh
-        .memory_stats()
-        .await?
-        .into_iter()
-        .map(|(k, v)| (k, v.into()))
-        .collect();
-    // Last: its commands and keys are not the run's.
-    let dedupe_bytes_per_recipient = during("the dedupe probe", dedupe_probe(&fresh, plan).await)?;
-    let results_bytes_per_recipient =
-        during("the results probe", results_probe(&fresh, plan).await)?;
+    let after = memory_after(&url, plan).await?;
 
     let measured = Measured {
         chunks,
@@ -705,13 +673,13 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
         memory: MemoryUse {
             start,
             peak,
-            end,
+            end: after.used,
             retained_event_bytes,
             scripts,
             largest_keys: largest,
-            stats_end,
-            dedupe_bytes_per_recipient,
-            results_bytes_per_recipient,
+            stats_end: after.stats,
+            dedupe_bytes_per_recipient: after.dedupe_bytes_per_recipient,
+            results_bytes_per_recipient: after.results_bytes_per_recipient,
         },
         latencies,
         verified: violations.is_empty(),
@@ -727,4 +695,75 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
             violations.join("\n  ")
         )))
     }
+}
+
+/// Verifies the run: each batch's events (with their latencies, from when
+/// chunks were `appended` and batches `submitted`) and the provider's ledger.
+/// Returns the latencies and every broken check.
+async fn verify_run(
+    store: &Store,
+    base_url: &str,
+    plan: &Plan,
+    batches: &[String],
+    appended: &BTreeMap<String, BTreeMap<u32, u64>>,
+    submitted: &BTreeMap<String, u64>,
+) -> Result<(Latencies, Vec<String>), CliError> {
+    let provider = ProviderClient::new(ProviderConfig {
+        base_url: base_url.to_string(),
+        api_key: API_KEY.into(),
+        api_secret: API_SECRET.into(),
+        ..ProviderConfig::default()
+    })
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    let latencies = during(
+        "reading the batches' events",
+        latencies(store, batches, appended, submitted).await,
+    )?;
+    let failed = during(
+        "verifying the batches",
+        failed_checks(store, &provider, batches, plan.group_cap).await,
+    )?;
+    let summary: LedgerSummary = reqwest::get(format!("{base_url}/_mock/ledger/summary"))
+        .await
+        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?
+        .json()
+        .await
+        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?;
+    let ledger = crate::mock::invariants::check(&summary, plan.group_cap);
+    let violations = violations(&failed, &ledger, plan.total_recipients());
+    Ok((latencies, violations))
+}
+
+/// Redis memory once the run's parties are gone, and the probes' bytes per
+/// recipient.
+struct MemoryAfter {
+    /// `used_memory`.
+    used: f64,
+    /// `MEMORY STATS`.
+    stats: serde_json::Map<String, serde_json::Value>,
+    dedupe_bytes_per_recipient: f64,
+    results_bytes_per_recipient: f64,
+}
+
+/// Measures the memory of the server at `url` on a fresh connection, then
+/// runs the probes.
+async fn memory_after(url: &str, plan: &Plan) -> Result<MemoryAfter, CliError> {
+    let fresh = Store::connect(url, Keyspace::new("bench", 1)).await?;
+    let used = used_memory(&fresh).await?.unwrap_or(0.0);
+    let stats = fresh
+        .memory_stats()
+        .await?
+        .into_iter()
+        .map(|(k, v)| (k, v.into()))
+        .collect();
+    // Last: its commands and keys are not the run's.
+    let dedupe_bytes_per_recipient = during("the dedupe probe", dedupe_probe(&fresh, plan).await)?;
+    let results_bytes_per_recipient =
+        during("the results probe", results_probe(&fresh, plan).await)?;
+    Ok(MemoryAfter {
+        used,
+        stats,
+        dedupe_bytes_per_recipient,
+        results_bytes_per_recipient,
+    })
 }

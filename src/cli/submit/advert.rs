@@ -14,14 +14,14 @@
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-use super::check::Scan;
-use super::cut::for_each_kept;
-use super::input::Input;
 use super::{check_file, submit_file, summary, usage, BatchFile, FileEncoding, SubmitArgs};
 use crate::cli::CliError;
 use crate::events::options::{AdOptions, BatchOptions};
 use crate::events::Template;
 use crate::keys::validate_batch_id;
+use crate::producer::check::Scan;
+use crate::producer::cut_file::for_each_kept;
+use crate::producer::input::Input;
 
 /// The column that says whether a recipient consented to advertising at
 /// night (values: [`night_consent`]).

@@ -9,15 +9,14 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::check::{check_rows, Refusal};
-use super::cut::kept_recipients;
-use super::input::{Format, Input};
-use super::problems::{Problem, Problems};
-use super::rows::{Row, Vars};
 use super::{Duplicates, FileEncoding};
-use crate::cli::CliError;
 use crate::events::options::BatchOptions;
 use crate::events::{Recipient, Template};
+use crate::producer::check::{check_rows, Refusal};
+use crate::producer::cut_file::kept_recipients;
+use crate::producer::input::{Format, Input};
+use crate::producer::problems::{Problem, Problems};
+use crate::producer::rows::{Row, Vars};
 
 /// One problem of a row of a chunk's body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +69,8 @@ fn row_problem(p: &Problem) -> RowProblem {
     }
 }
 
-impl From<CliError> for BodyRefused {
-    fn from(e: CliError) -> Self {
+impl From<crate::producer::InputError> for BodyRefused {
+    fn from(e: crate::producer::InputError) -> Self {
         BodyRefused::Whole(e.to_string())
     }
 }
@@ -149,7 +148,7 @@ pub fn json_recipients(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::submit::fixtures::sms;
+    use crate::producer::fixtures::sms;
 
     #[test]
     fn every_problem_of_a_csv_body_is_kept_with_its_line_and_field() {

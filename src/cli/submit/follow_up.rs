@@ -6,10 +6,10 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::input::Input;
-use super::rows::Rows;
 use super::FileEncoding;
 use crate::cli::CliError;
+use crate::producer::input::Input;
+use crate::producer::rows::Rows;
 
 /// How many rows are looked up at once.
 pub(crate) const ROWS_PER_LOOKUP: usize = 1000;

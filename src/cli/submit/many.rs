@@ -14,9 +14,6 @@ use std::path::{Path, PathBuf};
 
 use tokio::sync::mpsc;
 
-use super::check::Scan;
-use super::cut::cut_recipients;
-use super::input::Input;
 use super::options::refuse_a_far_send_at;
 use super::{
     append_rounds, check_file, ended_batches, producer, progress_bar, summary, usage, BatchFile,
@@ -26,6 +23,9 @@ use crate::cli::CliError;
 use crate::events::options::BatchOptions;
 use crate::events::Template;
 use crate::keys::validate_batch_id;
+use crate::producer::check::Scan;
+use crate::producer::cut_file::cut_recipients;
+use crate::producer::input::Input;
 use crate::producer::{ROUND_BYTES, ROUND_CHUNKS};
 
 /// The most files one `submit` takes: each stays open from its check to
@@ -212,16 +212,7 @@ pub(super) async fn run(
 ) -> Result<(), CliError> {
     let mut checked = check_all(args, files, &template, &options).await?;
     let store = args.redis.connect().await?;
-    let ids: Vec<String> = checked.iter().map(|c| c.file.batch.clone()).collect();
-    let ended = ended_batches(&store, &ids).await?;
-    if !ended.is_empty() {
-        let mut msg = String::new();
-        for (i, why) in ended {
-            msg.push_str(&format!("{}: {why}\n", checked[i].file.path.display()));
-        }
-        msg.push_str("nothing of any file was appended");
-        return Err(CliError::Failed(msg));
-    }
+    refuse_ended(&store, &checked).await?;
     let lane = options.priority();
     let mut shards: Vec<u32> = checked
         .iter()
@@ -253,7 +244,6 @@ pub(super) async fn run(
 
     let per_round = (ROUND_BYTES / largest.max(1)).clamp(1, ROUND_CHUNKS);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(per_round);
-    let size = args.chunk_size;
     let (mut inputs, mut scans) = (Vec::new(), Vec::new());
     let mut shown = Vec::new();
     for c in checked.drain(..) {
@@ -261,22 +251,8 @@ pub(super) async fn run(
         scans.push(c.scan);
         shown.push((c.file, c.notes, c.read_as));
     }
-    let reader_options = options.clone();
-    let reader = tokio::task::spawn_blocking(move || {
-        // Every file as it was checked, before any is cut.
-        for (input, _, stamp) in &inputs {
-            if input.stamp() != *stamp {
-                return Err(CliError::Failed(format!(
-                    "{}: the file changed while it was submitted; nothing of any file was appended",
-                    input.path.display()
-                )));
-            }
-        }
-        for ((input, batch, _), scan) in inputs.iter_mut().zip(&scans) {
-            cut_recipients(input, batch, (&template, &reader_options), size, scan, &tx)?;
-        }
-        Ok(scans)
-    });
+    let cutting = (template, options.clone(), args.chunk_size);
+    let reader = tokio::task::spawn_blocking(move || cut_all(inputs, scans, cutting, &tx));
     let mut appended = 0u64;
     let result = append_rounds(
         &mut rx,
@@ -298,15 +274,70 @@ pub(super) async fn run(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    print_summaries(args, &options, shown, &scans, &streams);
+    Ok(())
+}
+
+/// Refuses the run when a batch of `checked` has ended, naming each
+/// such file.
+async fn refuse_ended(store: &crate::store::Store, checked: &[Checked]) -> Result<(), CliError> {
+    let ids: Vec<String> = checked.iter().map(|c| c.file.batch.clone()).collect();
+    let ended = ended_batches(store, &ids).await?;
+    if ended.is_empty() {
+        return Ok(());
+    }
+    let mut msg = String::new();
+    for (i, why) in ended {
+        msg.push_str(&format!("{}: {why}\n", checked[i].file.path.display()));
+    }
+    msg.push_str("nothing of any file was appended");
+    Err(CliError::Failed(msg))
+}
+
+/// A file to cut: its input, its batch, and its stamp when checked.
+type ToCut = (Input, String, Option<(u64, std::time::SystemTime)>);
+
+/// Cuts every file into chunks sent to `out` (the file reader's side, off
+/// the runtime), with `cutting`'s template, options and chunk size, once
+/// every file is found as it was checked. Returns the scans.
+fn cut_all(
+    mut inputs: Vec<ToCut>,
+    scans: Vec<Scan>,
+    (template, options, size): (Template, BatchOptions, usize),
+    out: &mpsc::Sender<Vec<u8>>,
+) -> Result<Vec<Scan>, CliError> {
+    // Every file as it was checked, before any is cut.
+    for (input, _, stamp) in &inputs {
+        if input.stamp() != *stamp {
+            return Err(CliError::Failed(format!(
+                "{}: the file changed while it was submitted; nothing of any file was appended",
+                input.path.display()
+            )));
+        }
+    }
+    for ((input, batch, _), scan) in inputs.iter_mut().zip(&scans) {
+        cut_recipients(input, batch, (&template, &options), size, scan, out)?;
+    }
+    Ok(scans)
+}
+
+/// Prints each batch's summary (one line or JSON object), then the totals.
+fn print_summaries(
+    args: &SubmitArgs,
+    options: &BatchOptions,
+    shown: Vec<(BatchFile, Vec<String>, &'static str)>,
+    scans: &[Scan],
+    streams: &[String],
+) {
     let (mut recipients, mut chunks) = (0, 0);
-    for (((file, notes, read_as), scan), stream) in shown.into_iter().zip(&scans).zip(&streams) {
+    for (((file, notes, read_as), scan), stream) in shown.into_iter().zip(scans).zip(streams) {
         recipients += scan.checked.recipients;
         chunks += scan.checked.chunks;
         let summary = summary::Summary {
             batch: &file.batch,
             stream,
             read_as,
-            options: &options,
+            options,
             file: Some(&file.path),
         };
         summary.print(scan, notes, args.json);
@@ -317,7 +348,6 @@ pub(super) async fn run(
             scans.len()
         );
     }
-    Ok(())
 }
 
 /// The error of a run that stopped after `appended` chunks: which batches

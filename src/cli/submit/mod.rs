@@ -16,15 +16,15 @@
 //! Memory stays flat whatever the file's size: the file is read twice, one
 //! row at a time (a file not known to be EUC-KR is first validated as UTF-8
 //! in one streaming pass; one that is not is transcoded once, see
-//! [`decode`](input::decode)). The first reading checks every row and every
-//! chunk; the second cuts and encodes the chunks on a thread of its own
-//! while the previous ones are appended, several per round trip, with
-//! backpressure ([`Producer`]). The batch-wide duplicate check keeps one
-//! `u64` per row (the number as a number,
-//! [`number_key`](check::number_key)), sorted once at the end; only when
-//! some number repeats is the file read once more in between, to find the
-//! repeated rows' lines (and, when they are dropped, to count the chunks
-//! without them), keeping the repeated numbers alone.
+//! [`decode`](crate::producer::input::decode)). The first reading checks
+//! every row and every chunk; the second cuts and encodes the chunks on a
+//! thread of its own while the previous ones are appended, several per
+//! round trip, with backpressure ([`Producer`]). The batch-wide duplicate
+//! check keeps one `u64` per row (the number as a number,
+//! [`number_key`](crate::producer::check::number_key)), sorted once at the
+//! end; only when some number repeats is the file read once more in
+//! between, to find the repeated rows' lines (and, when they are dropped,
+//! to count the chunks without them), keeping the repeated numbers alone.
 //!
 //! ## Layout
 //!
@@ -33,16 +33,9 @@
 //! - `mod.rs`: the flags ([`SubmitArgs`]) and [`run`], which takes the
 //!   steps in turn, refuses a batch that has ended and appends the chunks.
 //! - `options`: the batch options from the flags, and `--send-at`'s bounds.
-//! - `template`: the template file ([`read_template`]).
-//! - `input`: opening a recipients file: a pipe spooled to disk, its
-//!   encoding detected or named, a file that is not UTF-8 transcoded.
-//! - `rows`: its rows one at a time (CSV, JSONL, a Windows file's CRLF),
-//!   each row's number and variables.
-//! - `problems`: what is wrong with rows, listed and counted by kind.
-//! - `check`: the first reading: every row and chunk checked, the repeated
-//!   numbers found and their later rows dropped or refused.
-//! - `cut`: the second reading: the rows kept, cut into encoded chunks
-//!   ([`read_recipients`] reads them into memory instead).
+//! - the file itself is read, checked and cut by the producer library
+//!   ([`crate::producer`]: its `template`, `input`, `rows`, `problems`,
+//!   `check` and `cut_file`; [`read_template`], [`read_recipients`]).
 //! - `summary`: what submit prints once it is done.
 //! - `advert`: `--ad`: the checked file split by night-time consent into
 //!   two batches that name each other.
@@ -52,18 +45,10 @@
 
 mod advert;
 pub mod body;
-mod check;
-mod cut;
-#[cfg(test)]
-mod fixtures;
 pub(crate) mod follow_up;
-mod input;
 mod many;
 mod options;
-mod problems;
-mod rows;
 mod summary;
-mod template;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -80,17 +65,17 @@ use crate::events::Template;
 use crate::keys::validate_batch_id;
 use crate::producer::{Producer, DEFAULT_MAX_UNREAD_CHUNKS, ROUND_BYTES, ROUND_CHUNKS};
 
-use check::{check_recipients, Scan};
-use cut::cut_recipients;
-use input::Input;
+use crate::producer::check::{check_recipients, Scan};
+use crate::producer::cut_file::cut_recipients;
+use crate::producer::input::Input;
 pub(crate) use options::refuse_a_far_send_at;
 
-pub use cut::read_recipients;
+pub use crate::producer::problems::LISTED;
+pub use crate::producer::template::{KakaoFile, TemplateFile, MAX_TEMPLATE_FILE_BYTES};
+pub use crate::producer::{Duplicates, FileEncoding};
 pub use options::{
     batch_options, check_send_at, options_from, OptionsGiven, SEND_AT_GRACE, SEND_AT_HORIZON,
 };
-pub use problems::LISTED;
-pub use template::{read_template, KakaoFile, TemplateFile, MAX_TEMPLATE_FILE_BYTES};
 
 /// Submit flags.
 #[derive(Debug, Args)]
@@ -176,28 +161,19 @@ pub struct SubmitArgs {
     pub follow_up_of: Option<String>,
 }
 
-/// The encoding of a recipients file (`--encoding`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum FileEncoding {
-    /// UTF-8 when the whole file is valid UTF-8 (or UTF-16 with its byte
-    /// order mark), else EUC-KR/CP949.
-    Auto,
-    /// UTF-8, with or without a byte order mark.
-    #[value(name = "utf-8", alias = "utf8")]
-    Utf8,
-    /// EUC-KR with its Windows extension CP949 (what the WHATWG Encoding
-    /// standard calls EUC-KR): all 11,172 Hangul syllables.
-    #[value(name = "euc-kr", alias = "cp949")]
-    EucKr,
+/// Reads a template file ([`crate::producer::template::read_template`]),
+/// failing as the CLI does.
+pub fn read_template(path: &std::path::Path) -> Result<Template, CliError> {
+    Ok(crate::producer::template::read_template(path)?)
 }
 
-/// What `submit` does with a number that an earlier row has (`--duplicates`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Duplicates {
-    /// The later rows are dropped, counted and reported.
-    Drop,
-    /// The later rows are problems: nothing is appended.
-    Fail,
+/// Reads a recipients file into memory
+/// ([`crate::producer::cut_file::read_recipients`]), failing as the CLI does.
+pub fn read_recipients(
+    path: &std::path::Path,
+    template: &Template,
+) -> Result<Vec<crate::events::Recipient>, CliError> {
+    Ok(crate::producer::cut_file::read_recipients(path, template)?)
 }
 
 /// A usage error: what was given is wrong, and the message says what to do.

@@ -4,9 +4,9 @@
 
 use encoding_rs::UTF_8;
 
-use super::check::Scan;
-use super::input::Input;
 use crate::events::options::BatchOptions;
+use crate::producer::check::Scan;
+use crate::producer::input::Input;
 
 /// What submit says it did, besides the counts: how the file was read,
 /// what was dropped, what was restored.

@@ -85,59 +85,8 @@ async fn load<R: RecipientFields + Sync>(
     group_id: &str,
 ) -> Result<Load, OpError> {
     if ctx.config.durable.waits() {
-        // The add relies on the chunk's assignment to `gen` and on `group_id`
-        // being that generation's group: both must still hold (an item from
-        // writes Redis lost is dropped; its chunk is loaded through what
-        // survived: it is parked again, or its ingest entry redelivered) and
-        // be on disk before the provider registers anyone.
-        let (assign_key, group_key) = (event_key::assign(seq), event_key::group(gen));
-        let p = log
-            .read(&[
-                field::assignment(seq),
-                field::group(gen),
-                field::key(&assign_key),
-                field::key(&group_key),
-            ])
-            .await?;
-        let assigned_gen = p.assignment(seq).map(|(g, _, _)| g);
-        if assigned_gen != Some(gen) || p.group_of(gen) != Some(group_id) {
-            tracing::warn!(
-                batch = %log.batch, seq, gen, group = group_id,
-                assigned = ?assigned_gen, recorded = ?p.group_of(gen),
-                "load of a chunk into a group our events no longer show for it (lost Redis writes?): dropped"
-            );
-            metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
-            return Ok(Load::Stale);
-        }
-        let facts: Vec<(&str, &str)> = [
-            (assign_key.as_str(), p.appended(&assign_key)),
-            (group_key.as_str(), p.appended(&group_key)),
-        ]
-        .into_iter()
-        .filter_map(|(k, id)| Some((k, id?)))
-        .collect();
-        // Waits here (the chunk's first load never goes through the delayed
-        // set just to wait), unless too many entries already wait so.
-        match on_disk(ctx, log, &facts, || {
-            format!("chunk {seq} was just assigned to generation {gen} or its group")
-        })
-        .await?
-        {
-            OnDisk::Yes => {}
-            OnDisk::NotYet(wait) => return Ok(Load::Handled(wait)),
-            // Redis lost the assignment or the group meanwhile (a restart
-            // from disk during the wait): what the load was given no longer
-            // holds. Retried as a load item, the chunk would have nothing
-            // to bring it back once that item found itself stale; the
-            // ingest handler accepts it again instead.
-            OnDisk::Gone(_) => {
-                tracing::warn!(
-                    batch = %log.batch, seq, gen, group = group_id,
-                    "the chunk's assignment or group was lost while the load waited for the disk (lost Redis writes?)"
-                );
-                metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
-                return Ok(Load::Stale);
-            }
+        if let Some(stop) = wait_for_assignment(ctx, log, seq, gen, group_id).await? {
+            return Ok(stop);
         }
     }
     let requests = recipients.len().div_ceil(MAX_MESSAGES_PER_REQUEST) as u32;
@@ -146,31 +95,122 @@ async fn load<R: RecipientFields + Sync>(
     }
     let summary = match add_all(ctx, group_id, template, recipients).await {
         Ok(s) => s,
-        Err(e) => {
-            let outcome = super::provider_failed(ctx, &log.batch, &e).await;
-            if matches!(outcome, Outcome::Dead(_)) {
-                // A repeat delivery racing the original can find the group
-                // already sent (400 InvalidGroupStatus): harmless if the chunk
-                // is recorded as loaded. A cancel deletes the group of a
-                // generation it stopped: nothing more is loaded into it.
-                let p = log
-                    .read(&[
-                        field::key(&event_key::loaded(gen, seq)),
-                        field::CANCELLED.to_string(),
-                    ])
-                    .await?;
-                if p.is_loaded(gen, seq) {
-                    return Ok(Load::Handled(Outcome::Done));
-                }
-                if p.cancelled().is_some() {
-                    let numbers = recipients.iter().map(|r| r.to());
-                    record_cancelled(ctx, log, gen, numbers).await?;
-                    return Ok(Load::Handled(Outcome::Done));
-                }
-            }
-            return Ok(Load::Handled(outcome));
-        }
+        Err(e) => return add_failed(ctx, log, seq, gen, recipients, &e).await,
     };
+    let event = loaded_event(seq, gen, group_id, summary, recipients);
+    record_load(ctx, log, &event, recipients).await?;
+    Ok(Load::Handled(Outcome::Done))
+}
+
+/// Under a durability that waits: checks that chunk `seq` is still
+/// assigned to `gen` and `group_id` is still its group, and waits until both
+/// are on disk. None: they are, the add may go; else what the load comes to.
+async fn wait_for_assignment(
+    ctx: &Ctx,
+    log: &BatchLog,
+    seq: u32,
+    gen: u32,
+    group_id: &str,
+) -> Result<Option<Load>, OpError> {
+    // The add relies on the chunk's assignment to `gen` and on `group_id`
+    // being that generation's group: both must still hold (an item from
+    // writes Redis lost is dropped; its chunk is loaded through what
+    // survived: it is parked again, or its ingest entry redelivered) and
+    // be on disk before the provider registers anyone.
+    let (assign_key, group_key) = (event_key::assign(seq), event_key::group(gen));
+    let p = log
+        .read(&[
+            field::assignment(seq),
+            field::group(gen),
+            field::key(&assign_key),
+            field::key(&group_key),
+        ])
+        .await?;
+    let assigned_gen = p.assignment(seq).map(|(g, _, _)| g);
+    if assigned_gen != Some(gen) || p.group_of(gen) != Some(group_id) {
+        tracing::warn!(
+            batch = %log.batch, seq, gen, group = group_id,
+            assigned = ?assigned_gen, recorded = ?p.group_of(gen),
+            "load of a chunk into a group our events no longer show for it (lost Redis writes?): dropped"
+        );
+        metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
+        return Ok(Some(Load::Stale));
+    }
+    let facts: Vec<(&str, &str)> = [
+        (assign_key.as_str(), p.appended(&assign_key)),
+        (group_key.as_str(), p.appended(&group_key)),
+    ]
+    .into_iter()
+    .filter_map(|(k, id)| Some((k, id?)))
+    .collect();
+    // Waits here (the chunk's first load never goes through the delayed
+    // set just to wait), unless too many entries already wait so.
+    match on_disk(ctx, log, &facts, || {
+        format!("chunk {seq} was just assigned to generation {gen} or its group")
+    })
+    .await?
+    {
+        OnDisk::Yes => Ok(None),
+        OnDisk::NotYet(wait) => Ok(Some(Load::Handled(wait))),
+        // Redis lost the assignment or the group meanwhile (a restart
+        // from disk during the wait): what the load was given no longer
+        // holds. Retried as a load item, the chunk would have nothing
+        // to bring it back once that item found itself stale; the
+        // ingest handler accepts it again instead.
+        OnDisk::Gone(_) => {
+            tracing::warn!(
+                batch = %log.batch, seq, gen, group = group_id,
+                "the chunk's assignment or group was lost while the load waited for the disk (lost Redis writes?)"
+            );
+            metrics::counter!("groupcast_chunks_total", "outcome" => "stale").increment(1);
+            Ok(Some(Load::Stale))
+        }
+    }
+}
+
+/// The add of chunk `seq` failed with `e`: retried or dead-lettered as the
+/// provider's answer says, unless the chunk needs no add any more.
+async fn add_failed<R: RecipientFields>(
+    ctx: &Ctx,
+    log: &BatchLog,
+    seq: u32,
+    gen: u32,
+    recipients: &[R],
+    e: &ProviderError,
+) -> Result<Load, OpError> {
+    let outcome = super::provider_failed(ctx, &log.batch, e).await;
+    if matches!(outcome, Outcome::Dead(_)) {
+        // A repeat delivery racing the original can find the group
+        // already sent (400 InvalidGroupStatus): harmless if the chunk
+        // is recorded as loaded. A cancel deletes the group of a
+        // generation it stopped: nothing more is loaded into it.
+        let p = log
+            .read(&[
+                field::key(&event_key::loaded(gen, seq)),
+                field::CANCELLED.to_string(),
+            ])
+            .await?;
+        if p.is_loaded(gen, seq) {
+            return Ok(Load::Handled(Outcome::Done));
+        }
+        if p.cancelled().is_some() {
+            let numbers = recipients.iter().map(|r| r.to());
+            record_cancelled(ctx, log, gen, numbers).await?;
+            return Ok(Load::Handled(Outcome::Done));
+        }
+    }
+    Ok(Load::Handled(outcome))
+}
+
+/// The `chunk_loaded` event of chunk `seq`, from the provider's answers
+/// to its adds (`summary`).
+fn loaded_event<R: RecipientFields>(
+    seq: u32,
+    gen: u32,
+    group_id: &str,
+    summary: AddSummary,
+    recipients: &[R],
+) -> ChunkLoaded {
     // 1026 counts as registered: already in this group, i.e. an earlier
     // attempt of this very add registered it (the response was lost). No
     // other chunk of the batch can have put the number there: the
@@ -187,8 +227,7 @@ async fn load<R: RecipientFields + Sync>(
             code,
         })
         .collect();
-    let failures = failed.len() as u64;
-    let event = ChunkLoaded {
+    ChunkLoaded {
         gen,
         seq,
         group_id: group_id.to_string(),
@@ -196,8 +235,19 @@ async fn load<R: RecipientFields + Sync>(
         duplicates,
         failed,
         given_up: None,
-    };
-    match log.record_loaded(&event).await? {
+    }
+}
+
+/// Records the chunk loaded (`loaded.lua`) and counts it, once.
+async fn record_load<R: RecipientFields>(
+    ctx: &Ctx,
+    log: &BatchLog,
+    event: &ChunkLoaded,
+    recipients: &[R],
+) -> Result<(), OpError> {
+    let (gen, registered) = (event.gen, event.registered);
+    let failures = event.failed.len() as u64;
+    match log.record_loaded(event).await? {
         Loading::Loaded { ready } => {
             // Counted only when the loaded event is new: a chunk loaded twice
             // (a repeat delivery racing the first) counts its recipients once,
@@ -223,7 +273,7 @@ async fn load<R: RecipientFields + Sync>(
             record_cancelled(ctx, log, gen, numbers).await?;
         }
     }
-    Ok(Load::Handled(Outcome::Done))
+    Ok(())
 }
 
 /// Records `numbers` (of generation `gen`) as never sent because their

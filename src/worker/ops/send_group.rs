@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use crate::events::options::SendWindow;
 use crate::events::{Event, SendRefused};
 use crate::keys::Priority;
-use crate::projection::{event_key, field};
+use crate::projection::{event_key, field, Projection};
 use crate::provider::{GroupStatus, ProviderErrorKind};
 use crate::store::batch::{BatchLog, Claim, ClaimArgs, ClaimMode};
 use crate::store::queue::DelayedEntry;
@@ -53,39 +53,22 @@ use crate::worker::Ctx;
 pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
-    let (send_key, ready_key) = (event_key::send(gen), event_key::ready(gen));
     let p = log
         .read(&[
-            field::key(&send_key),
+            field::key(&event_key::send(gen)),
             field::group(gen),
             field::registered_in(gen),
             field::unsure_in(gen),
-            field::key(&ready_key),
+            field::key(&event_key::ready(gen)),
             field::OPTIONS.into(),
             field::claimed(gen),
             field::claim_back(gen),
             field::failed_in(gen),
         ])
         .await?;
-    if p.appended(&send_key).is_some() {
-        return Ok(Outcome::Done);
-    }
-    if p.failed_in(gen) == Some("send") {
-        // Given up (`give_up_send.lua`): never claimed again, so a redrive
-        // of this item cannot send it (the claim refuses it too).
-        tracing::info!(batch = %item.batch, gen, "this generation's send was given up: not sent");
-        return Ok(Outcome::Done);
-    }
-    let Some(ready_id) = p.appended(&ready_key) else {
-        // make_ready appends the event and this item together: an item
-        // without the event comes from writes Redis lost (a worker held it
-        // in memory and re-queued it after the restart). Stale, like such a
-        // load item: the generation gets a send item of its own when it is
-        // ready again, and nothing was sent (a send waits until what it
-        // relies on is on disk). A dead letter would ask an operator for a
-        // replay that can do nothing.
-        tracing::warn!(batch = %item.batch, gen, "send work item for a generation our events do not show ready (lost Redis writes?): dropped as stale");
-        return Ok(Outcome::Done);
+    let ready_id = match standing(&p, gen) {
+        Standing::Ready(id) => id.to_string(),
+        other => return Ok(not_sendable(item, &other)),
     };
     // Held until `send_at`, and never inside the batch's quiet hours: a
     // check before the provider is read, unless a claim is in place (a
@@ -107,37 +90,133 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             "generation {gen} is ready but has no group"
         )));
     };
-    let registered = p.registered_in(gen);
-    // Recipients of chunks given up on may or may not have been registered
-    // before the add failed for good: the provider may hold up to that many
-    // more than our events count.
-    let unsure = p.unsure_in(gen);
     let (poll, poll_ms) = first_poll(ctx, lane, &item.batch, gen, &group_id);
-
-    // The send makes two provider requests: the status read, then the send.
-    // A first try books them one by one. A try after a claim (the earlier
-    // one read the status, then the limiter gave the entry back before the
-    // send) books both at once: booked one by one again, each try's read
-    // could take the slot the send needs (the lane's horizon, or its owed
-    // slot), try after try, and the send would never go (seen in
-    // tests/liveness: a claimed generation unsent for 90 s at 8/s). A
-    // booking refused reserves nothing, so one for both goes as soon as the
-    // schedule has room for two, or the lane is owed its share.
-    let booked_both = claimed;
-    if let Some(back) = provider_slots(ctx, lane, if booked_both { 2 } else { 1 }).await? {
+    let send = Sendable {
+        item,
+        lane,
+        log,
+        window,
+        group_id,
+        ready_id,
+        registered: p.registered_in(gen),
+        unsure: p.unsure_in(gen),
+        poll,
+        poll_ms,
+        booked_both: claimed,
+    };
+    if let Some(back) = provider_slots(ctx, lane, if claimed { 2 } else { 1 }).await? {
         return Ok(back);
     }
-    let group = match ctx.provider.get_group(&group_id).await {
+    let group = match ctx.provider.get_group(&send.group_id).await {
         Ok(g) => g,
         Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
     };
-    if group.status == GroupStatus::Deleted {
+    if group.status != GroupStatus::Pending {
+        return not_pending(&send, group.status).await;
+    }
+    let held = group.count.registered_success;
+    if let Some(reason) = count_mismatch(&send, held) {
+        return refuse(&send, reason).await;
+    }
+    claim_and_send(ctx, &send).await
+}
+
+/// What a send item's state says before anything else is asked.
+#[derive(Debug, PartialEq, Eq)]
+enum Standing<'a> {
+    /// The generation was sent (its terminal marker is recorded).
+    Sent,
+    /// Its send was given up.
+    GivenUp,
+    /// No `ready` event: the item is stale.
+    NotReady,
+    /// Ready, with the `ready` event's entry id: the send goes on.
+    Ready(&'a str),
+}
+
+/// Where generation `gen`'s send stands, from its state.
+fn standing(p: &Projection, gen: u32) -> Standing<'_> {
+    if p.appended(&event_key::send(gen)).is_some() {
+        return Standing::Sent;
+    }
+    if p.failed_in(gen) == Some("send") {
+        return Standing::GivenUp;
+    }
+    match p.appended(&event_key::ready(gen)) {
+        Some(id) => Standing::Ready(id),
+        None => Standing::NotReady,
+    }
+}
+
+/// The outcome of an item whose generation is not to be sent (`standing`
+/// is not [`Standing::Ready`]), said in the log.
+fn not_sendable(item: &WorkItem, standing: &Standing) -> Outcome {
+    let gen = item.gen;
+    match standing {
+        Standing::GivenUp => {
+            // Given up (`give_up_send.lua`): never claimed again, so a redrive
+            // of this item cannot send it (the claim refuses it too).
+            tracing::info!(batch = %item.batch, gen, "this generation's send was given up: not sent");
+        }
+        Standing::NotReady => {
+            // make_ready appends the event and this item together: an item
+            // without the event comes from writes Redis lost (a worker held it
+            // in memory and re-queued it after the restart). Stale, like such a
+            // load item: the generation gets a send item of its own when it is
+            // ready again, and nothing was sent (a send waits until what it
+            // relies on is on disk). A dead letter would ask an operator for a
+            // replay that can do nothing.
+            tracing::warn!(batch = %item.batch, gen, "send work item for a generation our events do not show ready (lost Redis writes?): dropped as stale");
+        }
+        Standing::Sent | Standing::Ready(_) => {}
+    }
+    Outcome::Done
+}
+
+/// A ready generation whose group is known: what its send goes on with.
+struct Sendable<'a> {
+    item: &'a WorkItem,
+    lane: Priority,
+    log: BatchLog,
+    /// The batch's schedule.
+    window: SendWindow,
+    group_id: String,
+    /// The `ready` event's entry id.
+    ready_id: String,
+    /// Recipients our events say were registered in the group.
+    registered: u64,
+    /// Recipients of chunks given up on: they may or may not have been
+    /// registered before the add failed for good, so the provider may hold
+    /// up to that many more than our events count.
+    unsure: u64,
+    /// The first status read's delayed entry, and its delay in ms.
+    poll: Vec<u8>,
+    poll_ms: u64,
+    /// Whether both provider requests were booked at once. The send makes
+    /// two provider requests: the status read, then the send. A first try
+    /// books them one by one. A try after a claim (the earlier one read the
+    /// status, then the limiter gave the entry back before the send) books
+    /// both at once: booked one by one again, each try's read could take the
+    /// slot the send needs (the lane's horizon, or its owed slot), try after
+    /// try, and the send would never go (seen in tests/liveness: a claimed
+    /// generation unsent for 90 s at 8/s). A booking refused reserves
+    /// nothing, so one for both goes as soon as the schedule has room for
+    /// two, or the lane is owed its share.
+    booked_both: bool,
+}
+
+/// The provider's group is no longer pending: deleted (stale, or never
+/// sendable) or already sent.
+async fn not_pending(send: &Sendable<'_>, status: GroupStatus) -> Result<Outcome, OpError> {
+    let (item, gen, group_id) = (send.item, send.item.gen, &send.group_id);
+    if status == GroupStatus::Deleted {
         // A cancel deletes a generation's own group, and only one whose
         // send was not claimed: then this item is stale. With no cancel on
         // record (one Redis lost after its delete went out, or a deletion
         // made at the provider by hand), the generation can never be sent:
         // given up (counted unsent), so that the batch still ends.
-        if log
+        if send
+            .log
             .read(&[field::CANCELLED.into()])
             .await?
             .cancelled()
@@ -150,34 +229,52 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             "group {group_id} was deleted at the provider, and no cancel is on record: generation {gen} can never be sent"
         )));
     }
-    if group.status != GroupStatus::Pending {
-        log.sent(gen, &group_id, "already_sent", poll_ms, &poll)
-            .await?;
-        return Ok(Outcome::Done);
+    send.log
+        .sent(gen, group_id, "already_sent", send.poll_ms, &send.poll)
+        .await?;
+    Ok(Outcome::Done)
+}
+
+/// Why the send must not go, when the provider holds `held` registered
+/// messages and our events say otherwise (fail closed).
+fn count_mismatch(send: &Sendable, held: u64) -> Option<String> {
+    let (registered, unsure) = (send.registered, send.unsure);
+    if held >= registered && held <= registered + unsure {
+        return None;
     }
-    let held = group.count.registered_success;
-    if held < registered || held > registered + unsure {
-        let expected = match unsure {
-            0 => registered.to_string(),
-            _ => format!(
-                "{registered} (up to {} with given-up chunks)",
-                registered + unsure
-            ),
-        };
-        let reason = format!(
-            "provider has {held} registered messages in group {group_id}, our events say {expected}: not sending"
-        );
-        tracing::error!(batch = %item.batch, gen, %reason, "send refused");
-        metrics::counter!("groupcast_sends_refused_total").increment(1);
-        let e = Event::SendRefused(SendRefused {
-            gen,
-            group_id,
-            reason: reason.clone(),
-        });
-        log.append(&event_key::refused(gen), &e).await?;
-        return Ok(Outcome::Dead(reason));
-    }
-    let claim = match decide(ctx, &log, &window, gen, ClaimMode::Claim).await? {
+    let expected = match unsure {
+        0 => registered.to_string(),
+        _ => format!(
+            "{registered} (up to {} with given-up chunks)",
+            registered + unsure
+        ),
+    };
+    Some(format!(
+        "provider has {held} registered messages in group {}, our events say {expected}: not sending",
+        send.group_id
+    ))
+}
+
+/// Refuses the send for `reason`: records `send_refused` and dead-letters
+/// the item.
+async fn refuse(send: &Sendable<'_>, reason: String) -> Result<Outcome, OpError> {
+    let gen = send.item.gen;
+    tracing::error!(batch = %send.item.batch, gen, %reason, "send refused");
+    metrics::counter!("groupcast_sends_refused_total").increment(1);
+    let e = Event::SendRefused(SendRefused {
+        gen,
+        group_id: send.group_id.clone(),
+        reason: reason.clone(),
+    });
+    send.log.append(&event_key::refused(gen), &e).await?;
+    Ok(Outcome::Dead(reason))
+}
+
+/// Claims the send, waits for what it rests on to be on disk, and sends the
+/// group while the claim lasts.
+async fn claim_and_send(ctx: &Ctx, send: &Sendable<'_>) -> Result<Outcome, OpError> {
+    let (log, gen, group_id) = (&send.log, send.item.gen, &send.group_id);
+    let claim = match decide(ctx, log, &send.window, gen, ClaimMode::Claim).await? {
         Decided::Claimed(c) => c,
         Decided::Free => {
             return Err(StoreError::UnexpectedReply {
@@ -188,10 +285,11 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         }
         Decided::Out(o) => return Ok(o),
     };
+    let ready_key = event_key::ready(gen);
     match on_disk(
         ctx,
-        &log,
-        &[(&ready_key, ready_id), (&claim.key, &claim.id)],
+        log,
+        &[(&ready_key, &send.ready_id), (&claim.key, &claim.id)],
         || format!("generation {gen} just became ready, or its send was just claimed"),
     )
     .await?
@@ -199,8 +297,8 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
         OnDisk::Yes => {}
         OnDisk::NotYet(wait) | OnDisk::Gone(wait) => return Ok(wait),
     }
-    if !booked_both {
-        if let Some(back) = provider_slots(ctx, lane, 1).await? {
+    if !send.booked_both {
+        if let Some(back) = provider_slots(ctx, send.lane, 1).await? {
             return Ok(back);
         }
     }
@@ -217,14 +315,17 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
             reason: format!("generation {gen}'s send claim ends in {left:?}: claimed again"),
         });
     }
-    let outcome = match ctx.provider.send_group(&group_id).await {
+    let outcome = match ctx.provider.send_group(group_id).await {
         Ok(_) => "sent",
         Err(e) if e.kind() == ProviderErrorKind::AlreadySent => "already_sent",
-        Err(e) => return Ok(super::provider_failed(ctx, &item.batch, &e).await),
+        Err(e) => return Ok(super::provider_failed(ctx, &send.item.batch, &e).await),
     };
-    if log.sent(gen, &group_id, outcome, poll_ms, &poll).await? {
+    if log
+        .sent(gen, group_id, outcome, send.poll_ms, &send.poll)
+        .await?
+    {
         metrics::counter!("groupcast_groups_sent_total", "outcome" => outcome).increment(1);
-        tracing::info!(batch = %item.batch, gen, group = %group_id, outcome, "group sent");
+        tracing::info!(batch = %send.item.batch, gen, group = %group_id, outcome, "group sent");
     }
     Ok(Outcome::Done)
 }

@@ -9,29 +9,29 @@ use std::path::{Path, PathBuf};
 
 use encoding_rs::{DecoderResult, Encoding, EUC_KR, UTF_8};
 
+use super::InputError;
 use super::{usage, FileEncoding};
-use crate::cli::CliError;
 
 /// The read buffer: large reads, few system calls.
-pub(super) const READ_BUFFER: usize = 256 * 1024;
+pub(crate) const READ_BUFFER: usize = 256 * 1024;
 
 /// A recipients file, open: read from the start by each [`Rows`](super::rows::Rows).
 #[derive(Debug)]
-pub(super) struct Input {
+pub(crate) struct Input {
     /// The name given, for messages.
-    pub(super) path: PathBuf,
+    pub(crate) path: PathBuf,
     /// UTF-8: the file itself, or a temporary copy of it.
-    pub(super) file: File,
-    pub(super) format: Format,
+    pub(crate) file: File,
+    pub(crate) format: Format,
     /// Where the rows begin in `file`: past a UTF-8 byte order mark.
-    pub(super) start: u64,
+    pub(crate) start: u64,
     /// The encoding the file was read in.
-    pub(super) encoding: &'static Encoding,
+    pub(crate) encoding: &'static Encoding,
 }
 
 /// A recipients file's format, by its extension.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Format {
+pub(crate) enum Format {
     /// CSV with a header.
     Csv,
     /// One JSON object per line.
@@ -42,7 +42,7 @@ impl Input {
     /// Opens the file. What cannot be read twice (a pipe, `/dev/stdin`) is
     /// copied into an unnamed temporary file first, and so is a file that
     /// is not UTF-8, decoded ([`decode`]).
-    pub(super) fn open(path: &Path, encoding: FileEncoding) -> Result<Input, CliError> {
+    pub(crate) fn open(path: &Path, encoding: FileEncoding) -> Result<Input, InputError> {
         let cannot = |e: std::io::Error| usage(format!("{}: cannot read: {e}", path.display()));
         let ext = path
             .extension()
@@ -69,12 +69,12 @@ impl Input {
     /// Reads `bytes` (a recipients file's content, in a request) as the
     /// file `name`, through an unnamed temporary file: the same readings
     /// as a file on disk, and memory flat however large.
-    pub(super) fn of_bytes(
+    pub(crate) fn of_bytes(
         name: &Path,
         bytes: &[u8],
         format: Format,
         encoding: FileEncoding,
-    ) -> Result<Input, CliError> {
+    ) -> Result<Input, InputError> {
         let cannot = |e: std::io::Error| usage(format!("{}: cannot spool: {e}", name.display()));
         let mut file = unnamed_temp_file().map_err(cannot)?;
         file.write_all(bytes).map_err(cannot)?;
@@ -88,7 +88,7 @@ impl Input {
         file: File,
         format: Format,
         encoding: FileEncoding,
-    ) -> Result<Input, CliError> {
+    ) -> Result<Input, InputError> {
         let (file, start, encoding) = decode(path, file, encoding)?;
         Ok(Input {
             path: path.to_path_buf(),
@@ -101,7 +101,7 @@ impl Input {
 
     /// The file's size and modification time, to notice a change between
     /// the two readings.
-    pub(super) fn stamp(&self) -> Option<(u64, std::time::SystemTime)> {
+    pub(crate) fn stamp(&self) -> Option<(u64, std::time::SystemTime)> {
         let m = self.file.metadata().ok()?;
         Some((m.len(), m.modified().ok()?))
     }
@@ -144,11 +144,11 @@ fn spool(from: &mut File) -> std::io::Result<File> {
 /// disk (1.5 times the file for Hangul, 2 bytes in EUC-KR and 3 in UTF-8),
 /// not memory, as the copy of a pipe does. A UTF-8 file is not copied: it
 /// is validated in one streaming pass first, which also decides `auto`.
-pub(super) fn decode(
+pub(crate) fn decode(
     path: &Path,
     mut file: File,
     choice: FileEncoding,
-) -> Result<(File, u64, &'static Encoding), CliError> {
+) -> Result<(File, u64, &'static Encoding), InputError> {
     let cannot = |e: std::io::Error| usage(format!("{}: cannot read: {e}", path.display()));
     let mut head = Vec::with_capacity(3);
     (&mut file).take(3).read_to_end(&mut head).map_err(cannot)?;
@@ -194,7 +194,7 @@ fn transcode_or_refuse(
     mut file: File,
     encoding: &'static Encoding,
     also: &str,
-) -> Result<(File, u64, &'static Encoding), CliError> {
+) -> Result<(File, u64, &'static Encoding), InputError> {
     let cannot = |e: std::io::Error| usage(format!("{}: cannot read: {e}", path.display()));
     match transcode(&mut file, encoding).map_err(cannot)? {
         Ok(utf8) => Ok((utf8, 0, encoding)),
@@ -308,10 +308,11 @@ fn transcode(from: &mut File, encoding: &'static Encoding) -> std::io::Result<Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::submit::check::check_recipients;
-    use crate::cli::submit::fixtures::{file, sms, usage_of};
-    use crate::cli::submit::{read_recipients, Duplicates};
     use crate::events::options::BatchOptions;
+    use crate::producer::check::check_recipients;
+    use crate::producer::cut_file::read_recipients;
+    use crate::producer::fixtures::{file, sms, usage_of};
+    use crate::producer::Duplicates;
 
     /// Korean names, as a CRM writes them in EUC-KR: a syllable outside
     /// KS X 1001's 2,350 (똠, CP949's extension) included.

@@ -11,24 +11,24 @@ use std::path::Path;
 use super::input::{Format, Input, READ_BUFFER};
 use super::problems::Problem;
 use super::usage;
-use crate::cli::CliError;
+use super::InputError;
 use crate::events::chunk::{RecipientFields, MAX_VAR_CHARS};
 use crate::events::{clip, QUOTE_MAX};
 use crate::phone::{self, Normalized};
 
 /// One row of a recipients file, borrowed from the reader until the next.
-pub(super) struct Row<'r> {
+pub(crate) struct Row<'r> {
     /// The line the row starts on (from 1).
-    pub(super) line: usize,
+    pub(crate) line: usize,
     /// The `to` field as written.
-    pub(super) to: Option<&'r str>,
+    pub(crate) to: Option<&'r str>,
     /// Its other fields.
-    pub(super) vars: Vars<'r>,
+    pub(crate) vars: Vars<'r>,
 }
 
 /// A row's fields other than `to`, by name: the template's variables.
 #[derive(Clone, Copy)]
-pub(super) enum Vars<'r> {
+pub(crate) enum Vars<'r> {
     /// A CSV record and its columns (name order, each name once: a repeated
     /// column name keeps its last column).
     Csv {
@@ -41,7 +41,7 @@ pub(super) enum Vars<'r> {
 
 impl<'r> Vars<'r> {
     /// The value of the variable `name`, if the row has it.
-    pub(super) fn get(self, name: &str) -> Option<&'r str> {
+    pub(crate) fn get(self, name: &str) -> Option<&'r str> {
         match self {
             Vars::Csv { record, columns } => columns
                 .binary_search_by(|(n, _)| n.as_str().cmp(name))
@@ -55,7 +55,7 @@ impl<'r> Vars<'r> {
     }
 
     /// How many variables the row has.
-    pub(super) fn len(self) -> usize {
+    pub(crate) fn len(self) -> usize {
         match self {
             Vars::Csv { columns, .. } => columns.len(),
             Vars::Json(fields) => fields.len() - usize::from(fields.contains_key("to")),
@@ -63,7 +63,7 @@ impl<'r> Vars<'r> {
     }
 
     /// In name order.
-    pub(super) fn iter(self) -> impl Iterator<Item = (&'r str, &'r str)> {
+    pub(crate) fn iter(self) -> impl Iterator<Item = (&'r str, &'r str)> {
         let (csv, json) = match self {
             Vars::Csv { record, columns } => (Some((record, columns)), None),
             Vars::Json(fields) => (None, Some(fields)),
@@ -85,11 +85,11 @@ impl<'r> Vars<'r> {
 
 /// A checked row as the chunk encoder reads it: the number as it will be
 /// sent (in a caller's buffer) and the row's variables.
-pub(super) struct RowRecipient<'a> {
+pub(crate) struct RowRecipient<'a> {
     /// The number, normalised.
-    pub(super) to: &'a str,
+    pub(crate) to: &'a str,
     /// The row's variables.
-    pub(super) vars: Vars<'a>,
+    pub(crate) vars: Vars<'a>,
 }
 
 impl RecipientFields for RowRecipient<'_> {
@@ -109,7 +109,7 @@ impl RecipientFields for RowRecipient<'_> {
 
 impl Row<'_> {
     /// Writes the row's number, normalised, into `out`.
-    pub(super) fn number(&self, out: &mut String) -> Result<Normalized, Problem> {
+    pub(crate) fn number(&self, out: &mut String) -> Result<Normalized, Problem> {
         let Some(to) = self.to else {
             out.clear();
             return Err(Problem::field(
@@ -133,7 +133,7 @@ impl Row<'_> {
     /// template uses (`names`) missing, or any too long (every column but
     /// `to` travels with the recipient, and a chunk holding a value too
     /// long would be refused by the workers).
-    pub(super) fn var_problems(&self, names: &[String], mut each: impl FnMut(Problem)) {
+    pub(crate) fn var_problems(&self, names: &[String], mut each: impl FnMut(Problem)) {
         for n in names {
             if self.vars.get(n).is_none() {
                 each(Problem::field(
@@ -161,7 +161,7 @@ impl Row<'_> {
 }
 
 /// The rows of a recipients file, one at a time, from its start.
-pub(super) enum Rows<'a> {
+pub(crate) enum Rows<'a> {
     /// A CSV file's records, past its header.
     Csv(CsvRows<'a>),
     /// A JSONL file's lines, blank ones skipped.
@@ -169,7 +169,7 @@ pub(super) enum Rows<'a> {
 }
 
 /// The rows of a CSV file.
-pub(super) struct CsvRows<'a> {
+pub(crate) struct CsvRows<'a> {
     reader: csv::Reader<CrlfAsLf<&'a File>>,
     /// The index of the `to` column (the last one of that name).
     to: usize,
@@ -182,7 +182,7 @@ pub(super) struct CsvRows<'a> {
 }
 
 /// The rows of a JSONL file.
-pub(super) struct JsonlRows<'a> {
+pub(crate) struct JsonlRows<'a> {
     reader: BufReader<&'a File>,
     /// The line last read.
     text: String,
@@ -251,7 +251,7 @@ impl<R: Read> Read for CrlfAsLf<R> {
 
 impl<'a> Rows<'a> {
     /// Starts reading `input` from its beginning (for a CSV, its header).
-    pub(super) fn new(input: &'a mut Input) -> Result<Rows<'a>, CliError> {
+    pub(crate) fn new(input: &'a mut Input) -> Result<Rows<'a>, InputError> {
         let path = input.path.as_path();
         input
             .file
@@ -271,7 +271,7 @@ impl<'a> Rows<'a> {
 
     /// The first of `names` that a CSV header has no column for: every row
     /// would lack it, so it is one problem, the header's.
-    pub(super) fn missing_column<'n>(&self, names: &'n [String]) -> Option<&'n str> {
+    pub(crate) fn missing_column<'n>(&self, names: &'n [String]) -> Option<&'n str> {
         let Rows::Csv(CsvRows { columns, .. }) = self else {
             return None;
         };
@@ -289,10 +289,10 @@ impl<'a> Rows<'a> {
     /// with the wrong number of fields, a line that is not a JSON object).
     /// Reading goes on after such a row; an error is the file's (it cannot
     /// be read).
-    pub(super) fn next(
+    pub(crate) fn next(
         &mut self,
         path: &Path,
-    ) -> Result<Option<Result<Row<'_>, Problem>>, CliError> {
+    ) -> Result<Option<Result<Row<'_>, Problem>>, InputError> {
         match self {
             Rows::Csv(rows) => rows.next(path),
             Rows::Jsonl(rows) => rows.next(path),
@@ -303,7 +303,7 @@ impl<'a> Rows<'a> {
 impl<'a> CsvRows<'a> {
     /// Reads the header of `file` (named `path`): it must have a `to`
     /// column; every other column is a variable.
-    fn new(file: &'a File, path: &Path) -> Result<CsvRows<'a>, CliError> {
+    fn new(file: &'a File, path: &Path) -> Result<CsvRows<'a>, InputError> {
         let mut reader = csv::ReaderBuilder::new()
             .flexible(false)
             .buffer_capacity(READ_BUFFER)
@@ -333,7 +333,7 @@ impl<'a> CsvRows<'a> {
     }
 
     /// The next record, as [`Rows::next`] says.
-    fn next(&mut self, path: &Path) -> Result<Option<Result<Row<'_>, Problem>>, CliError> {
+    fn next(&mut self, path: &Path) -> Result<Option<Result<Row<'_>, Problem>>, InputError> {
         let line = self.records + 2;
         match self.reader.read_record(&mut self.record) {
             Ok(false) => Ok(None),
@@ -378,7 +378,7 @@ fn malformed_record(line: usize, e: &csv::Error) -> Problem {
 
 impl JsonlRows<'_> {
     /// The next line that is not blank, as [`Rows::next`] says.
-    fn next(&mut self, path: &Path) -> Result<Option<Result<Row<'_>, Problem>>, CliError> {
+    fn next(&mut self, path: &Path) -> Result<Option<Result<Row<'_>, Problem>>, InputError> {
         loop {
             self.text.clear();
             let n = self.lines + 1;
@@ -452,8 +452,9 @@ mod tests {
     use std::io::Read;
 
     use super::*;
-    use crate::cli::submit::fixtures::{check, file, sms, usage_of};
-    use crate::cli::submit::{read_recipients, Duplicates};
+    use crate::producer::cut_file::read_recipients;
+    use crate::producer::fixtures::{check, file, sms, usage_of};
+    use crate::producer::Duplicates;
 
     #[test]
     fn rows_of_a_windows_file_are_on_their_own_lines() {

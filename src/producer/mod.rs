@@ -6,6 +6,32 @@
 //! stream holds [`DEFAULT_MAX_UNREAD_CHUNKS`] chunks (or the bound it was
 //! given) that no worker has read yet, so that Redis holds the work in
 //! flight, not the whole input. [`append_chunks`] appends without waiting.
+//!
+//! Reading a recipients file is the producer's too, in the order a file
+//! goes through it:
+//!
+//! - [`template`]: the template file.
+//! - [`input`]: opening a recipients file: a pipe spooled to disk, its
+//!   encoding detected or named, a file that is not UTF-8 transcoded.
+//! - [`rows`]: its rows one at a time (CSV, JSONL, a Windows file's CRLF),
+//!   each row's number and variables.
+//! - [`problems`]: what is wrong with rows, listed and counted by kind.
+//! - [`check`]: the first reading: every row and chunk checked, the
+//!   repeated numbers found and their later rows dropped or refused.
+//! - [`cut_file`]: the second reading: the rows kept, cut into encoded
+//!   chunks as they are read ([`cut`] cuts recipients already in memory).
+//!
+//! They fail with an [`InputError`]; `groupcast submit` (and `serve`) turn
+//! it into their own.
+
+pub mod check;
+pub mod cut_file;
+#[cfg(test)]
+pub(crate) mod fixtures;
+pub mod input;
+pub mod problems;
+pub mod rows;
+pub mod template;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -14,6 +40,47 @@ use crate::events::{Chunk, Recipient, Template, ENVELOPE_VERSION};
 use crate::keys::Priority;
 use crate::keys::LOADERS_GROUP;
 use crate::store::{Store, StoreResult};
+
+/// Why a recipients or template file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// What was given is wrong, and the message says what to do.
+    #[error("{0}")]
+    Usage(String),
+    /// It could not be read through (a file that changed while it was
+    /// read, a reader that stopped).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A usage error: what was given is wrong, and the message says what to do.
+fn usage(msg: String) -> InputError {
+    InputError::Usage(msg)
+}
+
+/// The encoding of a recipients file (`--encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FileEncoding {
+    /// UTF-8 when the whole file is valid UTF-8 (or UTF-16 with its byte
+    /// order mark), else EUC-KR/CP949.
+    Auto,
+    /// UTF-8, with or without a byte order mark.
+    #[value(name = "utf-8", alias = "utf8")]
+    Utf8,
+    /// EUC-KR with its Windows extension CP949 (what the WHATWG Encoding
+    /// standard calls EUC-KR): all 11,172 Hangul syllables.
+    #[value(name = "euc-kr", alias = "cp949")]
+    EucKr,
+}
+
+/// What is done with a number that an earlier row has (`--duplicates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Duplicates {
+    /// The later rows are dropped, counted and reported.
+    Drop,
+    /// The later rows are problems: nothing is appended.
+    Fail,
+}
 
 /// How many chunks a [`Producer`] lets wait unread in a shard's ingest
 /// stream before it pauses. Each producer counts for itself: with several

@@ -9,8 +9,8 @@ use std::path::Path;
 use super::check::{check_recipients, fingerprint, number_key, Checked, Scan};
 use super::input::Input;
 use super::rows::{RowRecipient, Rows};
+use super::InputError;
 use super::{usage, Duplicates, FileEncoding};
-use crate::cli::CliError;
 use crate::events::chunk::ChunkEncoder;
 use crate::events::options::BatchOptions;
 use crate::events::{Recipient, Template};
@@ -18,7 +18,7 @@ use crate::events::{Recipient, Template};
 /// Reads and validates every recipient row, and returns those that would
 /// be sent (numbers normalised, later rows of a repeated number dropped),
 /// for tests and small files: `submit` itself never holds the whole file.
-pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient>, CliError> {
+pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient>, InputError> {
     let mut input = Input::open(path, FileEncoding::Auto)?;
     let scan = check_recipients(
         &mut input,
@@ -34,7 +34,7 @@ pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient
 
 /// The rows of a checked `input` that would be sent, in memory (for a
 /// small file, or one chunk's body): see [`for_each_kept`].
-pub(super) fn kept_recipients<E>(
+pub(crate) fn kept_recipients<E>(
     input: &mut Input,
     scan: &Scan,
     bad: impl Fn(&str) -> E,
@@ -59,7 +59,7 @@ pub(super) fn kept_recipients<E>(
 /// (as [`check_recipients`] counted them), with its key ([`number_key`])
 /// and the line it starts on. A row that is now unreadable or bad is
 /// `bad`'s error.
-pub(super) fn for_each_kept<E>(
+pub(crate) fn for_each_kept<E>(
     input: &mut Input,
     repeated: &HashSet<u64>,
     bad: impl Fn(&str) -> E,
@@ -92,24 +92,24 @@ pub(super) fn for_each_kept<E>(
 /// Reads the checked file again and sends its chunks, encoded, to `out`, in
 /// order. The last chunk is sent only once the whole file has been read
 /// again and found the same as when it was checked.
-pub(super) fn cut_recipients(
+pub(crate) fn cut_recipients(
     input: &mut Input,
     batch: &str,
     (template, options): (&Template, &BatchOptions),
     size: usize,
     scan: &Scan,
     out: &tokio::sync::mpsc::Sender<Vec<u8>>,
-) -> Result<(), CliError> {
+) -> Result<(), InputError> {
     let checked = &scan.checked;
     let path = input.path.clone();
     let changed = |what: &str| {
-        CliError::Failed(format!(
+        InputError::Failed(format!(
             "{}: the file changed while it was submitted ({what}); the batch's last chunk was not appended, so it will not complete: submit the file again under another batch id",
             path.display()
         ))
     };
     // Stopped early: the appending side gave up (and says why).
-    let stopped = || CliError::Failed("submit stopped".into());
+    let stopped = || InputError::Failed("submit stopped".into());
     let last_seq = checked.chunks.saturating_sub(1);
     let start = |seq: u32| {
         ChunkEncoder::new(
@@ -175,8 +175,8 @@ fn chunk_recipients(checked: &Checked, size: usize, seq: u32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::submit::fixtures::{check, cut, file, sms};
     use crate::events::Chunk;
+    use crate::producer::fixtures::{check, cut, file, sms};
 
     #[test]
     fn chunks_are_counted_and_sized_as_they_will_be_encoded() {

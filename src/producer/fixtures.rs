@@ -4,15 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use super::check::{check_recipients, Scan};
-use super::cut::cut_recipients;
+use super::cut_file::cut_recipients;
 use super::input::Input;
+use super::InputError;
 use super::{Duplicates, FileEncoding};
-use crate::cli::CliError;
 use crate::events::options::BatchOptions;
 use crate::events::{Chunk, Template};
 
 /// An SMS template with one variable, `name`.
-pub(super) fn sms() -> Template {
+pub(crate) fn sms() -> Template {
     Template {
         kind: "SMS".into(),
         from: "0212345678".into(),
@@ -22,22 +22,22 @@ pub(super) fn sms() -> Template {
 }
 
 /// Writes `content` to `dir/name`; its path.
-pub(super) fn file(dir: &Path, name: &str, content: impl AsRef<[u8]>) -> PathBuf {
+pub(crate) fn file(dir: &Path, name: &str, content: impl AsRef<[u8]>) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, content).expect("write");
     p
 }
 
 /// The message of a usage error (anything else fails the test).
-pub(super) fn usage_of<T: std::fmt::Debug>(r: Result<T, CliError>) -> String {
+pub(crate) fn usage_of<T: std::fmt::Debug>(r: Result<T, InputError>) -> String {
     match r {
-        Err(CliError::Usage(m)) => m,
+        Err(InputError::Usage(m)) => m,
         other => panic!("expected a usage error, got {other:?}"),
     }
 }
 
 /// Checks the file `p` with [`sms`], in chunks of `size`.
-pub(super) fn check(p: &Path, size: usize, duplicates: Duplicates) -> Result<Scan, CliError> {
+pub(crate) fn check(p: &Path, size: usize, duplicates: Duplicates) -> Result<Scan, InputError> {
     let mut input = Input::open(p, FileEncoding::Auto)?;
     check_recipients(
         &mut input,
@@ -49,7 +49,7 @@ pub(super) fn check(p: &Path, size: usize, duplicates: Duplicates) -> Result<Sca
 }
 
 /// The chunks `cut_recipients` makes of a checked file, decoded.
-pub(super) fn cut(p: &Path, size: usize) -> Vec<Chunk> {
+pub(crate) fn cut(p: &Path, size: usize) -> Vec<Chunk> {
     let mut input = Input::open(p, FileEncoding::Auto).expect("open");
     let scan = check_recipients(
         &mut input,

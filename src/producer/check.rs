@@ -11,8 +11,8 @@ use std::path::Path;
 use super::input::Input;
 use super::problems::{Problem, Problems};
 use super::rows::{RowRecipient, Rows};
+use super::InputError;
 use super::{usage, Duplicates};
-use crate::cli::CliError;
 use crate::events::chunk::{chunk_encoded_len, recipient_encoded_len, MAX_CHUNK_BYTES};
 use crate::events::options::BatchOptions;
 use crate::events::{ChunkError, Template};
@@ -20,7 +20,7 @@ use crate::phone::Normalized;
 
 /// A valid number (9 to 11 ASCII digits) as one `u64`: its digits, and its
 /// length above them, since `0212345678` and `00212345678` differ.
-pub(super) fn number_key(to: &str) -> u64 {
+pub(crate) fn number_key(to: &str) -> u64 {
     let digits = to
         .bytes()
         .fold(0u64, |n, d| n * 10 + u64::from(d.wrapping_sub(b'0')));
@@ -39,24 +39,24 @@ fn rows_at_most(input: &Input) -> usize {
 /// What checking a recipients file found: enough to cut it again and to
 /// notice if it changed in between.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Checked {
+pub(crate) struct Checked {
     /// The rows kept (to be sent).
-    pub(super) recipients: usize,
+    pub(crate) recipients: usize,
     /// The chunks they make.
-    pub(super) chunks: u32,
+    pub(crate) chunks: u32,
     /// The largest encoded chunk, in bytes.
-    pub(super) largest_chunk: usize,
+    pub(crate) largest_chunk: usize,
     /// A sum over the kept rows' numbers, order-independent.
-    pub(super) fingerprint: u64,
+    pub(crate) fingerprint: u64,
 }
 
 /// Rows dropped because an earlier row has their number.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Dropped {
+pub(crate) struct Dropped {
     /// How many.
-    pub(super) rows: usize,
+    pub(crate) rows: usize,
     /// The first [`DROPPED_SHOWN`]: (the line kept, the line dropped).
-    pub(super) first: Vec<(usize, usize)>,
+    pub(crate) first: Vec<(usize, usize)>,
 }
 
 /// How many dropped rows submit's summary names.
@@ -64,22 +64,22 @@ const DROPPED_SHOWN: usize = 5;
 
 /// What the readings before the cut found.
 #[derive(Debug)]
-pub(super) struct Scan {
+pub(crate) struct Scan {
     /// The rows kept and their chunks.
-    pub(super) checked: Checked,
+    pub(crate) checked: Checked,
     /// The rows of the file (the header and blank JSONL lines aside).
-    pub(super) rows: usize,
+    pub(crate) rows: usize,
     /// The numbers (as [`number_key`]s) that more than one row has: only
     /// the first row of each is kept.
-    pub(super) repeated: HashSet<u64>,
+    pub(crate) repeated: HashSet<u64>,
     /// The later rows of the repeated numbers.
-    pub(super) dropped: Dropped,
+    pub(crate) dropped: Dropped,
     /// Mobile numbers whose lost leading 0 was put back.
-    pub(super) zeros_restored: usize,
+    pub(crate) zeros_restored: usize,
 }
 
 /// Adds a number to a fingerprint.
-pub(super) fn fingerprint(sum: u64, key: u64) -> u64 {
+pub(crate) fn fingerprint(sum: u64, key: u64) -> u64 {
     sum.wrapping_add(key.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
@@ -97,7 +97,7 @@ struct Sizer<'a> {
     /// Their encoded size.
     chunk_bytes: usize,
     /// The first chunk over [`MAX_CHUNK_BYTES`], as the error that says so.
-    too_large: Option<CliError>,
+    too_large: Option<InputError>,
 }
 
 impl<'a> Sizer<'a> {
@@ -162,7 +162,7 @@ impl<'a> Sizer<'a> {
     }
 
     /// What was counted, and the first chunk too large, if any.
-    fn finish(mut self) -> (Checked, Option<CliError>) {
+    fn finish(mut self) -> (Checked, Option<InputError>) {
         if self.in_chunk > 0 {
             self.end_chunk();
         }
@@ -171,17 +171,17 @@ impl<'a> Sizer<'a> {
 }
 
 /// Checks every row and, given a batch and a chunk size, every chunk.
-/// Every bad row is listed (up to [`LISTED`](super::LISTED), all
+/// Every bad row is listed (up to [`LISTED`](super::problems::LISTED), all
 /// counted); a number that an earlier row has is dropped (counted) or,
 /// with [`Duplicates::Fail`], one more problem; then the first chunk too
 /// large, if any.
-pub(super) fn check_recipients(
+pub(crate) fn check_recipients(
     input: &mut Input,
     template: &Template,
     options: &BatchOptions,
     chunking: Option<(&str, usize)>,
     duplicates: Duplicates,
-) -> Result<Scan, CliError> {
+) -> Result<Scan, InputError> {
     let path = input.path.clone();
     check_rows(input, template, options, chunking, duplicates).map_err(|r| r.into_error(&path))
 }
@@ -189,7 +189,7 @@ pub(super) fn check_recipients(
 /// Why [`check_rows`] refused a file: its rows' problems (kept as data, for
 /// a caller that answers them as such), or the file's own error.
 #[derive(Debug)]
-pub(super) enum Refusal {
+pub(crate) enum Refusal {
     /// Bad rows: every problem counted, the first listed.
     Rows {
         /// The problems.
@@ -199,18 +199,18 @@ pub(super) enum Refusal {
     },
     /// The file as a whole (unreadable, a header without a column the
     /// template uses, no recipients, a chunk too large).
-    File(CliError),
+    File(InputError),
 }
 
-impl From<CliError> for Refusal {
-    fn from(e: CliError) -> Self {
+impl From<InputError> for Refusal {
+    fn from(e: InputError) -> Self {
         Refusal::File(e)
     }
 }
 
 impl Refusal {
     /// As `submit` says it: every listed problem on a line of its own.
-    pub(super) fn into_error(self, path: &Path) -> CliError {
+    pub(crate) fn into_error(self, path: &Path) -> InputError {
         match self {
             Refusal::Rows { problems, rows } => problems.into_error(path, rows),
             Refusal::File(e) => e,
@@ -219,7 +219,7 @@ impl Refusal {
 }
 
 /// [`check_recipients`], with the rows' problems as data.
-pub(super) fn check_rows(
+pub(crate) fn check_rows(
     input: &mut Input,
     template: &Template,
     options: &BatchOptions,
@@ -282,7 +282,7 @@ fn first_reading<'a>(
     names: &[String],
     mut sizer: Sizer<'a>,
     problems: &mut Problems,
-) -> Result<FirstReading<'a>, CliError> {
+) -> Result<FirstReading<'a>, InputError> {
     let path = input.path.clone();
     // One per row: 8 bytes, where a set of the numbers as strings took ten
     // times that.
@@ -387,7 +387,7 @@ fn repeats_reading(
     duplicates: Duplicates,
     (repeats, problems): (&mut Repeats<'_>, &mut Problems),
     mut sizer: Sizer<'_>,
-) -> Result<(Checked, Option<CliError>), CliError> {
+) -> Result<(Checked, Option<InputError>), InputError> {
     let path = input.path.clone();
     let mut rows = Rows::new(input)?;
     let mut number = String::new();
@@ -430,7 +430,7 @@ fn refusal(
     path: &Path,
     rows: usize,
     checked: &Checked,
-    too_large: Option<CliError>,
+    too_large: Option<InputError>,
 ) -> Option<Refusal> {
     if problems.total > 0 {
         return Some(Refusal::Rows { problems, rows });
@@ -447,8 +447,8 @@ fn refusal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::submit::fixtures::{check, cut, file, sms, usage_of};
-    use crate::cli::submit::read_recipients;
+    use crate::producer::cut_file::read_recipients;
+    use crate::producer::fixtures::{check, cut, file, sms, usage_of};
 
     #[test]
     fn numbers_of_different_lengths_have_different_keys() {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::usage;
-use crate::cli::CliError;
+use super::InputError;
 use crate::events::{clip, QUOTE_MAX};
 
 /// How many problems of a file are listed (in file order); all are counted.
@@ -15,7 +15,7 @@ pub const LISTED: usize = 100;
 
 /// What is wrong with one row, and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Problem {
+pub(crate) struct Problem {
     /// The line of the row (from 1).
     line: usize,
     /// The field, when the problem is one field's.
@@ -28,7 +28,7 @@ pub(super) struct Problem {
 
 impl Problem {
     /// A problem with the field `field` of the row on `line`.
-    pub(super) fn field(line: usize, field: &str, kind: &'static str, what: String) -> Problem {
+    pub(crate) fn field(line: usize, field: &str, kind: &'static str, what: String) -> Problem {
         Problem {
             line,
             field: Some(clip(field, QUOTE_MAX)),
@@ -38,7 +38,7 @@ impl Problem {
     }
 
     /// A problem with the row on `line` as a whole.
-    pub(super) fn row(line: usize, kind: &'static str, what: String) -> Problem {
+    pub(crate) fn row(line: usize, kind: &'static str, what: String) -> Problem {
         Problem {
             line,
             field: None,
@@ -48,22 +48,22 @@ impl Problem {
     }
 
     /// The line of the row (from 1).
-    pub(super) fn line(&self) -> usize {
+    pub(crate) fn line(&self) -> usize {
         self.line
     }
 
     /// The field, when the problem is one field's.
-    pub(super) fn field_name(&self) -> Option<&str> {
+    pub(crate) fn field_name(&self) -> Option<&str> {
         self.field.as_deref()
     }
 
     /// The kind of problem (`missing variable`, `repeated number`, ...).
-    pub(super) fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         self.kind
     }
 
     /// What is wrong and what to do.
-    pub(super) fn what(&self) -> &str {
+    pub(crate) fn what(&self) -> &str {
         &self.what
     }
 
@@ -84,22 +84,22 @@ impl Problem {
 /// The problems of a file: the first [`LISTED`] in file order, every one
 /// counted by kind (memory bounded however many there are).
 #[derive(Debug, Default)]
-pub(super) struct Problems {
+pub(crate) struct Problems {
     /// The first [`LISTED`], by line.
     listed: Vec<Problem>,
     /// How many of each kind.
     by_kind: BTreeMap<&'static str, usize>,
     /// How many in all.
-    pub(super) total: usize,
+    pub(crate) total: usize,
     /// Rows with at least one problem.
-    pub(super) bad_rows: usize,
+    pub(crate) bad_rows: usize,
 }
 
 impl Problems {
     /// Counts `p`, and lists it when it is among the first [`LISTED`] by
     /// line. Within one reading problems come in file order; a later
     /// reading's (the repeated numbers) may go before some already listed.
-    pub(super) fn add(&mut self, p: Problem) {
+    pub(crate) fn add(&mut self, p: Problem) {
         self.total += 1;
         *self.by_kind.entry(p.kind).or_default() += 1;
         if self.listed.len() == LISTED && self.listed.last().is_some_and(|l| l.line <= p.line) {
@@ -111,13 +111,13 @@ impl Problems {
     }
 
     /// The first [`LISTED`], by line.
-    pub(super) fn listed(&self) -> &[Problem] {
+    pub(crate) fn listed(&self) -> &[Problem] {
         &self.listed
     }
 
     /// The error that lists them, with a summary line: how many rows, how
     /// many bad, how many problems of each kind.
-    pub(super) fn into_error(self, path: &Path, rows: usize) -> CliError {
+    pub(crate) fn into_error(self, path: &Path, rows: usize) -> InputError {
         let mut msg = String::new();
         for p in &self.listed {
             let _ = writeln!(msg, "{}", p.show(path));
@@ -145,8 +145,8 @@ impl Problems {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::submit::fixtures::{check, file, usage_of};
-    use crate::cli::submit::Duplicates;
+    use crate::producer::fixtures::{check, file, usage_of};
+    use crate::producer::Duplicates;
 
     #[test]
     fn every_problem_of_a_file_is_listed_in_one_run() {
