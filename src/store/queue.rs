@@ -196,7 +196,7 @@ impl Store {
             .await?)
     }
 
-    /// Acknowledges settled entries of `stream` in one step, each only while
+    /// Acknowledges finished entries of `stream` in one step, each only while
     /// the last event its handling appended ([`LastAppended`], None: no
     /// condition) is still recorded under the entry id Redis answered
     /// (`ack_recorded.lua`: a restart from disk may have taken it back since,

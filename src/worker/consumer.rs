@@ -1,5 +1,6 @@
-//! A consumer-group reader for one stream, and the one place where an entry's
-//! outcome is settled: acknowledged, retried later, or dead-lettered.
+//! A consumer-group reader for one stream, and the one place where an entry
+//! is finished as its outcome says: acknowledged, retried later, or
+//! dead-lettered. ("Finish", not "settle": `settle.lua` ends a batch.)
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -238,15 +239,15 @@ impl Reader {
     }
 }
 
-/// How long settled entries wait to be acknowledged together: long enough
+/// How long finished entries wait to be acknowledged together: long enough
 /// that a consumer settling a hundred entries a second acknowledges a few
 /// per `XACK` (at 2 ms, W3's averaged under two), short against the
-/// visibility timeout (an entry settled and not yet acknowledged is only
+/// visibility timeout (an entry finished and not yet acknowledged is only
 /// redelivered if the process dies meanwhile).
 const ACK_WINDOW: Duration = Duration::from_millis(20);
 
-/// Acknowledges settled entries in batches: one `XACK` carries every entry
-/// settled within [`ACK_WINDOW`]. A crash in between only means a redelivery,
+/// Acknowledges finished entries in batches: one `XACK` carries every entry
+/// finished within [`ACK_WINDOW`]. A crash in between only means a redelivery,
 /// which every handler absorbs (idempotent keys).
 ///
 /// Where Redis can lose acknowledged writes (the worker's durability waits:
@@ -339,14 +340,14 @@ pub struct At<'a> {
     pub stream: &'a str,
 }
 
-/// Handles and settles one entry.
+/// Handles and finishes one entry.
 pub async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, deliveries: u64) {
     let (source, shard, lane, stream) = (at.source, at.shard, at.lane, at.stream);
     let group = source.group();
     if deliveries > ctx.config.max_deliveries {
         let reason =
-            format!("delivered {deliveries} times without being settled (a poison entry?)");
-        settle(
+            format!("delivered {deliveries} times without being finished (a poison entry?)");
+        finish_entry(
             ctx,
             acker,
             at,
@@ -372,7 +373,7 @@ pub async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, delive
     // acknowledged (see `Acker`).
     let appended = appended.filter(|_| ctx.config.durable.waits());
     match handled {
-        Ok(h) => settle(ctx, acker, at, &entry, h, deliveries, appended).await,
+        Ok(h) => finish_entry(ctx, acker, at, &entry, h, deliveries, appended).await,
         Err(e) => {
             // Redis trouble: leave the entry pending; it is reclaimed after
             // the visibility timeout (by us or by another consumer).
@@ -410,9 +411,9 @@ async fn renewing_lease<T>(
     }
 }
 
-/// Settles an entry as `handled` says: acknowledged, retried later, or
+/// Finishes an entry as `handled` says: acknowledged, retried later, or
 /// dead-lettered. On Redis trouble it stays pending.
-async fn settle(
+async fn finish_entry(
     ctx: &Ctx,
     acker: &Acker,
     at: &At<'_>,
@@ -444,7 +445,7 @@ async fn settle(
                     match ctx.store.time_ms_at(&ctx.store.keys.delayed(shard)).await {
                         Ok(now) => Some(now),
                         Err(e) => {
-                            tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
+                            tracing::warn!(%stream, id = %entry.id, error = %e, "could not finish entry; it stays pending");
                             return;
                         }
                     }
@@ -489,7 +490,7 @@ async fn settle(
         }
     };
     if let Err(e) = result {
-        tracing::warn!(%stream, id = %entry.id, error = %e, "could not settle entry; it stays pending");
+        tracing::warn!(%stream, id = %entry.id, error = %e, "could not finish entry; it stays pending");
     }
 }
 

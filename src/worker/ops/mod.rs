@@ -40,7 +40,7 @@ pub async fn provider_failed(ctx: &crate::worker::Ctx, batch: &str, e: &Provider
     Outcome::from_provider(e)
 }
 
-/// How a handler settled an entry.
+/// How a handler's entry is to be finished.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// Done: acknowledge.
