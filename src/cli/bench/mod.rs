@@ -133,8 +133,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, requires = "user_path")]
     pub worker_durability: Option<crate::cli::worker::Durability>,
     /// With `--user-path`: the workers' `--rate-limit` (provider requests
-    /// a second, all workers together) instead of their default (300); 0
-    /// measures what the default's pace costs.
+    /// a second, all workers together) instead of their default (`auto`:
+    /// unpaced until the provider answers 429); 0: never paced.
     #[arg(long, requires = "user_path")]
     pub worker_rate_limit: Option<u32>,
     /// With `--user-path`: one `groupcast submit` per batch, one after the
