@@ -32,7 +32,7 @@
 //! [`WorkerConfig::RATE_AFTER_PUSHBACK`]: crate::worker::WorkerConfig::RATE_AFTER_PUSHBACK
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -118,6 +118,10 @@ struct Pace {
     rate: AtomicU32,
     /// Set once the task reading the learned rate runs.
     watching: OnceLock<()>,
+    /// A `learn_rate.lua` call of this process is in flight: the other
+    /// `429`s of the same burst (every request in flight gets one) add
+    /// nothing to it, so they make no call of their own.
+    learning: AtomicBool,
 }
 
 impl Pace {
@@ -470,6 +474,7 @@ impl Limiter {
                         learned_key,
                         rate: AtomicU32::new(fixed),
                         watching: OnceLock::new(),
+                        learning: AtomicBool::new(false),
                     }),
                     burst: burst.max(1),
                     share,
@@ -488,18 +493,17 @@ impl Limiter {
         let Some(key) = booker.pace.learned_key.clone() else {
             return;
         };
+        if booker.pace.learning.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let (store, pace) = (booker.store.clone(), booker.pace.clone());
         tokio::spawn(async move {
             match store.learn_rate(&key, &LEARNING).await {
                 Ok(rate) => pace.set(rate),
                 Err(e) => tracing::warn!(error = %e, "cannot record the provider's 429"),
             }
+            pace.learning.store(false, Ordering::Release);
         });
-    }
-
-    /// The requests per second kept to now (0: no pace).
-    pub fn rate(&self) -> u32 {
-        self.inner.booker.pace.rate()
     }
 
     /// Waits until `requests` provider requests may go (no lane: every
