@@ -139,6 +139,139 @@ pub mod field {
     /// Recipients refused, over every generation.
     pub const FAILED: &str = "failed";
 
+    /// Every field of a batch's state hash: the names above, and the
+    /// templates of those that carry a value (`<...>`). The scripts' Lua is
+    /// checked against it (`store::scripts` tests): a field the Lua touches
+    /// that is not here fails a test.
+    pub const VOCABULARY: &[&str] = &[
+        HEARTBEAT,
+        ALIVE,
+        DEDUPE_KEPT,
+        AFTER_END,
+        CREDS_REFUSED,
+        FIRST_ACCEPTED,
+        REPORT,
+        REGISTERED,
+        FAILED,
+        DUPLICATES,
+        REJECTED,
+        MISSING,
+        LAST_CONFLICT,
+        CLOSED,
+        HOLES,
+        OPTIONS,
+        DL_DELIVERED,
+        DL_FAILED,
+        DL_UNKNOWN,
+        DL_GENS,
+        DL_REPORT,
+        DL_REPORT_DELIVERED,
+        ORIGIN,
+        CANCELLED,
+        STOPPED,
+        UNSENT,
+        UNKNOWN,
+        LAST,
+        MAX,
+        REFUSED_MAX,
+        SEQS,
+        GENERATION,
+        RECIPIENTS,
+        GENERATIONS_DONE,
+        SENT_SUCCESS,
+        SENT_FAILED,
+        "k:<key>",
+        "s:<seq>",
+        "r:<seq>",
+        "x:<seq>",
+        "fr:<code>",
+        "dlc:<code>",
+    ];
+
+    /// The batch's last seq, once known (flagged or sealed).
+    pub const LAST: &str = "last";
+    /// The highest seq accepted.
+    pub const MAX: &str = "max";
+    /// The highest seq refused.
+    pub const REFUSED_MAX: &str = "rmax";
+    /// Seqs accepted.
+    pub const SEQS: &str = "seqs";
+    /// The generation being filled.
+    pub const GENERATION: &str = "gen";
+    /// Recipients accepted, over every generation.
+    pub const RECIPIENTS: &str = "recipients";
+    /// Generations done.
+    pub const GENERATIONS_DONE: &str = "done";
+    /// Messages the provider reported sent, over every generation.
+    pub const SENT_SUCCESS: &str = "sent_success";
+    /// Messages the provider reported failed, over every generation.
+    pub const SENT_FAILED: &str = "sent_failed";
+
+    /// `x:<seq>`: the positions in chunk `seq` of recipients the batch
+    /// already had (`1,7`).
+    pub fn duplicates_in(seq: u32) -> String {
+        format!("x:{seq}")
+    }
+
+    /// The fields of one generation, `g:<gen>:<name>` (see [`gen`](super::field::gen)).
+    pub mod generation {
+        /// Recipients assigned to it.
+        pub const RECIPIENTS: &str = "n";
+        /// Chunks assigned to it.
+        pub const CHUNKS: &str = "c";
+        /// Chunks loaded into its group.
+        pub const LOADED: &str = "l";
+        /// Why it takes no more chunks (`full`, `last`, `cancelled`...).
+        pub const CLOSED: &str = "closed";
+        /// Its provider group.
+        pub const GROUP: &str = "group";
+        /// Recipients registered in its group.
+        pub const REGISTERED: &str = "reg";
+        /// Recipients refused by the provider.
+        pub const REFUSED: &str = "fail";
+        /// Recipients whose registration is unknown (a load given up).
+        pub const UNSURE: &str = "unsure";
+        /// How it finished (the group's status, `empty`, `cancelled`...).
+        pub const DONE: &str = "done";
+        /// The operation given up for good on it (`create` or `send`).
+        pub const GIVEN_UP: &str = "failed";
+        /// The number of its last send claim.
+        pub const CLAIMED: &str = "claimed";
+        /// The number of its last send claim given back.
+        pub const GIVEN_BACK: &str = "back";
+        /// The end of the lifetime its last claim was granted.
+        pub const CLAIM_UNTIL: &str = "until";
+        /// `1` once every chunk is loaded: its send is enqueued.
+        pub const READY: &str = "ready";
+        /// `1` once its delivery results are all in.
+        pub const DELIVERED: &str = "dl";
+        /// When its held send goes (Unix ms).
+        pub const SCHEDULED_AT: &str = "at";
+        /// Its send's outcome.
+        pub const SENT: &str = "sent";
+
+        /// Every one.
+        pub const ALL: &[&str] = &[
+            RECIPIENTS,
+            CHUNKS,
+            LOADED,
+            CLOSED,
+            GROUP,
+            REGISTERED,
+            REFUSED,
+            UNSURE,
+            DONE,
+            GIVEN_UP,
+            CLAIMED,
+            GIVEN_BACK,
+            CLAIM_UNTIL,
+            READY,
+            DELIVERED,
+            SCHEDULED_AT,
+            SENT,
+        ];
+    }
+
     /// `k:<key>`: the entry id of the event appended under idempotency `key`.
     pub fn key(event_key: &str) -> String {
         format!("k:{event_key}")

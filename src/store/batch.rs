@@ -6,7 +6,7 @@ use crate::protocol::accept::AcceptArgs;
 pub use crate::protocol::claim_send::{ClaimArgs, ClaimMode};
 use redis::{AsyncCommands, Value};
 
-use super::scripts::SCRIPTS;
+use super::scripts::{Call, Declared, SCRIPTS};
 use super::{RedisConn, Store, StoreError, StoreResult};
 use crate::events::{ChunkLoaded, Event, Recorded};
 use crate::keys::BatchKeys;
@@ -358,11 +358,14 @@ type LastEvent = Option<(String, String)>;
 
 /// A script's reply, without its trailing elements: `ev=<types>`, whose
 /// event types are counted in `groupcast_events_appended_total`, and, when an
-/// event was appended, `w=<key>|<entry id>` of the last one (returned).
-fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
+/// event was appended, `w=<key>|<entry id>` of the last one (returned). A
+/// reply that does not start with one of the script's declared tags is
+/// refused here, so every decoder below matches declared tags only.
+fn strings(script: &Declared, v: Value) -> StoreResult<(Vec<String>, LastEvent)> {
+    let name = script.declaration.name;
     let mut r = redis::from_redis_value::<Vec<String>>(v.clone()).map_err(|_| {
         StoreError::UnexpectedReply {
-            script,
+            script: name,
             reply: format!("{v:?}"),
         }
     })?;
@@ -383,6 +386,13 @@ fn strings(script: &'static str, v: Value) -> StoreResult<(Vec<String>, LastEven
                 .increment(1);
         }
         r.pop();
+    }
+    let declared = script.declaration.replies;
+    if !r
+        .first()
+        .is_some_and(|tag| declared.contains(&tag.as_str()))
+    {
+        return Err(unexpected(name, &r));
     }
     Ok((r, witness))
 }
@@ -509,7 +519,7 @@ pub fn lane_of_opts(opts: Option<&str>) -> Priority {
 impl BatchLog {
     /// A script's own reply fields; the event it appended last, if any, is
     /// remembered to be read back later (see [`super::witness`]).
-    pub(super) fn reply(&self, script: &'static str, v: Value) -> StoreResult<Vec<String>> {
+    pub(super) fn reply(&self, script: &Declared, v: Value) -> StoreResult<Vec<String>> {
         let (r, witness) = strings(script, v)?;
         if let Some((key, id)) = witness {
             self.witnesses
@@ -518,22 +528,29 @@ impl BatchLog {
         Ok(r)
     }
 
+    /// A call of a batch script with `prelude.lua`'s keys and argument
+    /// given: the batch's state, its events, its id.
+    pub(super) fn batch_call(&self, script: &'static Declared) -> Call {
+        let mut call = script.call();
+        call.key("state", &self.keys.state)
+            .key("events", &self.keys.events)
+            .arg("batch", &self.batch);
+        call
+    }
+
     /// The keys and leading arguments of a script that can end the batch
     /// (`settle.lua`'s layout).
-    fn settling<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+    fn settling(&self, script: &'static Declared) -> Call {
         let k = &self.keys;
-        let mut inv = script.prepare_invoke();
-        inv.key(&k.state)
-            .key(&k.events)
-            .key(&k.work)
-            .key(&k.active)
-            .key(&k.reports)
-            .key(&k.dedupe)
-            .key(&k.reported)
-            .key(&k.dedupe_mobile)
-            .arg(&self.batch)
-            .arg(self.policy.script_arg());
-        inv
+        let mut call = self.batch_call(script);
+        call.key("work", &k.work)
+            .key("active", &k.active)
+            .key("reports", &k.reports)
+            .key("dedupe", &k.dedupe)
+            .key("reported", &k.reported)
+            .key("dedupe_mobile", &k.dedupe_mobile)
+            .arg("policy", self.policy.script_arg());
+        call
     }
 
     /// Accepts chunk `seq` of `count` recipients, each a number of its own
@@ -588,17 +605,17 @@ impl BatchLog {
     pub async fn accept_chunk(&self, a: &AcceptArgs<'_>, hint: u32) -> StoreResult<Accepted> {
         let v: Value = self
             .settling(&SCRIPTS.accept)
-            .arg(a.seq)
-            .arg(if a.last { "1" } else { "0" })
-            .arg(a.records.len() / RECORD)
-            .arg(a.digest)
-            .arg(a.cap)
-            .arg(hint)
-            .arg(a.records)
-            .arg(a.opts)
-            .invoke_async(&mut self.conn.clone())
+            .arg("seq", a.seq)
+            .arg("last", if a.last { "1" } else { "0" })
+            .arg("count", a.records.len() / RECORD)
+            .arg("digest", a.digest)
+            .arg("cap", a.cap)
+            .arg("hint", hint)
+            .arg("numbers", a.records)
+            .arg("opts", a.opts)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("accept", v)?;
+        let r = self.reply(&SCRIPTS.accept, v)?;
         let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
         let dups = |s: &str| positions(s).ok_or_else(|| unexpected("accept", &r));
         match r.as_slice() {
@@ -633,13 +650,13 @@ impl BatchLog {
     ) -> StoreResult<Rejection> {
         let v: Value = self
             .settling(&SCRIPTS.reject)
-            .arg(seq)
-            .arg(digest)
-            .arg(reason)
-            .arg(if flagged_last { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
+            .arg("seq", seq)
+            .arg("digest", digest)
+            .arg("reason", reason)
+            .arg("flagged_last", if flagged_last { "1" } else { "0" })
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("reject", v)?;
+        let r = self.reply(&SCRIPTS.reject, v)?;
         match r.as_slice() {
             [t] if t == "rejected" => Ok(Rejection::Recorded),
             [t, why] if t == "refused" => Ok(Rejection::Refused(why.clone())),
@@ -652,10 +669,10 @@ impl BatchLog {
     pub async fn close(&self, reason: &str) -> StoreResult<Closing> {
         let v: Value = self
             .settling(&SCRIPTS.close)
-            .arg(reason)
-            .invoke_async(&mut self.conn.clone())
+            .arg("reason", reason)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("close", v)?;
+        let r = self.reply(&SCRIPTS.close, v)?;
         match r.as_slice() {
             [t, n] if t == "closed" => Ok(Closing::Closed {
                 missing: n.parse().map_err(|_| unexpected("close", &r))?,
@@ -671,10 +688,10 @@ impl BatchLog {
     pub async fn seal(&self, last: u32) -> StoreResult<Sealing> {
         let v: Value = self
             .settling(&SCRIPTS.seal)
-            .arg(last)
-            .invoke_async(&mut self.conn.clone())
+            .arg("last", last)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("seal", v)?;
+        let r = self.reply(&SCRIPTS.seal, v)?;
         match r.as_slice() {
             [t, n] if t == "sealed" => Ok(Sealing::Sealed(
                 n.parse().map_err(|_| unexpected("seal", &r))?,
@@ -692,10 +709,10 @@ impl BatchLog {
     pub async fn cancel(&self, reason: &str) -> StoreResult<Cancelling> {
         let v: Value = self
             .settling(&SCRIPTS.cancel)
-            .arg(reason)
-            .invoke_async(&mut self.conn.clone())
+            .arg("reason", reason)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("cancel", v)?;
+        let r = self.reply(&SCRIPTS.cancel, v)?;
         let n = |s: &str| s.parse::<u64>().map_err(|_| unexpected("cancel", &r));
         match r.as_slice() {
             [t, stopped, unsent, seen] if t == "cancelled" => Ok(Cancelling::Cancelled {
@@ -717,14 +734,14 @@ impl BatchLog {
         let (send_at, quiet) = a.schedule.argv();
         let v: Value = self
             .settling(&SCRIPTS.claim_send)
-            .arg(a.gen)
-            .arg(a.mode.name())
-            .arg(a.lifetime_ms)
-            .arg(send_at)
-            .arg(quiet)
-            .invoke_async(&mut self.conn.clone())
+            .arg("gen", a.gen)
+            .arg("mode", a.mode.name())
+            .arg("lifetime", a.lifetime_ms)
+            .arg("send_at", send_at)
+            .arg("quiet", quiet)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("claim_send", v)?;
+        let r = self.reply(&SCRIPTS.claim_send, v)?;
         let n = |s: &str| s.parse::<u64>().map_err(|_| unexpected("claim_send", &r));
         match r.as_slice() {
             [t, id, until, now, k, how] if t == "claimed" => Ok(Claim::Claimed {
@@ -751,19 +768,16 @@ impl BatchLog {
     /// Parks a chunk until its generation has a group (see `park.lua`).
     pub async fn park(&self, seq: u32, gen: u32, payload: &[u8]) -> StoreResult<Parked> {
         let k = &self.keys;
-        let v: Value = SCRIPTS
-            .park
-            .key(&k.state)
-            .key(&k.events)
-            .key(k.parked(gen))
-            .key(&k.work)
-            .arg(&self.batch)
-            .arg(seq)
-            .arg(gen)
-            .arg(payload)
-            .invoke_async(&mut self.conn.clone())
+        let v: Value = self
+            .batch_call(&SCRIPTS.park)
+            .key("parked", k.parked(gen))
+            .key("work", &k.work)
+            .arg("seq", seq)
+            .arg("gen", gen)
+            .arg("payload", payload)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("park", v)?;
+        let r = self.reply(&SCRIPTS.park, v)?;
         match r.as_slice() {
             [t] if t == "parked" => Ok(Parked::Parked),
             [t] if t == "loaded" => Ok(Parked::AlreadyLoaded),
@@ -779,18 +793,15 @@ impl BatchLog {
     /// releases the parked chunks (see `record_group.lua`).
     pub async fn record_group(&self, gen: u32, group_id: &str) -> StoreResult<GroupRecord> {
         let k = &self.keys;
-        let v: Value = SCRIPTS
-            .record_group
-            .key(&k.state)
-            .key(&k.events)
-            .key(k.parked(gen))
-            .key(&k.work)
-            .arg(&self.batch)
-            .arg(gen)
-            .arg(group_id)
-            .invoke_async(&mut self.conn.clone())
+        let v: Value = self
+            .batch_call(&SCRIPTS.record_group)
+            .key("parked", k.parked(gen))
+            .key("work", &k.work)
+            .arg("gen", gen)
+            .arg("group", group_id)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("record_group", v)?;
+        let r = self.reply(&SCRIPTS.record_group, v)?;
         match r.as_slice() {
             [t, _] if t == "won" => Ok(GroupRecord::Won),
             [t, kept] if t == "lost" => Ok(GroupRecord::Lost { kept: kept.clone() }),
@@ -808,12 +819,12 @@ impl BatchLog {
     pub async fn fail_generation(&self, gen: u32, reason: &str) -> StoreResult<GenerationFailure> {
         let v: Value = self
             .settling(&SCRIPTS.fail_generation)
-            .key(self.keys.parked(gen))
-            .arg(gen)
-            .arg(reason)
-            .invoke_async(&mut self.conn.clone())
+            .key("parked", self.keys.parked(gen))
+            .arg("gen", gen)
+            .arg("reason", reason)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("fail_generation", v)?;
+        let r = self.reply(&SCRIPTS.fail_generation, v)?;
         match r.as_slice() {
             [t, n] if t == "failed" => Ok(GenerationFailure::Failed {
                 released: n.parse().map_err(|_| unexpected("fail_generation", &r))?,
@@ -838,13 +849,13 @@ impl BatchLog {
     ) -> StoreResult<SendGiveUp> {
         let v: Value = self
             .settling(&SCRIPTS.give_up_send)
-            .arg(gen)
-            .arg(what.as_str())
-            .arg(reason)
-            .arg(group)
-            .invoke_async(&mut self.conn.clone())
+            .arg("gen", gen)
+            .arg("what", what.as_str())
+            .arg("reason", reason)
+            .arg("group", group)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("give_up_send", v)?;
+        let r = self.reply(&SCRIPTS.give_up_send, v)?;
         let count = |n: &String| n.parse().map_err(|_| unexpected("give_up_send", &r));
         match r.as_slice() {
             [t, n] if t == "unsent" => Ok(SendGiveUp::Unsent(count(n)?)),
@@ -882,16 +893,16 @@ impl BatchLog {
         };
         let v: Value = self
             .settling(&SCRIPTS.loaded)
-            .arg(e.gen)
-            .arg(e.seq)
-            .arg(e.registered)
-            .arg(e.failed.len())
-            .arg(data)
-            .arg(reasons.join(","))
-            .arg(unsure)
-            .invoke_async(&mut self.conn.clone())
+            .arg("gen", e.gen)
+            .arg("seq", e.seq)
+            .arg("registered", e.registered)
+            .arg("failed", e.failed.len())
+            .arg("data", data)
+            .arg("failed_by_reason", reasons.join(","))
+            .arg("unsure", unsure)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("loaded", v)?;
+        let r = self.reply(&SCRIPTS.loaded, v)?;
         match r.as_slice() {
             [t, ready] if t == "loaded" => Ok(Loading::Loaded {
                 ready: ready == "1",
@@ -929,20 +940,17 @@ impl BatchLog {
         poll_entry: &[u8],
     ) -> StoreResult<SendRecord> {
         let k = &self.keys;
-        let v: Value = SCRIPTS
-            .sent
-            .key(&k.state)
-            .key(&k.events)
-            .key(&k.delayed)
-            .arg(&self.batch)
-            .arg(gen)
-            .arg(group_id)
-            .arg(outcome)
-            .arg(poll_delay_ms)
-            .arg(poll_entry)
-            .invoke_async(&mut self.conn.clone())
+        let v: Value = self
+            .batch_call(&SCRIPTS.sent)
+            .key("delayed", &k.delayed)
+            .arg("gen", gen)
+            .arg("group", group_id)
+            .arg("outcome", outcome)
+            .arg("poll_delay", poll_delay_ms)
+            .arg("poll_entry", poll_entry)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("sent", v)?;
+        let r = self.reply(&SCRIPTS.sent, v)?;
         match r.as_slice() {
             [t] if t == "recorded" => Ok(SendRecord::Recorded),
             [t] if t == "duplicate" => Ok(SendRecord::Duplicate),
@@ -963,14 +971,14 @@ impl BatchLog {
     ) -> StoreResult<Completion> {
         let v: Value = self
             .settling(&SCRIPTS.completed)
-            .arg(gen)
-            .arg(group_id)
-            .arg(status)
-            .arg(sent_success)
-            .arg(sent_failed)
-            .invoke_async(&mut self.conn.clone())
+            .arg("gen", gen)
+            .arg("group", group_id)
+            .arg("status", status)
+            .arg("sent_success", sent_success)
+            .arg("sent_failed", sent_failed)
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("completed", v)?;
+        let r = self.reply(&SCRIPTS.completed, v)?;
         match r.as_slice() {
             [t] if t == "completed" => Ok(Completion::Completed),
             [t] if t == "reported" => Ok(Completion::Reported),
@@ -984,7 +992,7 @@ impl BatchLog {
     /// through their own calls above, which decide as they append.
     pub async fn append(&self, key: &str, event: &Event) -> StoreResult<Appended> {
         let v = self.append_with(&SCRIPTS.append, key, event).await?;
-        let r = self.reply("append", v)?;
+        let r = self.reply(&SCRIPTS.append, v)?;
         match r.as_slice() {
             [t, id] if t == "appended" => Ok(Appended::New(id.clone())),
             [t, id] if t == "duplicate" => Ok(Appended::Duplicate(id.clone())),
@@ -1001,7 +1009,7 @@ impl BatchLog {
         let v = self.append_with(&SCRIPTS.stalled, &key, event).await?;
         // Not witnessed: a stall lost with a crash is found again by the
         // next scan.
-        let (r, _) = strings("stalled", v)?;
+        let (r, _) = strings(&SCRIPTS.stalled, v)?;
         match r.as_slice() {
             [t, id] if t == "appended" => Ok(Stalled::Appended(id.clone())),
             [t, id] if t == "duplicate" => Ok(Stalled::Duplicate(id.clone())),
@@ -1014,32 +1022,31 @@ impl BatchLog {
     /// Runs `append.lua` (or a guard followed by it) for `event` under `key`.
     async fn append_with(
         &self,
-        script: &redis::Script,
+        script: &'static Declared,
         key: &str,
         event: &Event,
     ) -> StoreResult<Value> {
-        let k = &self.keys;
-        let mut inv = script.prepare_invoke();
-        inv.key(&k.state)
-            .key(&k.events)
-            .arg(&self.batch)
-            .arg(key)
-            .arg(event.type_name())
-            .arg(event.encode_data())
-            .arg(if projection::touches_heartbeat(event) {
-                "1"
-            } else {
-                "0"
-            });
+        let mut call = self.batch_call(script);
+        call.arg("key", key)
+            .arg("type", event.type_name())
+            .arg("data", event.encode_data())
+            .arg(
+                "touch",
+                if projection::touches_heartbeat(event) {
+                    "1"
+                } else {
+                    "0"
+                },
+            );
         for u in projection::updates(event) {
             match u {
-                Update::Set(f, v) => inv.arg("set").arg(f).arg(v),
-                Update::Incr(f, by) => inv.arg("incr").arg(f).arg(by),
+                Update::Set(f, v) => call.more_arg("set").more_arg(f).more_arg(v),
+                Update::Incr(f, by) => call.more_arg("incr").more_arg(f).more_arg(by),
                 // No generic event raises a maximum; only the scripts do.
-                Update::Max(f, v) => inv.arg("set").arg(f).arg(v),
+                Update::Max(f, v) => call.more_arg("set").more_arg(f).more_arg(v),
             };
         }
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        call.invoke(&mut self.conn.clone()).await
     }
 
     /// The live state hash.
@@ -1210,12 +1217,14 @@ impl BatchLog {
             if !bad.is_empty() {
                 return Ok(Rebuilt::Undecodable(bad));
             }
-            let mut inv = SCRIPTS.restore.prepare_invoke();
-            inv.key(&self.keys.state).key(&self.keys.events).arg(&last);
+            let mut call = SCRIPTS.restore.call();
+            call.key("state", &self.keys.state)
+                .key("events", &self.keys.events)
+                .arg("read_up_to", &last);
             for (k, v) in &p.fields {
-                inv.arg(k).arg(v);
+                call.more_arg(k).more_arg(v);
             }
-            let replaced: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+            let replaced: i64 = call.invoke(&mut self.conn.clone()).await?;
             if replaced == 1 {
                 return Ok(Rebuilt::Replaced {
                     fields: p.fields.len(),

@@ -13,10 +13,11 @@ impl Store {
     pub async fn take_lease(&self, key: &str, holder: &str, ttl_ms: u64) -> StoreResult<bool> {
         let got: i64 = SCRIPTS
             .lease
-            .key(key)
-            .arg(holder)
-            .arg(ttl_ms)
-            .invoke_async(&mut self.conn.clone())
+            .call()
+            .key("lease", key)
+            .arg("holder", holder)
+            .arg("ttl", ttl_ms)
+            .invoke(&mut self.conn.clone())
             .await?;
         Ok(got == 1)
     }
@@ -25,9 +26,10 @@ impl Store {
     pub async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<()> {
         let _: i64 = SCRIPTS
             .release
-            .key(key)
-            .arg(holder)
-            .invoke_async(&mut self.conn.clone())
+            .call()
+            .key("lease", key)
+            .arg("holder", holder)
+            .invoke(&mut self.conn.clone())
             .await?;
         Ok(())
     }
@@ -52,12 +54,13 @@ impl Store {
     pub async fn learn_rate(&self, key: &str, learning: &RateLearning) -> StoreResult<u32> {
         let rate: i64 = SCRIPTS
             .learn_rate
-            .key(key)
-            .arg(learning.first)
-            .arg(learning.lowest)
-            .arg(learning.kept.as_millis() as u64)
-            .arg(learning.between.as_millis() as u64)
-            .invoke_async(&mut self.conn.clone())
+            .call()
+            .key("learned", key)
+            .arg("first_rate", learning.first)
+            .arg("lowest_rate", learning.lowest)
+            .arg("keep", learning.kept.as_millis() as u64)
+            .arg("period", learning.between.as_millis() as u64)
+            .invoke(&mut self.conn.clone())
             .await?;
         Ok(u32::try_from(rate).unwrap_or(learning.first))
     }
@@ -81,15 +84,19 @@ impl Store {
         cost: u32,
         limit: Option<&LaneLimit>,
     ) -> StoreResult<i64> {
-        let mut inv = SCRIPTS.rate_limit.prepare_invoke();
-        inv.key(key).arg(rate).arg(burst).arg(cost);
+        let mut call = SCRIPTS.rate_limit.call();
+        call.key("limiter", key)
+            .arg("rate", rate)
+            .arg("burst", burst)
+            .arg("cost", cost);
         if let Some(l) = limit {
-            inv.arg(l.max_wait_ms).arg(l.horizon_ms);
+            call.arg("max_wait", l.max_wait_ms)
+                .arg("horizon", l.horizon_ms);
             if l.share > 0.0 {
-                inv.key(&l.share_key).arg(l.share);
+                call.key("owed", &l.share_key).arg("share", l.share);
             }
         }
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        call.invoke(&mut self.conn.clone()).await
     }
 
     /// Like [`reserve_rate`](Self::reserve_rate), and books up to
@@ -112,24 +119,29 @@ impl Store {
         ahead: BookAhead,
         limit: Option<&LaneLimit>,
     ) -> StoreResult<(i64, u32, u64)> {
-        let mut inv = SCRIPTS.rate_limit.prepare_invoke();
-        inv.key(key).arg(rate).arg(burst).arg(cost);
+        let mut call = SCRIPTS.rate_limit.call();
+        call.key("limiter", key)
+            .arg("rate", rate)
+            .arg("burst", burst)
+            .arg("cost", cost);
         // Absent arguments are empty strings: `ahead` comes after them.
         match limit {
             Some(l) => {
-                inv.arg(l.max_wait_ms).arg(l.horizon_ms);
+                call.arg("max_wait", l.max_wait_ms)
+                    .arg("horizon", l.horizon_ms);
                 if l.share > 0.0 {
-                    inv.key(&l.share_key).arg(l.share);
+                    call.key("owed", &l.share_key).arg("share", l.share);
                 } else {
-                    inv.arg("");
+                    call.arg("share", "");
                 }
             }
             None => {
-                inv.arg("").arg("").arg("");
+                call.arg("max_wait", "").arg("horizon", "").arg("share", "");
             }
         }
-        inv.arg(ahead.slots).arg(ahead.window_ms);
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        call.arg("ahead", ahead.slots)
+            .arg("window", ahead.window_ms);
+        call.invoke(&mut self.conn.clone()).await
     }
 }
 

@@ -83,26 +83,23 @@ impl BatchLog {
         records: &[(String, String)],
     ) -> StoreResult<bool> {
         let k = &self.keys;
-        let mut inv = SCRIPTS.track_page.prepare_invoke();
-        inv.key(&k.state)
-            .key(&k.events)
-            .key(&k.results)
-            .key(&k.delivery)
-            .arg(&self.batch)
-            .arg(gen)
-            .arg(group_id)
-            .arg(page)
-            .arg(counts.encode())
-            .arg(keep.as_secs())
-            .arg(counts.reasons.len());
+        let mut call = self.batch_call(&SCRIPTS.track_page);
+        call.key("results", &k.results)
+            .key("delivery", &k.delivery)
+            .arg("gen", gen)
+            .arg("group", group_id)
+            .arg("page", page)
+            .arg("counts", counts.encode())
+            .arg("ttl", keep.as_secs())
+            .arg("reasons", counts.reasons.len());
         for (code, text) in &counts.reasons {
-            inv.arg(code).arg(text);
+            call.more_arg(code).more_arg(text);
         }
         for (number, record) in records {
-            inv.arg(number).arg(record);
+            call.more_arg(number).more_arg(record);
         }
-        let v: Value = inv.invoke_async(&mut self.conn.clone()).await?;
-        let r = self.reply("track_page", v)?;
+        let v: Value = call.invoke(&mut self.conn.clone()).await?;
+        let r = self.reply(&SCRIPTS.track_page, v)?;
         match r.first().map(String::as_str) {
             Some("recorded") => Ok(true),
             Some("delivered") => Ok(false),
@@ -123,24 +120,20 @@ impl BatchLog {
         keep: Duration,
     ) -> StoreResult<BatchDelivery> {
         let k = &self.keys;
-        let v: Value = SCRIPTS
-            .delivered
-            .prepare_invoke()
-            .key(&k.state)
-            .key(&k.events)
-            .key(&k.work)
-            .key(&k.reports)
-            .key(&k.results)
-            .key(&k.delivery)
-            .arg(&self.batch)
-            .arg(gen.map(|g| g.to_string()).unwrap_or_default())
-            .arg(group_id)
-            .arg(u8::from(window_ended))
-            .arg(keep.as_secs())
-            .arg(u8::from(self.policy.deliver))
-            .invoke_async(&mut self.conn.clone())
+        let v: Value = self
+            .batch_call(&SCRIPTS.delivered)
+            .key("work", &k.work)
+            .key("reports", &k.reports)
+            .key("results", &k.results)
+            .key("delivery", &k.delivery)
+            .arg("gen", gen.map(|g| g.to_string()).unwrap_or_default())
+            .arg("group", group_id)
+            .arg("window_ended", u8::from(window_ended))
+            .arg("retention", keep.as_secs())
+            .arg("deliver", u8::from(self.policy.deliver))
+            .invoke(&mut self.conn.clone())
             .await?;
-        let r = self.reply("delivered", v)?;
+        let r = self.reply(&SCRIPTS.delivered, v)?;
         match r.as_slice() {
             [_, b, ..] if b == "decided" => Ok(BatchDelivery::Decided),
             [_, b, ..] if b == "already" => Ok(BatchDelivery::Already),

@@ -8,7 +8,8 @@
 //! - [`info`]: stream lengths, consumer groups' progress, trimming.
 //! - [`coord`]: the watchdog's lease, the active sets, the rate limiter.
 //! - [`server`]: the server's settings and statistics.
-//! - [`scripts`]: the Lua sources from `streams/scripts/`, loaded on demand.
+//! - [`scripts`]: the Lua sources from `streams/scripts/`, each with its
+//!   declaration (keys, arguments, replies, events, next steps), loaded on demand.
 //! - [`overview`]: read-only queries for operators (stream health, queued
 //!   batches, dead letters and their redrive).
 //! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
@@ -60,6 +61,15 @@ pub enum StoreError {
         script: &'static str,
         /// What it said.
         reply: String,
+    },
+    /// A call of a script that does not match its declaration (a bug: see
+    /// [`scripts::declarations`]); it never reached Redis.
+    #[error("call of script {script} does not match its declaration: {detail}")]
+    ScriptCall {
+        /// The script's name.
+        script: &'static str,
+        /// What does not match.
+        detail: String,
     },
     /// The deployment's recorded shard count cannot be used as asked (see
     /// [`shards`]): the text says what to do.

@@ -14,9 +14,14 @@ impl Store {
     /// its retention): then nothing is counted.
     pub async fn count_chunk_after_end(&self, batch: &str) -> StoreResult<u64> {
         let state = self.keys.batch(batch).state;
-        let mut inv = SCRIPTS.note.prepare_invoke();
-        inv.key(&state).arg("ended").arg(field::AFTER_END);
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        SCRIPTS
+            .note
+            .call()
+            .key("state", &state)
+            .arg("mode", "ended")
+            .arg("field", field::AFTER_END)
+            .invoke(&mut self.conn.clone())
+            .await
     }
 
     /// Notes on batch `batch` that the provider refused the credentials of
@@ -24,12 +29,15 @@ impl Store {
     /// was noted (false: the batch has no state).
     pub async fn note_credentials_refused(&self, batch: &str, why: &str) -> StoreResult<bool> {
         let state = self.keys.batch(batch).state;
-        let mut inv = SCRIPTS.note.prepare_invoke();
-        inv.key(&state)
-            .arg("set")
-            .arg(field::CREDS_REFUSED)
-            .arg(why);
-        let noted: u64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        let noted: u64 = SCRIPTS
+            .note
+            .call()
+            .key("state", &state)
+            .arg("mode", "set")
+            .arg("field", field::CREDS_REFUSED)
+            .arg("value", why)
+            .invoke(&mut self.conn.clone())
+            .await?;
         Ok(noted == 1)
     }
 

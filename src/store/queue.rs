@@ -208,30 +208,30 @@ impl Store {
         group: &str,
         acks: &[(String, Option<LastAppended>)],
     ) -> StoreResult<Vec<String>> {
-        let mut inv = SCRIPTS.ack_recorded.prepare_invoke();
-        inv.key(stream).arg(group);
+        let mut call = SCRIPTS.ack_recorded.call();
+        call.key("stream", stream).arg("group", group);
         let mut states: Vec<&str> = Vec::new();
         for (id, after) in acks {
-            inv.arg(id);
+            call.more_arg(id);
             match after {
                 None => {
-                    inv.arg(0).arg("").arg("");
+                    call.more_arg(0).more_arg("").more_arg("");
                 }
                 Some(a) => {
                     let k = match states.iter().position(|s| *s == a.state) {
                         Some(k) => k,
                         None => {
                             states.push(&a.state);
-                            inv.key(&a.state);
+                            call.more_key(&a.state);
                             states.len() - 1
                         }
                     };
                     // KEYS[1] is the stream: the first state hash is KEYS[2].
-                    inv.arg(k + 2).arg(&a.key).arg(&a.id);
+                    call.more_arg(k + 2).more_arg(&a.key).more_arg(&a.id);
                 }
             }
         }
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        call.invoke(&mut self.conn.clone()).await
     }
 
     /// Appends a work item to a work stream: fields `op`, `d` (the encoded
@@ -313,15 +313,20 @@ impl Store {
         fields: &[(String, Vec<u8>)],
         after: Option<&LastAppended>,
     ) -> StoreResult<Option<String>> {
-        let mut inv = SCRIPTS.dead_letter.prepare_invoke();
-        inv.key(dlq).key(source).arg(group).arg(id);
+        let mut call = SCRIPTS.dead_letter.call();
+        call.key("dead_letters", dlq)
+            .key("source", source)
+            .arg("group", group)
+            .arg("entry", id);
         if let Some(a) = after {
-            inv.key(&a.state).arg(&a.key).arg(&a.id);
+            call.key("state", &a.state)
+                .arg("event_key", &a.key)
+                .arg("event_id", &a.id);
         }
         for (f, v) in fields {
-            inv.arg(f).arg(v.as_slice());
+            call.more_arg(f).more_arg(v.as_slice());
         }
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        call.invoke(&mut self.conn.clone()).await
     }
 
     /// Puts a work entry in the delayed set and acknowledges the delivery that
@@ -344,25 +349,30 @@ impl Store {
         alive: Option<Alive<'_>>,
         load: Option<LoadHolds<'_>>,
     ) -> StoreResult<Rescheduled> {
-        let mut inv = SCRIPTS.retry_later.prepare_invoke();
-        inv.key(delayed)
-            .key(source)
-            .arg(group)
-            .arg(id)
-            .arg(delay_ms)
-            .arg(entry.encode());
+        let mut call = SCRIPTS.retry_later.call();
+        call.key("delayed", delayed)
+            .key("source", source)
+            .arg("group", group)
+            .arg("entry", id)
+            .arg("delay", delay_ms)
+            .arg("delayed_entry", entry.encode());
         // Both name the same batch's state hash when both are given.
         if let Some(state) = alive.map(|a| a.state).or(load.map(|l| l.state)) {
-            inv.key(state).arg(match alive {
-                Some(a) if a.until_due => "due",
-                Some(_) => "now",
-                None => "-",
-            });
+            call.key("state", state).arg(
+                "alive",
+                match alive {
+                    Some(a) if a.until_due => "due",
+                    Some(_) => "now",
+                    None => "-",
+                },
+            );
         }
         if let Some(l) = load {
-            inv.arg(l.seq).arg(l.gen).arg(l.group);
+            call.arg("load_seq", l.seq)
+                .arg("load_gen", l.gen)
+                .arg("load_group", l.group);
         }
-        let due: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        let due: i64 = call.invoke(&mut self.conn.clone()).await?;
         Ok(if due < 0 {
             Rescheduled::LoadGone
         } else {
@@ -383,11 +393,12 @@ impl Store {
     ) -> StoreResult<()> {
         SCRIPTS
             .renew_lease
-            .key(stream)
-            .arg(group)
-            .arg(consumer)
-            .arg(id)
-            .invoke_async::<i64>(&mut self.conn.clone())
+            .call()
+            .key("stream", stream)
+            .arg("group", group)
+            .arg("consumer", consumer)
+            .arg("entry", id)
+            .invoke::<i64>(&mut self.conn.clone())
             .await?;
         Ok(())
     }
@@ -395,15 +406,16 @@ impl Store {
     /// Moves up to `limit` due entries of a shard's delayed set back to
     /// their lanes' work streams. Returns how many moved.
     pub async fn promote(&self, shard: u32, limit: usize) -> StoreResult<usize> {
-        Ok(SCRIPTS
+        SCRIPTS
             .promote
-            .key(self.keys.delayed(shard))
-            .key(self.keys.work_in(shard, Priority::Normal))
-            .key(self.keys.work_in(shard, Priority::Urgent))
-            .key(self.keys.work_in(shard, Priority::Bulk))
-            .arg(limit)
-            .invoke_async(&mut self.conn.clone())
-            .await?)
+            .call()
+            .key("delayed", self.keys.delayed(shard))
+            .key("normal", self.keys.work_in(shard, Priority::Normal))
+            .key("urgent", self.keys.work_in(shard, Priority::Urgent))
+            .key("bulk", self.keys.work_in(shard, Priority::Bulk))
+            .arg("most", limit)
+            .invoke(&mut self.conn.clone())
+            .await
     }
 
     /// Every entry of a stream, read in pages of 1,000.

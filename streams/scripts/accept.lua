@@ -1,10 +1,10 @@
 -- Accept a chunk and assign it to a generation, in one step; a number gets
 -- the batch's message at most once (batch-wide dedupe, below).
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 seq, 4 last (0|1), 5 count, 6 digest, 7 cap, 8 generation hint,
---       9 numbers: each recipient's number, 5 bytes big-endian (the number
+-- Keys and arguments (ACCEPT in src/store/scripts/declarations.rs): settle.lua's,
+-- then SEQ, LAST (0|1), COUNT, DIGEST, CAP, HINT (a generation),
+--       NUMBERS: each recipient's number, 5 bytes big-endian (the number
 --       `0XXXXXXXX..` read as the integer `10XXXXXXXX..`), in chunk order,
---       10 the batch options, canonical (`<send_at ms>|<priority>|<quiet>`):
+--       OPTS: the batch options, canonical (`<send_at ms>|<priority>|<quiet>`):
 --       every chunk of a batch must carry the same; the first accepted sets
 --       them (field `opts`)
 -- The hint is the generation the caller last saw for this batch: its fields
@@ -15,9 +15,9 @@
 --      or {'conflict'|'rejected'|'refused', reason}
 --  (rejected and conflict are recorded as input_rejected; refused, for a
 --   batch that has ended or takes no more chunks, records nothing)
-local seq, is_last, count, digest, cap, hint, numbers = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5]),
-  ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]) or 0, ARGV[9]
-local opts = ARGV[10]
+local seq, is_last, count, digest, cap, hint, numbers = tonumber(SEQ), LAST == '1', tonumber(COUNT),
+  DIGEST, tonumber(CAP), tonumber(HINT) or 0, NUMBERS
+local opts = OPTS
 
 local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',

@@ -1,7 +1,7 @@
 -- Acknowledge settled entries of a stream, each only while the last event
 -- its handling appended is still recorded, in one step.
--- KEYS: the stream, then the state hashes of the batches named below
--- ARGV: consumer group, then per entry: its id, the index in KEYS of its
+-- Keys: STREAM, then the state hashes of the batches named below
+-- Arguments: GROUP (the consumer group), then per entry: its id, the index in KEYS of its
 --       batch's state hash (0: no condition, the handling appended
 --       nothing), the event's key and the entry id it was appended as
 -- Under `appendfsync everysec` a restart from disk can take back the last
@@ -43,6 +43,6 @@ for i = 0, n - 1 do
   end
 end
 if #ack > 0 then
-  redis.call('XACK', KEYS[1], ARGV[1], unpack(ack))
+  redis.call('XACK', STREAM, GROUP, unpack(ack))
 end
 return kept

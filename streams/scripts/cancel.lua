@@ -10,12 +10,11 @@
 -- was claimed. Running it again changes nothing and answers the same.
 -- A batch never seen is cancelled too, and reports at once (nothing sent):
 -- its chunks are refused when they come (the report's tombstone).
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 reason
+-- Keys and arguments: settle.lua's, then REASON
 -- Returns {'cancelled', generations stopped, unsent recipients, seen 0|1}
 --      or {'reported', outcome} (it had reported: nothing to stop)
 --      or {'forgotten'} (it had reported and its events expired)
-local reason = ARGV[3]
+local reason = REASON
 local f = redis.call('HMGET', STATE, 'cancelled', 'stopped', 'unsent', 'report', 'gen', 'seqs', 'holes', 'rejected')
 local seen = (f[6] or f[7] or f[8]) and '1' or '0'
 if f[1] then

@@ -22,10 +22,9 @@
 -- no later end, and a call after it gives the claim back (reason
 -- `expired`) and stops the generation.
 --
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 gen, 4 mode (`claim`, or `check`: decide the schedule and record
---       a hold, but take no claim and give none back), 5 lifetime ms, 6 send_at ms
---       (empty: none), 7 the quiet window `from|opens|closes` in Unix ms
+-- Keys and arguments: settle.lua's, then GEN, MODE (`claim`, or `check`: decide the schedule and record
+--       a hold, but take no claim and give none back), LIFETIME ms, SEND_AT ms
+--       (empty: none), QUIET: the quiet window `from|opens|closes` in Unix ms
 --       (empty: none), computed by the worker from a Redis clock reading with
 --       the zone database Lua lacks (ScheduleArgs in src/events/options.rs)
 -- Returns {'claimed', entry id of the claim, until, now, n, 'new'|'renewed'}
@@ -59,9 +58,9 @@ local function hold(now, lifetime, send_at, from, opens, closes)
   return 'free', untl
 end
 
-local gen, mode, lifetime = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local send_at = tonumber(ARGV[6])
-local from, opens, closes = string.match(ARGV[7], '^(%d+)|(%d+)|(%d+)$')
+local gen, mode, lifetime = tonumber(GEN), MODE, tonumber(LIFETIME)
+local send_at = tonumber(SEND_AT)
+local from, opens, closes = string.match(QUIET, '^(%d+)|(%d+)|(%d+)$')
 from, opens, closes = tonumber(from), tonumber(opens), tonumber(closes)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

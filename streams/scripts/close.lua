@@ -4,11 +4,10 @@
 -- every generation with loaded recipients is sent and the batch reports
 -- (the report counts the missing seqs). Later chunks are refused.
 -- Running it again changes nothing and answers the same.
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 reason
+-- Keys and arguments: settle.lua's, then REASON
 -- Returns {'closed', missing count} or {'reported', outcome} (nothing to
 -- close) or {'unknown'} (no chunk of this batch was ever recorded)
-local reason = ARGV[3]
+local reason = REASON
 local f = redis.call('HMGET', STATE, 'report', 'closed', 'missing', 'last', 'max', 'rmax', 'seqs', 'holes', 'rejected')
 if f[1] then
   return reply({'reported', f[1]})

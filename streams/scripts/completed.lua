@@ -1,14 +1,14 @@
 -- Record that a sent group finished, and decide the batch's report when it
 -- was the last thing the batch waited for (see settle.lua).
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 gen, 4 group id, 5 status, 6 sent success, 7 sent failed
+-- Keys and arguments: settle.lua's, then GEN, GROUP (its id), STATUS,
+-- SENT_SUCCESS, SENT_FAILED
 -- A group the provider finished (COMPLETE or FAILED) gets a `track` work
 -- item when the policy says so: it reads the messages' delivery results
 -- (src/worker/ops/track_delivery.rs) until each has one or the delivery
 -- window ends. Enqueued here, with the fact, so that no finished group goes
 -- untracked whatever crashes after.
 -- Returns {'completed'} or {'reported'} or {'duplicate'}
-local gen, ss, sf = tonumber(ARGV[3]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local gen, ss, sf = tonumber(GEN), tonumber(SENT_SUCCESS), tonumber(SENT_FAILED)
 -- One read: this group's key, then the fields the report decision reads.
 local f = redis.call('HMGET', STATE, 'k:done/' .. gen, unpack(REPORT_FIELDS))
 if f[1] then
@@ -16,15 +16,15 @@ if f[1] then
 end
 table.remove(f, 1)
 emit('done/' .. gen, 'group_completed',
-  cmsgpack.pack({gen = gen, group_id = ARGV[4], status = ARGV[5], sent_success = ss, sent_failed = sf}))
+  cmsgpack.pack({gen = gen, group_id = GROUP, status = STATUS, sent_success = ss, sent_failed = sf}))
 -- (indexes in REPORT_FIELDS: 7 done, 11 sent_success, 12 sent_failed)
 f[7], f[11], f[12] = num(f[7]) + 1, num(f[11]) + ss, num(f[12]) + sf
-put('g:' .. gen .. ':done', ARGV[5])
+put('g:' .. gen .. ':done', STATUS)
 put('done', f[7])
 put('sent_success', f[11])
 put('sent_failed', f[12])
-if TRACK == '1' and (ARGV[5] == 'COMPLETE' or ARGV[5] == 'FAILED') then
-  redis.call('XADD', WORK, '*', 'op', 'track', 'd', cmsgpack.pack({batch = BATCH, gen = gen, group_id = ARGV[4], attempt = 0}))
+if TRACK == '1' and (STATUS == 'COMPLETE' or STATUS == 'FAILED') then
+  redis.call('XADD', WORK, '*', 'op', 'track', 'd', cmsgpack.pack({batch = BATCH, gen = gen, group_id = GROUP, attempt = 0}))
 end
 if report_from(f) then
   return reply({'reported'})

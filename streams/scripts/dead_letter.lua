@@ -1,8 +1,7 @@
 -- Move an entry to the dead letters and acknowledge it, in one step.
--- KEYS: dead-letter stream, source stream, and optionally a batch's state
---       hash
--- ARGV: consumer group, entry id, then with the state hash the key and
---       entry id of the last event the entry's handling appended, then
+-- Keys: DEAD_LETTERS, SOURCE (streams), and optionally a batch's STATE
+-- Arguments: GROUP (the consumer group), ENTRY (its id), then with the state
+--       hash EVENT_KEY and EVENT_ID, the key and entry id of the last event the entry's handling appended, then
 --       field/value pairs of the dead letter
 -- With the state hash (under `everysec`), the entry is dead-lettered only
 -- while that event is still recorded under that id, like
@@ -12,8 +11,8 @@
 -- entry stays pending (returns false).
 -- Returns the dead letter's id.
 local first = 3
-if KEYS[3] then
-  if redis.call('HGET', KEYS[3], 'k:' .. ARGV[3]) ~= ARGV[4] then
+if STATE then
+  if redis.call('HGET', STATE, 'k:' .. EVENT_KEY) ~= EVENT_ID then
     return false
   end
   first = 5
@@ -22,6 +21,6 @@ local fields = {}
 for i = first, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
-redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
+local id = redis.call('XADD', DEAD_LETTERS, '*', unpack(fields))
+redis.call('XACK', SOURCE, GROUP, ENTRY)
 return id

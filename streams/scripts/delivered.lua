@@ -9,15 +9,14 @@
 -- in exactly one outcome, once; it goes to the reports stream (field
 -- `t` = `batch_delivered`) and, with a webhook, to a `delivery_report` work
 -- item; the results and delivery hashes then live `--results-retention`.
--- KEYS: state, events, work, reports, results, delivery
--- ARGV: batch, gen ('': none, only the batch's decision: a batch with no
---       generation left to track, see settle.lua), group id, window ended
---       0|1, results retention s, deliver 0|1
+-- Keys: STATE, EVENTS, WORK, REPORTS, RESULTS, DELIVERY
+-- Arguments: BATCH, GEN ('': none, only the batch's decision: a batch with no
+--       generation left to track, see settle.lua), GROUP (its id), WINDOW_ENDED
+--       0|1, RETENTION (of the results) s, DELIVER 0|1
 -- Returns {'delivered'|'duplicate', then the batch's: 'decided' (now),
 --  'already', 'unreported' (no report yet) or 'tracking' (a generation's
 --  results are still coming)}
-local WORK, REPORTS, RESULTS, DELIVERY = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local gen = tonumber(ARGV[2])
+local gen = tonumber(GEN)
 local first = 'duplicate'
 if gen and not redis.call('HGET', STATE, 'k:delivered/' .. gen) then
   first = 'delivered'
@@ -34,12 +33,12 @@ if gen and not redis.call('HGET', STATE, 'k:delivered/' .. gen) then
       end
     end
   end
-  local event = {gen = gen, group_id = ARGV[3], delivered = d, failed = f, unknown = u}
+  local event = {gen = gen, group_id = GROUP, delivered = d, failed = f, unknown = u}
   -- cmsgpack packs an empty table as an array: the map only when it has keys.
   if next(by) then
     event.failed_by_code = by
   end
-  if ARGV[4] == '1' then
+  if WINDOW_ENDED == '1' then
     event.window_ended = true
   end
   emit('delivered/' .. gen, 'generation_delivered', cmsgpack.pack(event))
@@ -114,10 +113,10 @@ emit('delivery_report', 'batch_delivered', packed)
 put('dl_report', 1)
 flush()
 redis.call('XADD', REPORTS, '*', 'batch', BATCH, 't', 'batch_delivered', 'd', packed)
-if ARGV[6] == '1' then
+if DELIVER == '1' then
   redis.call('XADD', WORK, '*', 'op', 'delivery_report', 'd', cmsgpack.pack({batch = BATCH, gen = 0, attempt = 0}))
 end
-local keep = tonumber(ARGV[5])
+local keep = tonumber(RETENTION)
 if keep > 0 then
   redis.call('EXPIRE', RESULTS, keep)
   redis.call('EXPIRE', DELIVERY, keep)

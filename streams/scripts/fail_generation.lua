@@ -8,13 +8,12 @@
 --     (group_id ''): the load records it as given up, its recipients failed
 --     with the reason, and the generation completes with nobody registered;
 --     chunks still on their way find it failed at `park.lua` and do the same.
--- KEYS, ARGV[1..2]: see settle.lua; KEYS[9]: the generation's parked hash
--- ARGV: 3 gen, 4 reason
+-- Keys and arguments: settle.lua's, then the key PARKED (the generation's
+-- parked hash) and the arguments GEN, REASON
 -- Returns {'failed', released chunks} or {'duplicate'} (recorded before)
 --      or {'group', id} (a group was recorded meanwhile: nothing to give up)
 --      or {'ended'} (the batch was reported or cancelled: nothing to record)
-local PARKED = KEYS[9]
-local gen, reason = tonumber(ARGV[3]), ARGV[4]
+local gen, reason = tonumber(GEN), REASON
 local gk = 'g:' .. gen .. ':'
 local f = redis.call('HMGET', STATE, 'k:failed/' .. gen, gk .. 'group', 'report', 'cancelled')
 if f[1] then

@@ -21,9 +21,8 @@
 -- Each appends `generation_failed` (key failed/<gen> for the send,
 -- failed/<gen>/<what> for the others) and, when the generation is done,
 -- `group_completed`; then the report is decided when it was the last.
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 gen, 4 what (`send`, `unsent`, `poll`, `recall`), 5 reason,
---       6 the generation's group id ('' when unknown)
+-- Keys and arguments: settle.lua's, then GEN, WHAT (`send`, `unsent`, `poll`, `recall`),
+--       REASON, GROUP: the generation's group id ('' when unknown)
 -- Returns {'unsent', recipients} or {'recalling'} or {'unknown', recipients}
 --      or {'sent'} (the send was recorded: nothing to give up; its poll goes on)
 --      or {'done'} (the generation is done: nothing to record)
@@ -31,7 +30,7 @@
 --         generation not ready, a poll of one not sent, a recall of one whose
 --         send was not given up; writes Redis lost: nothing given up, the
 --         generation gets its own items again when it gets there)
-local gen, what, reason, group = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local gen, what, reason, group = tonumber(GEN), WHAT, REASON, GROUP
 local gk = 'g:' .. gen .. ':'
 local f = redis.call('HMGET', STATE, gk .. 'done', 'k:send/' .. gen, gk .. 'failed', gk .. 'claimed', gk .. 'back',
   gk .. 'reg', gk .. 'ready')

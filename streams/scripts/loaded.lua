@@ -2,15 +2,14 @@
 -- given up on with failures), and evaluate the generation's completion
 -- equation:
 --   closed and loaded == assigned  =>  ready (one send work item)
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 gen, 4 seq, 5 registered, 6 failed, 7 event data,
---       8 failed by reason (`code=n` pairs joined by `,`, or ''),
---       9 unsure: recipients whose registration is unknown (a given-up add
+-- Keys and arguments: settle.lua's, then GEN, SEQ, REGISTERED, FAILED, DATA (the event's),
+--       FAILED_BY_REASON (`code=n` pairs joined by `,`, or ''),
+--       UNSURE: recipients whose registration is unknown (a given-up add
 --         may have registered some before it failed)
 -- Returns {'loaded', ready 0|1} or {'duplicate'}
 --      or {'cancelled'} (the batch was cancelled: its generations not sent
 --       are done, and nothing more is recorded into them)
-local gen, seq, reg, failed, unsure = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[9])
+local gen, seq, reg, failed, unsure = tonumber(GEN), SEQ, tonumber(REGISTERED), tonumber(FAILED), tonumber(UNSURE)
 local gk = 'g:' .. gen .. ':'
 local key = 'loaded/' .. gen .. '/' .. seq
 local f = redis.call('HMGET', STATE, 'k:' .. key, gk .. 'l', gk .. 'c', gk .. 'closed', gk .. 'reg', gk .. 'fail',
@@ -21,7 +20,7 @@ end
 if f[11] then
   return reply({'cancelled'})
 end
-emit(key, 'chunk_loaded', ARGV[7])
+emit(key, 'chunk_loaded', DATA)
 local l, c, greg = num(f[2]) + 1, num(f[3]), num(f[5]) + reg
 put(gk .. 'l', l)
 put(gk .. 'reg', greg)
@@ -31,7 +30,7 @@ put('failed', num(f[8]) + failed)
 if unsure > 0 then
   put(gk .. 'unsure', num(f[10]) + unsure)
 end
-for code, n in string.gmatch(ARGV[8], '([^,=]+)=(%d+)') do
+for code, n in string.gmatch(FAILED_BY_REASON, '([^,=]+)=(%d+)') do
   redis.call('HINCRBY', STATE, 'fr:' .. code, n)
 end
 local ready = f[4] and l == c and not f[9]

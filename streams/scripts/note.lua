@@ -3,22 +3,22 @@
 -- by a rebuild, ignored by a comparison with a replay). Only on a batch
 -- whose state exists: a batch past its retention must not get a state back
 -- (it would have no TTL).
--- KEYS[1]: the batch's state
--- ARGV[1] 'ended': counts one more on field ARGV[2] if the batch has ended
+-- Keys: STATE, the batch's
+-- MODE 'ended': counts one more on FIELD if the batch has ended
 --         (reported, cancelled or closed); returns the new count, or 0
 --         (no state, or not ended).
--- ARGV[1] 'set': sets field ARGV[2] to ARGV[3] if the state exists;
+-- MODE 'set': sets FIELD to VALUE if the state exists;
 --         returns 1, or 0 (no state).
-local state = KEYS[1]
-if ARGV[1] == 'ended' then
-  local f = redis.call('HMGET', state, 'report', 'cancelled', 'closed')
+
+if MODE == 'ended' then
+  local f = redis.call('HMGET', STATE, 'report', 'cancelled', 'closed')
   if not (f[1] or f[2] or f[3]) then
     return 0
   end
-  return redis.call('HINCRBY', state, ARGV[2], 1)
+  return redis.call('HINCRBY', STATE, FIELD, 1)
 end
-if redis.call('EXISTS', state) == 0 then
+if redis.call('EXISTS', STATE) == 0 then
   return 0
 end
-redis.call('HSET', state, ARGV[2], ARGV[3])
+redis.call('HSET', STATE, FIELD, VALUE)
 return 1

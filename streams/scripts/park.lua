@@ -1,7 +1,7 @@
 -- Park a chunk whose generation has no group yet, and make sure one
 -- create-group work item exists for that generation.
--- KEYS: state, events, parked(gen), work
--- ARGV: batch, seq, gen, chunk payload
+-- Keys: STATE, EVENTS, PARKED (the generation's), WORK
+-- Arguments: BATCH, SEQ, GEN, PAYLOAD (the chunk)
 -- Returns {'parked'} or {'group', id} (the group appeared meanwhile: load now)
 --      or {'loaded'} (nothing to do)
 --      or {'unassigned'}: the chunk is not (any more) assigned to `gen`
@@ -12,8 +12,7 @@
 --         chunk as given up.
 --      or {'ended'}: the batch was cancelled or reported: nothing parked,
 --         appended or enqueued (nothing happens after the end).
-local PARKED, WORK = KEYS[3], KEYS[4]
-local seq, gen = ARGV[2], ARGV[3]
+local seq, gen = SEQ, GEN
 local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'k:park/' .. seq, 'k:create/' .. gen,
   'k:loaded/' .. gen .. '/' .. seq, 's:' .. seq, 'g:' .. gen .. ':failed', 'cancelled', 'report')
 if not f[5] or string.match(f[5], '^(%d+)|') ~= gen then
@@ -31,7 +30,7 @@ end
 if f[6] then
   return reply({'failed'})
 end
-redis.call('HSET', PARKED, seq, ARGV[4])
+redis.call('HSET', PARKED, seq, PAYLOAD)
 if not f[2] then
   emit('park/' .. seq, 'chunk_parked', cmsgpack.pack({seq = tonumber(seq), gen = tonumber(gen)}))
 end

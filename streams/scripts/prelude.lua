@@ -1,11 +1,12 @@
 -- Prepended to every batch script (see src/store/scripts.rs).
 --
--- KEYS[1] is the batch's state hash (projection + idempotency keys),
--- KEYS[2] its event stream; ARGV[1] is the batch id. A script reads what it
+-- STATE is the batch's state hash (projection + idempotency keys), EVENTS
+-- its event stream, BATCH the batch id (the keys and arguments are bound to
+-- their declared names in front of every script: src/store/scripts/
+-- declarations.rs). A script reads what it
 -- needs with one HMGET, appends events with emit(), collects every state
 -- change with put(), and writes them with one HSET in flush(): so appending
 -- an event and updating the projection are one atomic step, in few commands.
-local STATE, EVENTS, BATCH = KEYS[1], KEYS[2], ARGV[1]
 local updates = {}
 -- Types of the events appended, returned to the caller (for its metrics) as
 -- the reply's element `ev=<type>,<type>...`; then, when something was

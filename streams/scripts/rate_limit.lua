@@ -1,10 +1,10 @@
 -- Reserve provider requests from the shared rate limiter (GCRA). The caller
 -- waits the returned number of milliseconds and then goes: one round trip per
 -- request, no retry loop.
--- KEYS: limiter key[, the lane's share key]
--- ARGV: requests per second, burst, cost (requests), and optionally the
--- longest wait (ms) worth reserving for, the lane's horizon (ms), the
--- lane's share (requests per second) and how many slots to book ahead
+-- Keys: LIMITER[, OWED: when the lane is next owed a slot]
+-- Arguments: RATE (requests per second), BURST, COST (requests), and optionally
+-- MAX_WAIT, the longest wait (ms) worth reserving for, the lane's HORIZON (ms), the
+-- lane's SHARE (requests per second) and AHEAD, how many slots to book ahead
 -- (an empty string stands for an absent one)
 -- Returns the wait in ms; a negative number -w when the wait would be longer
 -- than allowed: nothing was reserved, come back in w ms. (A cost too large
@@ -12,7 +12,7 @@
 -- With slots to book ahead, returns {wait, n, within}: n more slots were
 -- booked, either right after the cost's last one, `1 / rate` apart (within
 -- 0), or, below the burst, to be used at once by `within` ms from now
--- (ARGV[8], the window; see below).
+-- (WINDOW; see below).
 --
 -- Priority lanes: every lane reserves on the one schedule, but a lane with
 -- a horizon (normal, bulk) only reserves a slot that starts within its
@@ -21,13 +21,13 @@
 -- 1/share seconds (its share key holds when, in µs): an owed request may
 -- reserve up to the longest wait like the most urgent lane, so that a lower
 -- lane keeps its share while higher lanes have work.
-local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_wait, horizon, share = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local ahead, window = tonumber(ARGV[7]), tonumber(ARGV[8])
+local rate, burst, cost = tonumber(RATE), tonumber(BURST), tonumber(COST)
+local max_wait, horizon, share = tonumber(MAX_WAIT), tonumber(HORIZON), tonumber(SHARE)
+local ahead, window = tonumber(AHEAD), tonumber(WINDOW)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = 1000000 / rate
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
+local tat = tonumber(redis.call('GET', LIMITER)) or now
 if tat < now then
   tat = now
 end
@@ -41,8 +41,8 @@ local limit = max_wait
 -- horizon alone would refuse.
 local owed_at, owed = nil, false
 if horizon and (not limit or horizon < limit) and wait > horizon * 1000 then
-  if KEYS[2] and share and share > 0 then
-    owed_at = tonumber(redis.call('GET', KEYS[2])) or now
+  if OWED and share and share > 0 then
+    owed_at = tonumber(redis.call('GET', OWED)) or now
     owed = owed_at <= now
   end
   if not owed then
@@ -71,7 +71,7 @@ if owed then
   -- delayed set) does not cost the lane its share; at most one slot late,
   -- so that an idle lane does not save up a burst.
   local next_owed = math.max(owed_at, now - 1000000 / share) + cost * 1000000 / share
-  redis.call('SET', KEYS[2], string.format('%.0f', next_owed), 'PX', math.ceil((next_owed - now) / 1000) + 1000)
+  redis.call('SET', OWED, string.format('%.0f', next_owed), 'PX', math.ceil((next_owed - now) / 1000) + 1000)
 end
 -- Booking ahead: up to `ahead` more slots for the caller's next requests,
 -- only when the schedule is already past the burst (each of them then
@@ -104,7 +104,7 @@ elseif ahead and ahead > 0 and not owed and window and window > 0 then
     within = window
   end
 end
-redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
+redis.call('SET', LIMITER, string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
 if ahead then
   return {math.ceil(wait / 1000), booked, within}
 end

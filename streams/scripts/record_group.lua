@@ -1,7 +1,7 @@
 -- Record a generation's group, unless another racer's was recorded first, and
 -- release every chunk parked for it, in the same step (no lost wake-ups).
--- KEYS: state, events, parked(gen), work
--- ARGV: batch, gen, group id
+-- Keys: STATE, EVENTS, PARKED (the generation's), WORK
+-- Arguments: BATCH, GEN, GROUP (the group id)
 -- Returns {'won', id} or {'lost', kept id}; run again with the same group id
 -- (a request resent after a dropped connection), it answers 'won' again and
 -- changes nothing. Or {'cancelled'}: the batch was cancelled, nothing is
@@ -9,8 +9,7 @@
 -- Or {'failed'}: the generation's creation was given up meanwhile
 -- (fail_generation.lua released its chunks as given up): nothing is
 -- recorded, and the caller deletes its group.
-local PARKED, WORK = KEYS[3], KEYS[4]
-local gen, group = tonumber(ARGV[2]), ARGV[3]
+local gen, group = tonumber(GEN), GROUP
 local f = redis.call('HMGET', STATE, 'g:' .. gen .. ':group', 'cancelled', 'g:' .. gen .. ':failed')
 local kept = f[1]
 if kept == group then

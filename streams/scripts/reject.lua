@@ -1,12 +1,12 @@
 -- Record a chunk refused before it could be accepted (it does not validate:
 -- bad numbers, too large, ...). Its seq becomes a hole the batch can end
 -- without (see settle.lua), unless a corrected copy is accepted later.
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 seq, 4 digest, 5 reason, 6 flagged last (0|1): the chunk's `last`
+-- Keys and arguments: settle.lua's, then SEQ, DIGEST, REASON,
+-- FLAGGED_LAST (0|1): the chunk's `last`
 --       flag, when it could be read (see reject() in settle.lua)
 -- Returns {'rejected'} or {'refused', why} (the batch has ended: nothing is
 -- recorded)
-local seq, digest, reason, flagged_last = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6] == '1'
+local seq, digest, reason, flagged_last = tonumber(SEQ), DIGEST, REASON, FLAGGED_LAST == '1'
 local f = redis.call('HMGET', STATE, 'report', 'closed', 'seqs', 'holes', 'rejected', 'cancelled')
 if f[1] then
   return reply({'refused', 'batch ' .. BATCH .. ' was already reported (' .. f[1] .. '): it takes no more chunks'})

@@ -1,8 +1,8 @@
--- Give the watchdog scanner's lease up, if ARGV[1] holds it.
--- KEYS: lease key
--- ARGV: holder
+-- Give the watchdog scanner's lease up, if HOLDER holds it.
+-- Keys: LEASE
+-- Arguments: HOLDER
 -- Returns 1 when it was released, else 0.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+if redis.call('GET', LEASE) == HOLDER then
+  return redis.call('DEL', LEASE)
 end
 return 0

@@ -9,15 +9,14 @@
 -- Refused, changing nothing: a seal that contradicts what the batch knows
 -- (another last seq, or a higher seq already received); a seal of a batch
 -- that has ended. Sealing again with the same last seq answers the same.
--- KEYS, ARGV[1..2]: see settle.lua
--- ARGV: 3 last seq
+-- Keys and arguments: settle.lua's, then LAST (the last seq)
 -- Returns {'sealed', last} or {'conflict', reason} or {'ended', reason}
-local last = tonumber(ARGV[3])
+local last = tonumber(LAST)
 local f = redis.call('HMGET', STATE, 'last', 'max', 'rmax', 'report', 'closed', 'cancelled', 'seqs', 'holes',
   'rejected')
 local known = tonumber(f[1])
 if known == last then
-  return reply({'sealed', ARGV[3]})
+  return reply({'sealed', LAST})
 end
 if f[4] then
   return reply({'ended', 'batch ' .. BATCH .. ' was already reported (' .. f[4] .. ')'})
@@ -32,12 +31,12 @@ if tombstoned(not f[7] and not f[8] and not f[9]) then
   return reply({'ended', 'batch ' .. BATCH .. ' was already reported (its events have expired)'})
 end
 if known then
-  return reply({'conflict', 'batch ' .. BATCH .. ' already ends at seq ' .. f[1] .. ', not ' .. ARGV[3]})
+  return reply({'conflict', 'batch ' .. BATCH .. ' already ends at seq ' .. f[1] .. ', not ' .. LAST})
 end
 local above = math.max(tonumber(f[2]) or -1, tonumber(f[3]) or -1)
 if above > last then
   return reply({'conflict', 'seq ' .. above .. ' of batch ' .. BATCH .. ' was already received, beyond the last seq ' ..
-    ARGV[3]})
+    LAST})
 end
 emit('seal', 'batch_sealed', cmsgpack.pack({last = last}))
 put('last', last)
@@ -47,4 +46,4 @@ if settled(false, last, f[7], f[8]) then
   settle('final')
 end
 flush()
-return reply({'sealed', ARGV[3]})
+return reply({'sealed', LAST})

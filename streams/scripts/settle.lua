@@ -1,10 +1,10 @@
 -- Prepended (after prelude.lua) to the scripts that can end a batch:
 -- accept, reject, close, cancel, claim_send, loaded, completed (see
 -- src/store/scripts.rs).
--- They share one layout:
--- KEYS: state, events, work, active, reports, dedupe, reported (tombstones),
---       dedupe's mobile bitmap
--- ARGV: batch, policy `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`
+-- They share one layout (SETTLE in src/store/scripts/declarations.rs):
+-- keys STATE, EVENTS, WORK, ACTIVE, REPORTS, DEDUPE, REPORTED (tombstones),
+--      DEDUPE_MOBILE (dedupe's mobile bitmap)
+-- arguments BATCH, POLICY `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`
 --       (the recipients from which a batch's mobile numbers are deduped in
 --       the bitmap, see accept.lua; whether a sent group's delivery results
 --       are tracked, see completed.lua), then their own.
@@ -14,9 +14,7 @@
 -- 0..last is assigned or refused for good (a *hole*: counted in `holes`,
 -- marked `r:<seq>` = 1), or when an operator closed it (`closed`) or
 -- cancelled it (`cancelled`).
-local WORK, ACTIVE, REPORTS, DEDUPE, REPORTED = KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local DEDUPE_MOBILE = KEYS[8]
-local RETENTION, DELIVER, BITMAP_FROM, TRACK = string.match(ARGV[2], '^(%d+)|([01])|(%d+)|([01])$')
+local RETENTION, DELIVER, BITMAP_FROM, TRACK = string.match(POLICY, '^(%d+)|([01])|(%d+)|([01])$')
 RETENTION, BITMAP_FROM = tonumber(RETENTION), tonumber(BITMAP_FROM)
 
 -- Whether the batch takes no more chunks, from its fields.

@@ -2,9 +2,9 @@
 -- src/store/scripts.rs): the event is appended only if the batch is still
 -- quiet since the heartbeat its key names (the later of `hb` and `alive`) and has no report, so a batch that
 -- reports (or wakes up) while the watchdog scans is never marked.
--- KEYS, ARGV: as append.lua, with key `stalled/<hb>` and touch `0`
+-- Keys and arguments: as append.lua, with key `stalled/<hb>` and touch `0`
 -- Returns {'reported'} or {'fresh'} here; otherwise append.lua's reply.
-local f = redis.call('HMGET', STATE, 'k:' .. ARGV[2], 'report', 'hb', 'alive')
+local f = redis.call('HMGET', STATE, 'k:' .. KEY, 'report', 'hb', 'alive')
 if f[1] then
   return reply({'duplicate', f[1]})
 end
@@ -14,6 +14,6 @@ end
 -- The last sign of life: the later of the heartbeat and `alive` (a wait
 -- that showed progress without an event).
 local last = math.max(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
-if 'stalled/' .. string.format('%.0f', last) ~= ARGV[2] then
+if 'stalled/' .. string.format('%.0f', last) ~= KEY then
   return reply({'fresh'})
 end

@@ -4,18 +4,17 @@
 -- hash, and the page's counts in its delivery hash. Both are overwrites, so
 -- a page read twice (a pass repeated after a crash, a page read again while
 -- some of its messages had no result yet) records what it says now, once.
--- KEYS: state, events, results, delivery
--- ARGV: batch, gen, group id, page (its `startKey`; '' for the first),
---       counts `<delivered>|<failed>|<unknown>|<code>=<n>,...`, how long
+-- Keys: STATE, EVENTS, RESULTS, DELIVERY
+-- Arguments: BATCH, GEN, GROUP (its id), PAGE (its `startKey`; '' for the first),
+--       COUNTS `<delivered>|<failed>|<unknown>|<code>=<n>,...`, TTL, how long
 --       both hashes live at least (s: what is left of the delivery window,
 --       plus `--results-retention`; delivered.lua sets it again at the end),
---       k, then k pairs (code, the provider's text for it: kept once per
+--       REASONS (k), then k pairs (code, the provider's text for it: kept once per
 --       batch as `reason:<code>`), then pairs (number, outcome: see
 --       src/results.rs `Record::encode`)
 -- Returns {'recorded'} or {'delivered'} (the generation's results are
 -- counted already: nothing is written)
-local RESULTS, DELIVERY = KEYS[3], KEYS[4]
-local gen = ARGV[2]
+local gen = GEN
 if redis.call('HGET', STATE, 'k:delivered/' .. gen) then
   return {'delivered'}
 end
@@ -26,19 +25,19 @@ local function finals(counts)
   local d, f, u = string.match(counts or '', '^(%d+)|(%d+)|(%d+)|')
   return d and (tonumber(d) + tonumber(f) + tonumber(u)) or -1
 end
-local field = gen .. '|' .. ARGV[4]
-if finals(ARGV[5]) >= finals(redis.call('HGET', DELIVERY, field)) then
-  redis.call('HSET', DELIVERY, field, ARGV[5])
+local field = gen .. '|' .. PAGE
+if finals(COUNTS) >= finals(redis.call('HGET', DELIVERY, field)) then
+  redis.call('HSET', DELIVERY, field, COUNTS)
 end
-redis.call('HSET', DELIVERY, gen .. '|group', ARGV[3])
-local k = tonumber(ARGV[7])
+redis.call('HSET', DELIVERY, gen .. '|group', GROUP)
+local k = tonumber(REASONS)
 for i = 8, 7 + 2 * k, 2 do
   redis.call('HSET', DELIVERY, 'reason:' .. ARGV[i], ARGV[i + 1])
 end
 if #ARGV > 7 + 2 * k then
   redis.call('HSET', RESULTS, unpack(ARGV, 8 + 2 * k))
 end
-local ttl = tonumber(ARGV[6])
+local ttl = tonumber(TTL)
 if ttl > 0 then
   redis.call('EXPIRE', RESULTS, ttl)
   redis.call('EXPIRE', DELIVERY, ttl)
