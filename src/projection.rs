@@ -54,6 +54,7 @@
 //! the state: a hole (`r:<seq>`) is filled when its seq is assigned later,
 //! which the scripts only ever record in that order.
 
+use field::generation;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -115,6 +116,8 @@ pub enum Update {
 
 /// The state hash's field names (the table above), spelt here only.
 pub mod field {
+    use std::fmt::Display;
+
     /// The heartbeat: ms of the last event (stalls excluded).
     pub const HEARTBEAT: &str = "hb";
     /// Ms of the last wait that showed the batch progressing (not an event;
@@ -180,6 +183,8 @@ pub mod field {
         GENERATIONS_DONE,
         SENT_SUCCESS,
         SENT_FAILED,
+        REPORT_DELIVERED,
+        STALLS,
         "k:<key>",
         "s:<seq>",
         "r:<seq>",
@@ -206,10 +211,14 @@ pub mod field {
     pub const SENT_SUCCESS: &str = "sent_success";
     /// Messages the provider reported failed, over every generation.
     pub const SENT_FAILED: &str = "sent_failed";
+    /// The webhook's status when it accepted the report.
+    pub const REPORT_DELIVERED: &str = "delivered";
+    /// Stalls the watchdog recorded.
+    pub const STALLS: &str = "stalls";
 
     /// `x:<seq>`: the positions in chunk `seq` of recipients the batch
     /// already had (`1,7`).
-    pub fn duplicates_in(seq: u32) -> String {
+    pub fn duplicates_in(seq: impl Display) -> String {
         format!("x:{seq}")
     }
 
@@ -249,6 +258,8 @@ pub mod field {
         pub const SCHEDULED_AT: &str = "at";
         /// Its send's outcome.
         pub const SENT: &str = "sent";
+        /// Why the provider refused its send.
+        pub const SEND_REFUSED: &str = "refused";
 
         /// Every one.
         pub const ALL: &[&str] = &[
@@ -269,6 +280,7 @@ pub mod field {
             DELIVERED,
             SCHEDULED_AT,
             SENT,
+            SEND_REFUSED,
         ];
     }
 
@@ -278,33 +290,33 @@ pub mod field {
     }
 
     /// `s:<seq>`: the chunk's assignment, `<gen>|<count>|<digest>`.
-    pub fn assignment(seq: u32) -> String {
+    pub fn assignment(seq: impl Display) -> String {
         format!("s:{seq}")
     }
 
     /// `g:<gen>:<name>`: a field of generation `gen`.
-    pub fn gen(gen: u32, name: &str) -> String {
+    pub fn gen(gen: impl Display, name: &str) -> String {
         format!("g:{gen}:{name}")
     }
 
     /// `g:<gen>:group`: generation `gen`'s provider group.
-    pub fn group(gen: u32) -> String {
+    pub fn group(gen: impl Display) -> String {
         self::gen(gen, "group")
     }
 
     /// `g:<gen>:reg`: recipients registered in generation `gen`.
-    pub fn registered_in(gen: u32) -> String {
+    pub fn registered_in(gen: impl Display) -> String {
         self::gen(gen, "reg")
     }
 
     /// `g:<gen>:unsure`: recipients of generation `gen` in chunks given up
     /// on, whose registration is unknown.
-    pub fn unsure_in(gen: u32) -> String {
+    pub fn unsure_in(gen: impl Display) -> String {
         self::gen(gen, "unsure")
     }
 
     /// `r:<seq>`: `1` while refused seq `seq` is a hole.
-    pub fn hole(seq: u32) -> String {
+    pub fn hole(seq: impl Display) -> String {
         format!("r:{seq}")
     }
 
@@ -330,7 +342,7 @@ pub mod field {
     pub const OPTIONS: &str = "opts";
 
     /// When generation `gen`'s held send goes (Unix ms).
-    pub fn scheduled_at(gen: u32) -> String {
+    pub fn scheduled_at(gen: impl Display) -> String {
         self::gen(gen, "at")
     }
 
@@ -355,7 +367,7 @@ pub mod field {
     }
 
     /// `g:<gen>:dl`: generation `gen`'s delivery results are all in.
-    pub fn delivered_in(gen: u32) -> String {
+    pub fn delivered_in(gen: impl Display) -> String {
         self::gen(gen, "dl")
     }
 
@@ -371,24 +383,24 @@ pub mod field {
     pub const UNKNOWN: &str = "unknown";
 
     /// `g:<gen>:claimed`: the number of generation `gen`'s last send claim.
-    pub fn claimed(gen: u32) -> String {
+    pub fn claimed(gen: impl Display) -> String {
         self::gen(gen, "claimed")
     }
 
     /// `g:<gen>:failed`: the operation given up for good on generation
     /// `gen` (`create` or `send`).
-    pub fn failed_in(gen: u32) -> String {
+    pub fn failed_in(gen: impl Display) -> String {
         self::gen(gen, "failed")
     }
 
     /// `g:<gen>:back`: the number of generation `gen`'s last send claim
     /// given back (claimed while `claimed > back`).
-    pub fn claim_back(gen: u32) -> String {
+    pub fn claim_back(gen: impl Display) -> String {
         self::gen(gen, "back")
     }
 
     /// `g:<gen>:until`: the end of the lifetime its last claim was granted.
-    pub fn claim_until(gen: u32) -> String {
+    pub fn claim_until(gen: impl Display) -> String {
         self::gen(gen, "until")
     }
 }
@@ -396,43 +408,45 @@ pub mod field {
 /// The idempotency keys of the events appended outside the batch scripts,
 /// and of those whose presence a handler looks up (the scripts spell theirs).
 pub mod event_key {
+    use std::fmt::Display;
+
     /// `chunk_assigned` of `seq`.
-    pub fn assign(seq: u32) -> String {
+    pub fn assign(seq: impl Display) -> String {
         format!("assign/{seq}")
     }
 
     /// `group_created` of generation `gen`.
-    pub fn group(gen: u32) -> String {
+    pub fn group(gen: impl Display) -> String {
         format!("group/{gen}")
     }
 
     /// `chunk_loaded` of `seq` into generation `gen`.
-    pub fn loaded(gen: u32, seq: u32) -> String {
+    pub fn loaded(gen: impl Display, seq: impl Display) -> String {
         format!("loaded/{gen}/{seq}")
     }
 
     /// `generation_ready` of generation `gen`.
-    pub fn ready(gen: u32) -> String {
+    pub fn ready(gen: impl Display) -> String {
         format!("ready/{gen}")
     }
 
     /// `send_scheduled` of generation `gen` (its first hold).
-    pub fn schedule(gen: u32) -> String {
+    pub fn schedule(gen: impl Display) -> String {
         format!("schedule/{gen}")
     }
 
     /// `send_triggered` of generation `gen`.
-    pub fn send(gen: u32) -> String {
+    pub fn send(gen: impl Display) -> String {
         format!("send/{gen}")
     }
 
     /// `send_refused` of generation `gen`.
-    pub fn refused(gen: u32) -> String {
+    pub fn refused(gen: impl Display) -> String {
         format!("refused/{gen}")
     }
 
     /// `group_completed` of generation `gen`.
-    pub fn done(gen: u32) -> String {
+    pub fn done(gen: impl Display) -> String {
         format!("done/{gen}")
     }
 
@@ -442,9 +456,65 @@ pub mod event_key {
     }
 
     /// `send_claimed` of generation `gen`.
-    pub fn claim(gen: u32) -> String {
+    pub fn claim(gen: impl Display) -> String {
         format!("claim/{gen}")
     }
+
+    /// `send_claimed` of generation `gen`'s claim number `n` (the first is
+    /// [`claim`]).
+    pub fn claim_again(gen: impl Display, n: impl Display) -> String {
+        format!("claim/{gen}/{n}")
+    }
+
+    /// `claim_given_back` of generation `gen`'s claim number `n`.
+    pub fn back(gen: impl Display, n: impl Display) -> String {
+        format!("back/{gen}/{n}")
+    }
+
+    /// `chunk_parked` of `seq`.
+    pub fn park(seq: impl Display) -> String {
+        format!("park/{seq}")
+    }
+
+    /// `group_requested` of generation `gen`.
+    pub fn create(gen: impl Display) -> String {
+        format!("create/{gen}")
+    }
+
+    /// `generation_closed` of generation `gen`.
+    pub fn close(gen: impl Display) -> String {
+        format!("close/{gen}")
+    }
+
+    /// `chunks_released` of generation `gen`.
+    pub fn release(gen: impl Display) -> String {
+        format!("release/{gen}")
+    }
+
+    /// `generation_failed` of generation `gen` (its create or its send).
+    pub fn failed(gen: impl Display) -> String {
+        format!("failed/{gen}")
+    }
+
+    /// `generation_failed` of generation `gen`'s `what` given up (`poll`,
+    /// `recall`, `unsent`: its send is [`failed`]).
+    pub fn failed_to(gen: impl Display, what: &str) -> String {
+        format!("failed/{gen}/{what}")
+    }
+
+    /// `input_rejected` of chunk `seq` with content `digest`.
+    pub fn reject(seq: impl Display, digest: &str) -> String {
+        format!("reject/{seq}/{digest}")
+    }
+
+    /// `batch_closed`.
+    pub const CLOSED: &str = "closed";
+
+    /// `batch_sealed`.
+    pub const SEAL: &str = "seal";
+
+    /// `batch_reported`.
+    pub const REPORT: &str = "report";
 
     /// `batch_cancelled`.
     pub const CANCELLED: &str = "cancelled";
@@ -464,7 +534,7 @@ pub mod event_key {
     pub const DELIVERY_REPORT_DELIVERED: &str = "delivery_report_delivered";
 
     /// `generation_delivered` of generation `gen`.
-    pub fn gen_delivered(gen: u32) -> String {
+    pub fn gen_delivered(gen: impl Display) -> String {
         format!("delivered/{gen}")
     }
 
@@ -481,26 +551,30 @@ pub fn updates(event: &Event) -> Vec<Update> {
     use Update::*;
     match event {
         Event::ChunkAssigned(e) => chunk_assigned(e),
-        Event::GenerationClosed(e) => vec![Set(g(e.gen, "closed"), e.reason.clone())],
-        Event::GroupCreated(e) => vec![Set(g(e.gen, "group"), e.group_id.clone())],
+        Event::GenerationClosed(e) => vec![Set(g(e.gen, generation::CLOSED), e.reason.clone())],
+        Event::GroupCreated(e) => vec![Set(g(e.gen, generation::GROUP), e.group_id.clone())],
         Event::ChunkLoaded(e) => chunk_loaded(e),
-        Event::GenerationReady(e) => vec![Set(g(e.gen, "ready"), "1".into())],
-        Event::SendScheduled(e) => vec![Set(g(e.gen, "at"), e.at_ms.to_string())],
-        Event::SendTriggered(e) => vec![Set(g(e.gen, "sent"), e.outcome.clone())],
-        Event::SendRefused(e) => vec![Set(g(e.gen, "refused"), e.reason.clone())],
+        Event::GenerationReady(e) => vec![Set(g(e.gen, generation::READY), "1".into())],
+        Event::SendScheduled(e) => {
+            vec![Set(g(e.gen, generation::SCHEDULED_AT), e.at_ms.to_string())]
+        }
+        Event::SendTriggered(e) => vec![Set(g(e.gen, generation::SENT), e.outcome.clone())],
+        Event::SendRefused(e) => vec![Set(g(e.gen, generation::SEND_REFUSED), e.reason.clone())],
         Event::BatchClosed(e) => vec![
             Set(field::CLOSED.into(), e.reason.clone()),
             Set(field::MISSING.into(), e.count().to_string()),
         ],
-        Event::BatchSealed(e) => vec![Set("last".into(), e.last.to_string())],
+        Event::BatchSealed(e) => vec![Set(field::LAST.into(), e.last.to_string())],
         Event::GroupCompleted(e) => group_completed(e),
         Event::BatchReported(e) => vec![Set(field::REPORT.into(), e.outcome.clone())],
         Event::ReportDelivered(e) if e.report.is_some() => {
             vec![Set(field::DL_REPORT_DELIVERED.into(), e.status.to_string())]
         }
-        Event::ReportDelivered(e) => vec![Set("delivered".into(), e.status.to_string())],
+        Event::ReportDelivered(e) => {
+            vec![Set(field::REPORT_DELIVERED.into(), e.status.to_string())]
+        }
         Event::InputRejected(e) => input_rejected(e),
-        Event::BatchStalled(_) => vec![Incr("stalls".into(), 1)],
+        Event::BatchStalled(_) => vec![Incr(field::STALLS.into(), 1)],
         Event::SendClaimed(e) => {
             let mut u = vec![Max(field::claimed(e.gen), u64::from(e.n.unwrap_or(1)))];
             if let Some(until) = e.until_ms {
@@ -509,7 +583,7 @@ pub fn updates(event: &Event) -> Vec<Update> {
             u
         }
         Event::ClaimGivenBack(e) => {
-            let mut u = vec![Max(g(e.gen, "back"), u64::from(e.n))];
+            let mut u = vec![Max(g(e.gen, generation::GIVEN_BACK), u64::from(e.n))];
             if e.stopped {
                 u.push(Incr(field::STOPPED.into(), 1));
                 u.push(Incr(field::UNSENT.into(), e.unsent as i64));
@@ -550,15 +624,15 @@ fn chunk_assigned(e: &crate::events::ChunkAssigned) -> Vec<Update> {
             field::assignment(e.seq),
             format!("{}|{}|{}", e.gen, e.count, e.digest),
         ),
-        Incr(g(e.gen, "n"), i64::from(e.count)),
-        Incr(g(e.gen, "c"), 1),
-        Max("gen".into(), u64::from(e.gen)),
-        Incr("seqs".into(), 1),
-        Incr("recipients".into(), i64::from(e.count)),
-        Max("max".into(), u64::from(e.seq)),
+        Incr(g(e.gen, generation::RECIPIENTS), i64::from(e.count)),
+        Incr(g(e.gen, generation::CHUNKS), 1),
+        Max(field::GENERATION.into(), u64::from(e.gen)),
+        Incr(field::SEQS.into(), 1),
+        Incr(field::RECIPIENTS.into(), i64::from(e.count)),
+        Max(field::MAX.into(), u64::from(e.seq)),
     ];
     if e.last {
-        u.push(Set("last".into(), e.seq.to_string()));
+        u.push(Set(field::LAST.into(), e.seq.to_string()));
     }
     if !e.duplicates.is_empty() {
         let positions: Vec<String> = e.duplicates.iter().map(u32::to_string).collect();
@@ -577,9 +651,9 @@ fn chunk_loaded(e: &crate::events::ChunkLoaded) -> Vec<Update> {
     use Update::*;
     let failed = e.failed.len() as i64;
     let mut u = vec![
-        Incr(g(e.gen, "l"), 1),
-        Incr(g(e.gen, "reg"), i64::from(e.registered)),
-        Incr(g(e.gen, "fail"), failed),
+        Incr(g(e.gen, generation::LOADED), 1),
+        Incr(g(e.gen, generation::REGISTERED), i64::from(e.registered)),
+        Incr(g(e.gen, generation::REFUSED), failed),
         Incr(field::REGISTERED.into(), i64::from(e.registered)),
         Incr(field::FAILED.into(), failed),
     ];
@@ -597,10 +671,10 @@ fn chunk_loaded(e: &crate::events::ChunkLoaded) -> Vec<Update> {
 fn group_completed(e: &crate::events::GroupCompleted) -> Vec<Update> {
     use Update::*;
     let mut u = vec![
-        Set(g(e.gen, "done"), e.status.clone()),
-        Incr("done".into(), 1),
-        Incr("sent_success".into(), e.sent_success as i64),
-        Incr("sent_failed".into(), e.sent_failed as i64),
+        Set(g(e.gen, generation::DONE), e.status.clone()),
+        Incr(field::GENERATIONS_DONE.into(), 1),
+        Incr(field::SENT_SUCCESS.into(), e.sent_success as i64),
+        Incr(field::SENT_FAILED.into(), e.sent_failed as i64),
     ];
     // A send given up counts its registered recipients as what
     // became of them (the script's increment creates the field).
@@ -618,7 +692,7 @@ fn input_rejected(e: &crate::events::InputRejected) -> Vec<Update> {
     use Update::*;
     let mut u = vec![Incr(field::REJECTED.into(), 1)];
     if let Some(last) = e.last {
-        u.push(Set("last".into(), last.to_string()));
+        u.push(Set(field::LAST.into(), last.to_string()));
     }
     if let Some(why) = &e.last_conflict {
         u.push(Set(field::LAST_CONFLICT.into(), why.clone()));
@@ -626,7 +700,7 @@ fn input_rejected(e: &crate::events::InputRejected) -> Vec<Update> {
     if let (true, Some(seq)) = (e.hole, e.seq) {
         u.push(Set(field::hole(seq), "1".into()));
         u.push(Incr(field::HOLES.into(), 1));
-        u.push(Max("rmax".into(), u64::from(seq)));
+        u.push(Max(field::REFUSED_MAX.into(), u64::from(seq)));
     }
     u
 }
@@ -753,7 +827,10 @@ impl Projection {
 
     /// How many generations exist (0 before the first chunk).
     pub fn generations(&self) -> u32 {
-        match self.get("gen").and_then(|v| v.parse::<u32>().ok()) {
+        match self
+            .get(field::GENERATION)
+            .and_then(|v| v.parse::<u32>().ok())
+        {
             Some(g) => g + 1,
             None => 0,
         }
@@ -761,13 +838,13 @@ impl Projection {
 
     /// The seq flagged last, when known.
     pub fn last_seq(&self) -> Option<u32> {
-        self.get("last").and_then(|v| v.parse().ok())
+        self.get(field::LAST).and_then(|v| v.parse().ok())
     }
 
     /// Whether every seq 0..=last is assigned.
     pub fn fully_assigned(&self) -> bool {
         self.last_seq()
-            .is_some_and(|l| self.int("seqs") == i64::from(l) + 1)
+            .is_some_and(|l| self.int(field::SEQS) == i64::from(l) + 1)
     }
 
     /// The entry id of the event appended under idempotency key `key`, if
@@ -810,7 +887,7 @@ impl Projection {
         let highest = |f: &str| self.get(f).and_then(|v| v.parse::<u32>().ok());
         let top = self
             .last_seq()
-            .or_else(|| highest("max").max(highest("rmax")));
+            .or_else(|| highest(field::MAX).max(highest(field::REFUSED_MAX)));
         let seqs = |prefix: &'static str, next: &'static str| {
             self.fields
                 .range::<str, _>((Bound::Included(prefix), Bound::Excluded(next)))
@@ -848,14 +925,14 @@ impl Projection {
     pub fn unfinished(&self) -> Unfinished {
         let mut u = Unfinished::default();
         for gen in 0..self.generations() {
-            if self.gen_field(gen, "done").is_some() {
+            if self.gen_field(gen, generation::DONE).is_some() {
                 continue;
             }
             let list = if self.failed_in(gen) == Some("send") {
                 &mut u.recalling
-            } else if self.gen_field(gen, "sent").is_some() {
+            } else if self.gen_field(gen, generation::SENT).is_some() {
                 &mut u.polling
-            } else if self.gen_field(gen, "ready").is_some() {
+            } else if self.gen_field(gen, generation::READY).is_some() {
                 &mut u.sending
             } else {
                 &mut u.loading

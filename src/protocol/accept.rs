@@ -1,12 +1,15 @@
 //! `accept.lua`: accept a chunk and assign it to a generation, in one step;
 //! a number gets the batch's message at most once (the batch-wide dedupe).
 
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::settle::{make_ready, reject, settled, tombstoned};
 use super::{tonumber, BatchPolicy, Run};
 use crate::events::{ChunkAssigned, Event, GenerationClosed};
-use crate::projection::field;
 
 /// Bytes of one dedupe record.
 const RECORD: usize = 5;
@@ -240,7 +243,7 @@ pub fn accept(
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let ends = Ends::read(&r);
-    if let Some(s) = r.get(&format!("s:{}", a.seq)) {
+    if let Some(s) = r.get(&field::assignment(a.seq)) {
         return accept_again(&mut r, policy, a, &s, &ends);
     }
     if let Some(why) = ended_refusal(&r, &ends) {
@@ -301,9 +304,9 @@ impl Ends {
     /// The marks, from the state.
     fn read(r: &Run) -> Ends {
         Ends {
-            report: r.get("report"),
-            closed: r.get("closed"),
-            cancelled: r.get("cancelled"),
+            report: r.get(field::REPORT),
+            closed: r.get(field::CLOSED),
+            cancelled: r.get(field::CANCELLED),
         }
     }
 
@@ -327,8 +330,10 @@ fn accept_again(
     let g = it.next().unwrap_or_default().to_string();
     let d = it.nth(1).unwrap_or_default().to_string();
     if d == a.digest {
-        let group = r.get(&format!("g:{g}:group")).unwrap_or_default();
-        let loaded = r.get(&format!("k:loaded/{g}/{seq}")).is_some();
+        let group = r
+            .get(&field::gen(&g, generation::GROUP))
+            .unwrap_or_default();
+        let loaded = r.get(&field::key(&event_key::loaded(&g, seq))).is_some();
         if let (Some(c), false) = (&ends.cancelled, loaded) {
             // Cancelled before it was loaded: it never will be.
             return refused(
@@ -336,7 +341,7 @@ fn accept_again(
                 &format!("was cancelled ({c}): seq {seq} will not be loaded"),
             );
         }
-        let positions = r.get(&format!("x:{seq}")).unwrap_or_default();
+        let positions = r.get(&field::duplicates_in(seq)).unwrap_or_default();
         return vec![
             "duplicate".into(),
             g,
@@ -371,8 +376,9 @@ fn ended_refusal(r: &Run, ends: &Ends) -> Option<String> {
     if let Some(c) = &ends.closed {
         return Some(format!("was closed ({c}): it takes no more chunks"));
     }
-    let nothing =
-        r.get("seqs").is_none() && r.get("holes").is_none() && r.get("rejected").is_none();
+    let nothing = r.get(field::SEQS).is_none()
+        && r.get(field::HOLES).is_none()
+        && r.get(field::REJECTED).is_none();
     if tombstoned(r, nothing) {
         return Some(
             "was already reported (its events have expired): it takes no more chunks".into(),
@@ -408,15 +414,15 @@ impl Seen {
     /// The state, as seq `seq` reads it.
     fn read(r: &Run, seq: u32) -> Seen {
         Seen {
-            last: tonumber(r.get("last").as_deref()),
-            max: tonumber(r.get("max").as_deref()),
-            rmax: tonumber(r.get("rmax").as_deref()),
-            seqs: r.num("seqs"),
-            holes: r.num("holes"),
-            was_hole: r.get(&format!("r:{seq}")).as_deref() == Some("1"),
-            duplicates: r.num("duplicates"),
-            recipients: r.num("recipients"),
-            opts: r.get("opts"),
+            last: tonumber(r.get(field::LAST).as_deref()),
+            max: tonumber(r.get(field::MAX).as_deref()),
+            rmax: tonumber(r.get(field::REFUSED_MAX).as_deref()),
+            seqs: r.num(field::SEQS),
+            holes: r.num(field::HOLES),
+            was_hole: r.get(&field::hole(seq)).as_deref() == Some("1"),
+            duplicates: r.num(field::DUPLICATES),
+            recipients: r.num(field::RECIPIENTS),
+            opts: r.get(field::OPTIONS),
         }
     }
 }
@@ -513,22 +519,22 @@ struct Open {
 
 /// A field of generation `gen` in the state: `g:<gen>:<f>`.
 fn gk(gen: i64, f: &str) -> String {
-    format!("g:{gen}:{f}")
+    field::gen(gen, f)
 }
 
 /// The generation a chunk of `count` new recipients goes to: the current
 /// one, or the next when the current one is closed or would pass the cap
 /// (closing it as full if it was not).
 fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
-    let gen = r.num("gen");
+    let gen = r.num(field::GENERATION);
     let (n, c, l) = (
-        r.num(&gk(gen, "n")),
-        r.num(&gk(gen, "c")),
-        r.num(&gk(gen, "l")),
+        r.num(&gk(gen, generation::RECIPIENTS)),
+        r.num(&gk(gen, generation::CHUNKS)),
+        r.num(&gk(gen, generation::LOADED)),
     );
-    let group = r.get(&gk(gen, "group"));
-    let gen_closed = r.get(&gk(gen, "closed")).is_some();
-    let reg = r.num(&gk(gen, "reg"));
+    let group = r.get(&gk(gen, generation::GROUP));
+    let gen_closed = r.get(&gk(gen, generation::CLOSED)).is_some();
+    let reg = r.num(&gk(gen, generation::REGISTERED));
 
     // Approving this chunk would pass the cap (or the generation takes no
     // more): this script is the one closer. Approval counters are never given back.
@@ -553,7 +559,7 @@ fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
 /// `chunks` and `recipients` approved.
 fn close_generation(r: &mut Run, gen: i64, reason: &str, chunks: i64, recipients: i64) {
     r.emit(
-        &format!("close/{gen}"),
+        &event_key::close(gen),
         Event::GenerationClosed(GenerationClosed {
             gen: gen as u32,
             reason: reason.into(),
@@ -562,7 +568,7 @@ fn close_generation(r: &mut Run, gen: i64, reason: &str, chunks: i64, recipients
         }),
         true,
     );
-    r.put(gk(gen, "closed"), reason);
+    r.put(gk(gen, generation::CLOSED), reason);
 }
 
 /// Assigns the chunk to generation `open` with its `count` new recipients
@@ -586,17 +592,17 @@ fn assign(
         .collect::<Vec<_>>()
         .join(",");
     if !dups.is_empty() {
-        r.put(format!("x:{seq}"), &positions);
-        r.put("duplicates", seen.duplicates + dups.len() as i64);
+        r.put(field::duplicates_in(seq), &positions);
+        r.put(field::DUPLICATES, seen.duplicates + dups.len() as i64);
     }
     if seen.was_hole {
         // A corrected copy of a seq refused earlier: no longer a hole.
-        r.put(format!("r:{seq}"), 0);
+        r.put(field::hole(seq), 0);
         holes -= 1;
-        r.put("holes", holes);
+        r.put(field::HOLES, holes);
     }
     let assigned_id = r.emit(
-        &format!("assign/{seq}"),
+        &event_key::assign(seq),
         Event::ChunkAssigned(ChunkAssigned {
             seq: a.seq,
             gen: gen as u32,
@@ -608,26 +614,29 @@ fn assign(
         }),
         true,
     );
-    r.put(format!("s:{seq}"), format!("{gen}|{count}|{}", a.digest));
+    r.put(
+        field::assignment(seq),
+        format!("{gen}|{count}|{}", a.digest),
+    );
     if seen.opts.is_none() {
-        r.put("opts", a.opts);
+        r.put(field::OPTIONS, a.opts);
     }
-    r.put(gk(gen, "n"), n);
-    r.put(gk(gen, "c"), c);
-    r.put("gen", gen);
-    r.put("seqs", seqs);
-    r.put("recipients", recipients);
+    r.put(gk(gen, generation::RECIPIENTS), n);
+    r.put(gk(gen, generation::CHUNKS), c);
+    r.put(field::GENERATION, gen);
+    r.put(field::SEQS, seqs);
+    r.put(field::RECIPIENTS, recipients);
     if seen.max.is_none_or(|m| seq > m) {
-        r.put("max", seq);
+        r.put(field::MAX, seq);
     }
     let mut last = seen.last;
     if a.last {
-        r.put("last", seq);
+        r.put(field::LAST, seq);
         last = Some(seq);
     }
     if seqs == 1 {
         // The batch's first chunk: it is in flight from now (t0) on.
-        r.put("t0", assigned_id);
+        r.put(field::FIRST_ACCEPTED, assigned_id);
         let b = r.batch.clone();
         r.db.active.insert(b);
     }

@@ -3,13 +3,14 @@
 
 use super::{Db, Run};
 use crate::events::Event;
+use crate::projection::field;
 use crate::projection::{self, Update};
 
 /// `append.lua` for `event` under `key`. Returns `appended, id` or
 /// `duplicate, first id`.
 pub fn append(db: &mut Db, batch: &str, key: &str, event: &Event) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    if let Some(first) = r.get(&format!("k:{key}")) {
+    if let Some(first) = r.get(&field::key(key)) {
         return vec!["duplicate".into(), first];
     }
     let id = r.emit(key, event.clone(), projection::touches_heartbeat(event));

@@ -8,15 +8,21 @@
 use super::settle::{stop_generation, tombstoned, try_report};
 use super::{reply, tonumber, BatchPolicy, Db, Run};
 use crate::events::{BatchCancelled, Event};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// `cancel.lua` for `reason`. Returns `cancelled, stopped, unsent, seen
 /// 0|1`, `reported, outcome` or `forgotten`.
 pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    let seen = r.get("seqs").is_some() || r.get("holes").is_some() || r.get("rejected").is_some();
+    let seen = r.get(field::SEQS).is_some()
+        || r.get(field::HOLES).is_some()
+        || r.get(field::REJECTED).is_some();
     let seen_flag = if seen { "1" } else { "0" };
-    if r.get("cancelled").is_some() {
-        let (stopped, unsent) = (r.get("stopped"), r.get("unsent"));
+    if r.get(field::CANCELLED).is_some() {
+        let (stopped, unsent) = (r.get(field::STOPPED), r.get(field::UNSENT));
         return reply([
             "cancelled",
             stopped.as_deref().unwrap_or_default(),
@@ -24,20 +30,21 @@ pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> V
             seen_flag,
         ]);
     }
-    if let Some(o) = r.get("report") {
+    if let Some(o) = r.get(field::REPORT) {
         return reply(["reported", &o]);
     }
     if tombstoned(&r, !seen) {
         return reply(["forgotten"]);
     }
     let (mut stopped, mut sending, mut stop, mut unsent) = (Vec::new(), Vec::new(), Vec::new(), 0);
-    if let Some(top) = tonumber(r.get("gen").as_deref()) {
+    if let Some(top) = tonumber(r.get(field::GENERATION).as_deref()) {
         for g in 0..=top as u32 {
-            let gk = |f: &str| format!("g:{g}:{f}");
-            if r.get(&format!("k:done/{g}")).is_some() {
+            let gk = |f: &str| field::gen(g, f);
+            if r.get(&field::key(&event_key::done(g))).is_some() {
                 continue;
             }
-            if r.num(&gk("claimed")) > r.num(&gk("back")) || r.get(&format!("k:send/{g}")).is_some()
+            if r.num(&gk(generation::CLAIMED)) > r.num(&gk(generation::GIVEN_BACK))
+                || r.get(&field::key(&event_key::send(g))).is_some()
             {
                 sending.push(g);
                 continue;
@@ -45,12 +52,12 @@ pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> V
             stopped.push(g);
             stop.push((
                 g,
-                r.get(&gk("closed")).is_some(),
-                r.get(&gk("group")),
-                r.num(&gk("c")),
-                r.num(&gk("n")),
+                r.get(&gk(generation::CLOSED)).is_some(),
+                r.get(&gk(generation::GROUP)),
+                r.num(&gk(generation::CHUNKS)),
+                r.num(&gk(generation::RECIPIENTS)),
             ));
-            unsent += r.num(&gk("reg"));
+            unsent += r.num(&gk(generation::REGISTERED));
         }
     }
     let n = stopped.len();
@@ -64,7 +71,7 @@ pub fn cancel(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> V
         }),
         true,
     );
-    r.put("cancelled", reason);
+    r.put(field::CANCELLED, reason);
     for (g, closed, group, c, recipients) in stop.iter().cloned() {
         stop_generation(&mut r, g, closed, group, c, recipients);
     }

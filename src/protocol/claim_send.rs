@@ -16,7 +16,10 @@ use super::settle::{stop_generation, try_report};
 use super::{entry_id, reply, BatchPolicy, Db, Run};
 use crate::events::options::{hold, HoldDecision, ScheduleArgs};
 use crate::events::{ClaimGivenBack, Event, SendClaimed, SendScheduled};
-use crate::projection::field;
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// What a claim call asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,9 +85,9 @@ pub fn claim_send(
         return reply(["cancelled", reason]);
     }
     // Sent, done, or its send given up (`give_up_send`): never claimed again.
-    if r.get(&format!("k:send/{gen}")).is_some()
-        || r.get(&gk(gen, "done")).is_some()
-        || r.get(&gk(gen, "failed")).is_some()
+    if r.get(&field::key(&event_key::send(gen))).is_some()
+        || r.get(&gk(gen, generation::DONE)).is_some()
+        || r.get(&gk(gen, generation::GIVEN_UP)).is_some()
     {
         return reply(["done"]);
     }
@@ -113,7 +116,7 @@ pub fn claim_send(
 
 /// A field of generation `gen` in the state: `g:<gen>:<f>`.
 fn gk(gen: u32, f: &str) -> String {
-    format!("g:{gen}:{f}")
+    field::gen(gen, f)
 }
 
 /// What a claim call finds in the state: the claim in place and the
@@ -132,14 +135,14 @@ struct Found {
 impl Found {
     /// Reads generation `gen`'s claim and the batch's cancel.
     fn read(r: &Run, gen: u32) -> Found {
-        let mut n = r.num(&gk(gen, "claimed"));
-        let mut live = n > r.num(&gk(gen, "back"));
+        let mut n = r.num(&gk(gen, generation::CLAIMED));
+        let mut live = n > r.num(&gk(gen, generation::GIVEN_BACK));
         // The claim in place, by its event's key; a state that lost that key (a
         // write Redis lost) holds no claim: it is taken again under the same
         // number.
         let mut claim_id = None;
         if live {
-            claim_id = r.get(&format!("k:{}", claim_key(gen, n)));
+            claim_id = r.get(&field::key(&claim_key(gen, n)));
             if claim_id.is_none() {
                 (live, n) = (false, n - 1);
             }
@@ -148,7 +151,7 @@ impl Found {
             n,
             live,
             claim_id,
-            cancelled: r.get("cancelled"),
+            cancelled: r.get(field::CANCELLED),
         }
     }
 }
@@ -178,10 +181,10 @@ fn held(
     now: u64,
 ) -> Vec<String> {
     let (gen, n) = (a.gen, found.n);
-    let group = r.get(&gk(gen, "group"));
-    if reason != "expired" && r.get(&format!("k:schedule/{gen}")).is_none() {
+    let group = r.get(&gk(gen, generation::GROUP));
+    if reason != "expired" && r.get(&field::key(&event_key::schedule(gen))).is_none() {
         r.emit(
-            &format!("schedule/{gen}"),
+            &event_key::schedule(gen),
             Event::SendScheduled(SendScheduled {
                 gen,
                 group_id: group.clone().unwrap_or_default(),
@@ -190,7 +193,7 @@ fn held(
             }),
             true,
         );
-        r.put(gk(gen, "at"), at);
+        r.put(gk(gen, generation::SCHEDULED_AT), at);
     }
     // Only a claim gives a claim back: the worker claims after it
     // read the provider's status (a send whose answer was lost is
@@ -200,9 +203,13 @@ fn held(
         return reply(["held", &at.to_string(), reason, &now.to_string(), "0"]);
     }
     let stopping = found.cancelled.is_some();
-    let unsent = if stopping { r.num(&gk(gen, "reg")) } else { 0 };
+    let unsent = if stopping {
+        r.num(&gk(gen, generation::REGISTERED))
+    } else {
+        0
+    };
     r.emit(
-        &format!("back/{gen}/{n}"),
+        &event_key::back(gen, n),
         Event::ClaimGivenBack(ClaimGivenBack {
             gen,
             n: n as u32,
@@ -213,13 +220,16 @@ fn held(
         }),
         true,
     );
-    r.put(gk(gen, "back"), n);
+    r.put(gk(gen, generation::GIVEN_BACK), n);
     let Some(why) = found.cancelled else {
         r.flush();
         return reply(["held", &at.to_string(), reason, &now.to_string(), "1"]);
     };
-    let closed = r.get(&gk(gen, "closed")).is_some();
-    let (c, recipients) = (r.num(&gk(gen, "c")), r.num(&gk(gen, "n")));
+    let closed = r.get(&gk(gen, generation::CLOSED)).is_some();
+    let (c, recipients) = (
+        r.num(&gk(gen, generation::CHUNKS)),
+        r.num(&gk(gen, generation::RECIPIENTS)),
+    );
     stop_generation(r, gen, closed, group, c, recipients);
     r.flush();
     r.incr("stopped", 1);
@@ -250,7 +260,7 @@ fn grant(r: &mut Run, gen: u32, found: Found, until: u64, now: u64) -> Vec<Strin
         true,
     );
     r.put(field::claim_until(gen), until_ms);
-    r.put(gk(gen, "claimed"), n);
+    r.put(gk(gen, generation::CLAIMED), n);
     r.flush();
     reply([
         "claimed",
@@ -266,8 +276,8 @@ fn grant(r: &mut Run, gen: u32, found: Found, until: u64, now: u64) -> Vec<Strin
 /// first, `claim/<gen>/<n>` after.
 pub fn claim_key(gen: u32, n: i64) -> String {
     if n <= 1 {
-        format!("claim/{gen}")
+        event_key::claim(gen)
     } else {
-        format!("claim/{gen}/{n}")
+        event_key::claim_again(gen, n)
     }
 }

@@ -5,26 +5,30 @@
 use super::settle::settle;
 use super::{reply, tonumber, BatchPolicy, Db, Run};
 use crate::events::{BatchClosed, Event};
+use crate::projection::field;
 use crate::seq_ranges::{missing_ranges, MISSING_RANGES_MAX};
 
 /// `close.lua` for `reason`. Returns `closed, missing count`,
 /// `reported, outcome` or `unknown`.
 pub fn close(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    if let Some(o) = r.get("report") {
+    if let Some(o) = r.get(field::REPORT) {
         return reply(["reported", &o]);
     }
-    if r.get("closed").is_some() {
-        let missing = r.get("missing").unwrap_or_else(|| "0".into());
+    if r.get(field::CLOSED).is_some() {
+        let missing = r.get(field::MISSING).unwrap_or_else(|| "0".into());
         return reply(["closed", &missing]);
     }
-    if r.get("seqs").is_none() && r.get("holes").is_none() && r.get("rejected").is_none() {
+    if r.get(field::SEQS).is_none()
+        && r.get(field::HOLES).is_none()
+        && r.get(field::REJECTED).is_none()
+    {
         return reply(["unknown"]);
     }
     // Up to the last seq or, it unknown, the highest seen (assigned or a hole).
-    let top = tonumber(r.get("last").as_deref()).unwrap_or_else(|| {
-        let max = tonumber(r.get("max").as_deref()).unwrap_or(-1);
-        max.max(tonumber(r.get("rmax").as_deref()).unwrap_or(-1))
+    let top = tonumber(r.get(field::LAST).as_deref()).unwrap_or_else(|| {
+        let max = tonumber(r.get(field::MAX).as_deref()).unwrap_or(-1);
+        max.max(tonumber(r.get(field::REFUSED_MAX).as_deref()).unwrap_or(-1))
     });
     // The seqs present (`s:<seq>` or `r:<seq>` fields), from the field
     // names: the gaps between them, as ranges, never a loop up to `top`.
@@ -53,8 +57,8 @@ pub fn close(db: &mut Db, batch: &str, policy: &BatchPolicy, reason: &str) -> Ve
         }),
         true,
     );
-    r.put("closed", reason);
-    r.put("missing", n);
+    r.put(field::CLOSED, reason);
+    r.put(field::MISSING, n);
     settle(&mut r, policy, "closed");
     r.flush();
     reply(["closed", &n.to_string()])

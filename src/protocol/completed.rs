@@ -5,6 +5,10 @@
 use super::settle::try_report;
 use super::{reply, BatchPolicy, Db, Run};
 use crate::events::{Event, GroupCompleted};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// The arguments of `completed.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,13 +29,13 @@ pub struct CompletedArgs<'a> {
 pub fn completed(db: &mut Db, batch: &str, policy: &BatchPolicy, a: &CompletedArgs) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let gen = a.gen;
-    if r.get(&format!("k:done/{gen}")).is_some() {
+    if r.get(&field::key(&event_key::done(gen))).is_some() {
         return reply(["duplicate"]);
     }
-    let done = r.num("done");
-    let (ss, sf) = (r.num("sent_success"), r.num("sent_failed"));
+    let done = r.num(field::GENERATIONS_DONE);
+    let (ss, sf) = (r.num(field::SENT_SUCCESS), r.num(field::SENT_FAILED));
     r.emit(
-        &format!("done/{gen}"),
+        &event_key::done(gen),
         Event::GroupCompleted(GroupCompleted {
             gen,
             group_id: a.group.to_string(),
@@ -42,10 +46,10 @@ pub fn completed(db: &mut Db, batch: &str, policy: &BatchPolicy, a: &CompletedAr
         }),
         true,
     );
-    r.put(format!("g:{gen}:done"), a.status);
-    r.put("done", done + 1);
-    r.put("sent_success", ss + a.sent_success as i64);
-    r.put("sent_failed", sf + a.sent_failed as i64);
+    r.put(field::gen(gen, generation::DONE), a.status);
+    r.put(field::GENERATIONS_DONE, done + 1);
+    r.put(field::SENT_SUCCESS, ss + a.sent_success as i64);
+    r.put(field::SENT_FAILED, sf + a.sent_failed as i64);
     if policy.track && (a.status == "COMPLETE" || a.status == "FAILED") {
         let item = super::work_item(&r.batch, gen, None, Some(a.group));
         r.db.add_work("track", item, None);

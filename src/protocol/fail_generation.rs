@@ -7,6 +7,10 @@ use super::record_group::release_parked;
 use super::settle::{close_generation, try_report};
 use super::{reply, BatchPolicy, Db, Run};
 use crate::events::{Event, GenerationFailed};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// `fail_generation.lua` for generation `gen`, given up for `reason`.
 /// Returns `failed, <released chunks>`, `duplicate`, `group, id` (a group
@@ -20,21 +24,21 @@ pub fn fail_generation(
     reason: &str,
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    let gk = |f: &str| format!("g:{gen}:{f}");
-    if r.get(&format!("k:failed/{gen}")).is_some() {
+    let gk = |f: &str| field::gen(gen, f);
+    if r.get(&field::key(&event_key::failed(gen))).is_some() {
         return reply(["duplicate"]);
     }
-    if let Some(g) = r.get(&gk("group")) {
+    if let Some(g) = r.get(&gk(generation::GROUP)) {
         return reply(["group", &g]);
     }
-    if r.get("report").is_some() || r.get("cancelled").is_some() {
+    if r.get(field::REPORT).is_some() || r.get(field::CANCELLED).is_some() {
         if let Some(b) = r.db.batches.get_mut(batch) {
             b.parked.remove(&gen);
         }
         return reply(["ended"]);
     }
     r.emit(
-        &format!("failed/{gen}"),
+        &event_key::failed(gen),
         Event::GenerationFailed(GenerationFailed {
             gen,
             op: "create".into(),
@@ -43,7 +47,7 @@ pub fn fail_generation(
         }),
         true,
     );
-    r.put(gk("failed"), "create");
+    r.put(gk(generation::GIVEN_UP), "create");
     let released = release_parked(&mut r, gen, "");
     close_generation(&mut r, gen, "failed");
     try_report(&mut r, policy);

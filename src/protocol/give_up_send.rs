@@ -8,6 +8,10 @@
 use super::settle::try_report;
 use super::{reply, work_item, BatchPolicy, Db, Run};
 use crate::events::{Event, GenerationFailed, GroupCompleted};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// What was given up (the script's `what`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,22 +57,24 @@ pub fn give_up_send(
     group: &str,
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    let gk = |f: &str| format!("g:{gen}:{f}");
-    if r.get(&gk("done")).is_some() {
+    let gk = |f: &str| field::gen(gen, f);
+    if r.get(&gk(generation::DONE)).is_some() {
         return reply(["done"]);
     }
     let rests_on = match what {
-        GivenUp::Send => r.get(&gk("ready")).is_some(),
-        GivenUp::Poll => r.get(&format!("k:send/{gen}")).is_some(),
-        GivenUp::Unsent | GivenUp::Recall => r.get(&gk("failed")).as_deref() == Some("send"),
+        GivenUp::Send => r.get(&gk(generation::READY)).is_some(),
+        GivenUp::Poll => r.get(&field::key(&event_key::send(gen))).is_some(),
+        GivenUp::Unsent | GivenUp::Recall => {
+            r.get(&gk(generation::GIVEN_UP)).as_deref() == Some("send")
+        }
     };
     if !rests_on {
         return reply(["stale"]);
     }
-    let registered = r.num(&gk("reg"));
+    let registered = r.num(&gk(generation::REGISTERED));
     let finish = |r: &mut Run, status: &str| {
         r.emit(
-            &format!("done/{gen}"),
+            &event_key::done(gen),
             Event::GroupCompleted(GroupCompleted {
                 gen,
                 group_id: group.to_string(),
@@ -79,7 +85,7 @@ pub fn give_up_send(
             }),
             true,
         );
-        r.put(gk("done"), status);
+        r.put(gk(generation::DONE), status);
         r.flush();
         r.incr("done", 1);
         r.incr("sent_success", 0);
@@ -90,17 +96,18 @@ pub fn give_up_send(
     };
     match what {
         GivenUp::Send => {
-            if r.get(&format!("k:send/{gen}")).is_some() {
+            if r.get(&field::key(&event_key::send(gen))).is_some() {
                 return reply(["sent"]);
             }
-            if r.get(&gk("failed")).is_some() {
+            if r.get(&gk(generation::GIVEN_UP)).is_some() {
                 return reply(["recalling"]);
             }
-            let n = r.num(&gk("claimed"));
+            let n = r.num(&gk(generation::CLAIMED));
             let claim_key = super::claim_send::claim_key(gen, n);
-            let claimed = n > r.num(&gk("back")) && r.get(&format!("k:{claim_key}")).is_some();
+            let claimed =
+                n > r.num(&gk(generation::GIVEN_BACK)) && r.get(&field::key(&claim_key)).is_some();
             r.emit(
-                &format!("failed/{gen}"),
+                &event_key::failed(gen),
                 Event::GenerationFailed(GenerationFailed {
                     gen,
                     op: "send".into(),
@@ -109,7 +116,7 @@ pub fn give_up_send(
                 }),
                 true,
             );
-            r.put(gk("failed"), "send");
+            r.put(gk(generation::GIVEN_UP), "send");
             if claimed {
                 let item = work_item(batch, gen, None, Some(group));
                 r.db.add_work("recall", item, None);
@@ -125,7 +132,7 @@ pub fn give_up_send(
         GivenUp::Unsent => finish(&mut r, "unsent"),
         GivenUp::Poll | GivenUp::Recall => {
             r.emit(
-                &format!("failed/{gen}/{}", what.as_str()),
+                &event_key::failed_to(gen, what.as_str()),
                 Event::GenerationFailed(GenerationFailed {
                     gen,
                     op: what.as_str().into(),

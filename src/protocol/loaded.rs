@@ -3,6 +3,10 @@
 //! completion equation (closed ∧ loaded = assigned ⇒ ready: one send work
 //! item, or done at once when nobody in it was registered).
 
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 use std::collections::BTreeMap;
 
 use super::settle::{make_ready, try_report};
@@ -16,31 +20,37 @@ use crate::events::{ChunkLoaded, Event};
 pub fn loaded(db: &mut Db, batch: &str, policy: &BatchPolicy, e: &ChunkLoaded) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let gen = e.gen;
-    let gk = |f: &str| format!("g:{gen}:{f}");
-    let key = format!("loaded/{gen}/{}", e.seq);
-    if r.get(&format!("k:{key}")).is_some() {
+    let gk = |f: &str| field::gen(gen, f);
+    let key = event_key::loaded(gen, e.seq);
+    if r.get(&field::key(&key)).is_some() {
         return reply(["duplicate"]);
     }
-    if r.get("cancelled").is_some() {
+    if r.get(field::CANCELLED).is_some() {
         return reply(["cancelled"]);
     }
     let (reg, failed) = (i64::from(e.registered), e.failed.len() as i64);
     let unsure = if e.given_up.is_some() { failed } else { 0 };
-    let (l0, c) = (r.num(&gk("l")), r.num(&gk("c")));
-    let closed = r.get(&gk("closed")).is_some();
-    let (greg0, gfail) = (r.num(&gk("reg")), r.num(&gk("fail")));
-    let (treg, tfail) = (r.num("registered"), r.num("failed"));
-    let was_ready = r.get(&gk("ready")).is_some();
-    let gunsure = r.num(&gk("unsure"));
+    let (l0, c) = (
+        r.num(&gk(generation::LOADED)),
+        r.num(&gk(generation::CHUNKS)),
+    );
+    let closed = r.get(&gk(generation::CLOSED)).is_some();
+    let (greg0, gfail) = (
+        r.num(&gk(generation::REGISTERED)),
+        r.num(&gk(generation::REFUSED)),
+    );
+    let (treg, tfail) = (r.num(field::REGISTERED), r.num(field::FAILED));
+    let was_ready = r.get(&gk(generation::READY)).is_some();
+    let gunsure = r.num(&gk(generation::UNSURE));
     r.emit(&key, Event::ChunkLoaded(e.clone()), true);
     let (l, greg) = (l0 + 1, greg0 + reg);
-    r.put(gk("l"), l);
-    r.put(gk("reg"), greg);
-    r.put(gk("fail"), gfail + failed);
-    r.put("registered", treg + reg);
-    r.put("failed", tfail + failed);
+    r.put(gk(generation::LOADED), l);
+    r.put(gk(generation::REGISTERED), greg);
+    r.put(gk(generation::REFUSED), gfail + failed);
+    r.put(field::REGISTERED, treg + reg);
+    r.put(field::FAILED, tfail + failed);
     if unsure > 0 {
-        r.put(gk("unsure"), gunsure + unsure);
+        r.put(gk(generation::UNSURE), gunsure + unsure);
     }
     // HINCRBY per reason: written at once.
     let mut by_reason = BTreeMap::<&str, i64>::new();
@@ -48,7 +58,7 @@ pub fn loaded(db: &mut Db, batch: &str, policy: &BatchPolicy, e: &ChunkLoaded) -
         *by_reason.entry(f.code.as_str()).or_default() += 1;
     }
     for (code, n) in by_reason {
-        r.incr(&format!("fr:{code}"), n);
+        r.incr(&field::failed_for(code), n);
     }
     let ready = closed && l == c && !was_ready;
     if ready && make_ready(&mut r, gen, c as u32, greg) {

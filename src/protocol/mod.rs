@@ -33,6 +33,7 @@ pub mod seal;
 pub mod sent;
 pub mod settle;
 
+use crate::projection::field;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::events::work_item::WorkItem;
@@ -269,10 +270,10 @@ impl<'a> Run<'a> {
                 event,
             });
         }
-        self.put(format!("k:{key}"), entry_id(id));
+        self.put(field::key(key), entry_id(id));
         self.db.last_event = Some((key.to_string(), entry_id(id)));
         if touch {
-            self.put("hb", id);
+            self.put(field::HEARTBEAT, id);
         }
         id
     }

@@ -3,6 +3,10 @@
 
 use super::{reply, work_item, Db, Run};
 use crate::events::{ChunkParked, Event, GroupRequested};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// `park.lua`. Returns `parked`, `group, id` (load now), `loaded`,
 /// `unassigned` (the chunk is not assigned to `gen`, its assignment lost
@@ -12,24 +16,24 @@ use crate::events::{ChunkParked, Event, GroupRequested};
 /// cancelled or reported: nothing parked, appended or enqueued).
 pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    let assigned = r.get(&format!("s:{seq}"));
+    let assigned = r.get(&field::assignment(seq));
     if assigned.as_deref().and_then(|s| s.split('|').next()) != Some(gen.to_string().as_str()) {
         return reply(["unassigned"]);
     }
-    if r.get("cancelled").is_some() || r.get("report").is_some() {
+    if r.get(field::CANCELLED).is_some() || r.get(field::REPORT).is_some() {
         return reply(["ended"]);
     }
-    if let Some(g) = r.get(&format!("g:{gen}:group")) {
+    if let Some(g) = r.get(&field::gen(gen, generation::GROUP)) {
         return reply(["group", &g]);
     }
-    if r.get(&format!("k:loaded/{gen}/{seq}")).is_some() {
+    if r.get(&field::key(&event_key::loaded(gen, seq))).is_some() {
         return reply(["loaded"]);
     }
-    if r.get(&format!("g:{gen}:failed")).is_some() {
+    if r.get(&field::gen(gen, generation::GIVEN_UP)).is_some() {
         return reply(["failed"]);
     }
-    let parked_before = r.get(&format!("k:park/{seq}")).is_some();
-    let requested_before = r.get(&format!("k:create/{gen}")).is_some();
+    let parked_before = r.get(&field::key(&event_key::park(seq))).is_some();
+    let requested_before = r.get(&field::key(&event_key::create(gen))).is_some();
     let b = r.batch.clone();
     let hash =
         r.db.batches
@@ -45,14 +49,14 @@ pub fn park(db: &mut Db, batch: &str, seq: u32, gen: u32, payload: &[u8]) -> Vec
     }
     if !parked_before {
         r.emit(
-            &format!("park/{seq}"),
+            &event_key::park(seq),
             Event::ChunkParked(ChunkParked { seq, gen }),
             true,
         );
     }
     if !requested_before {
         r.emit(
-            &format!("create/{gen}"),
+            &event_key::create(gen),
             Event::GroupRequested(GroupRequested { gen }),
             true,
         );

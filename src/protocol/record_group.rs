@@ -3,6 +3,10 @@
 
 use super::{reply, work_item, Db, Run};
 use crate::events::{ChunksReleased, Event, GroupCreated};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// `record_group.lua`. Returns `won, id` or `lost, kept id`; run again
 /// with the group it recorded, `won, id` again, changing nothing. Or
@@ -12,30 +16,30 @@ use crate::events::{ChunksReleased, Event, GroupCreated};
 /// and the caller deletes its group.
 pub fn record_group(db: &mut Db, batch: &str, gen: u32, group: &str) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    if let Some(kept) = r.get(&format!("g:{gen}:group")) {
+    if let Some(kept) = r.get(&field::gen(gen, generation::GROUP)) {
         if kept == group {
             return reply(["won", group]);
         }
         return reply(["lost", &kept]);
     }
-    if r.get("cancelled").is_some() {
+    if r.get(field::CANCELLED).is_some() {
         if let Some(b) = r.db.batches.get_mut(batch) {
             b.parked.remove(&gen);
         }
         return reply(["cancelled"]);
     }
-    if r.get(&format!("g:{gen}:failed")).is_some() {
+    if r.get(&field::gen(gen, generation::GIVEN_UP)).is_some() {
         return reply(["failed"]);
     }
     r.emit(
-        &format!("group/{gen}"),
+        &event_key::group(gen),
         Event::GroupCreated(GroupCreated {
             gen,
             group_id: group.to_string(),
         }),
         true,
     );
-    r.put(format!("g:{gen}:group"), group);
+    r.put(field::gen(gen, generation::GROUP), group);
     release_parked(&mut r, gen, group);
     r.flush();
     reply(["won", group])
@@ -59,7 +63,7 @@ pub(crate) fn release_parked(r: &mut Run, gen: u32, group: &str) -> usize {
     }
     if !parked.is_empty() {
         r.emit(
-            &format!("release/{gen}"),
+            &event_key::release(gen),
             Event::ChunksReleased(ChunksReleased {
                 gen,
                 chunks: parked.len() as u32,

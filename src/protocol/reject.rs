@@ -3,6 +3,7 @@
 
 use super::settle::{reject as record, tombstoned};
 use super::{BatchPolicy, Db, Run};
+use crate::projection::field;
 
 /// `reject.lua` for chunk `seq` (content `digest`) refused for `reason`;
 /// `flagged_last`: the chunk's `last` flag, which still tells the batch its
@@ -18,19 +19,20 @@ pub fn reject(
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let refused = |why: String| vec!["refused".to_string(), format!("batch {batch} {why}")];
-    if let Some(o) = r.get("report") {
+    if let Some(o) = r.get(field::REPORT) {
         return refused(format!(
             "was already reported ({o}): it takes no more chunks"
         ));
     }
-    if let Some(c) = r.get("cancelled") {
+    if let Some(c) = r.get(field::CANCELLED) {
         return refused(format!("was cancelled ({c}): it takes no more chunks"));
     }
-    if let Some(c) = r.get("closed") {
+    if let Some(c) = r.get(field::CLOSED) {
         return refused(format!("was closed ({c}): it takes no more chunks"));
     }
-    let nothing =
-        r.get("seqs").is_none() && r.get("holes").is_none() && r.get("rejected").is_none();
+    let nothing = r.get(field::SEQS).is_none()
+        && r.get(field::HOLES).is_none()
+        && r.get(field::REJECTED).is_none();
     if tombstoned(&r, nothing) {
         return refused(
             "was already reported (its events have expired): it takes no more chunks".into(),

@@ -7,27 +7,30 @@
 use super::settle::{settle, settled, tombstoned};
 use super::{reply, tonumber, BatchPolicy, Db, Run};
 use crate::events::{BatchSealed, Event};
+use crate::projection::field;
 
 /// `seal.lua` for last seq `last`. Returns `sealed, last`,
 /// `conflict, reason` or `ended, reason`.
 pub fn seal(db: &mut Db, batch: &str, policy: &BatchPolicy, last: u32) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    let known = tonumber(r.get("last").as_deref());
+    let known = tonumber(r.get(field::LAST).as_deref());
     let last_s = last.to_string();
     if known == Some(i64::from(last)) {
         return reply(["sealed", &last_s]);
     }
     let ended = |what: &str| reply(["ended", &format!("batch {batch} was {what}")]);
-    if let Some(o) = r.get("report") {
+    if let Some(o) = r.get(field::REPORT) {
         return ended(&format!("already reported ({o})"));
     }
-    if let Some(why) = r.get("cancelled") {
+    if let Some(why) = r.get(field::CANCELLED) {
         return ended(&format!("cancelled ({why})"));
     }
-    if let Some(why) = r.get("closed") {
+    if let Some(why) = r.get(field::CLOSED) {
         return ended(&format!("closed ({why})"));
     }
-    let seen = r.get("seqs").is_some() || r.get("holes").is_some() || r.get("rejected").is_some();
+    let seen = r.get(field::SEQS).is_some()
+        || r.get(field::HOLES).is_some()
+        || r.get(field::REJECTED).is_some();
     if tombstoned(&r, !seen) {
         return ended("already reported (its events have expired)");
     }
@@ -37,9 +40,9 @@ pub fn seal(db: &mut Db, batch: &str, policy: &BatchPolicy, last: u32) -> Vec<St
             &format!("batch {batch} already ends at seq {k}, not {last}"),
         ]);
     }
-    let above = tonumber(r.get("max").as_deref())
+    let above = tonumber(r.get(field::MAX).as_deref())
         .unwrap_or(-1)
-        .max(tonumber(r.get("rmax").as_deref()).unwrap_or(-1));
+        .max(tonumber(r.get(field::REFUSED_MAX).as_deref()).unwrap_or(-1));
     if above > i64::from(last) {
         return reply([
             "conflict",
@@ -49,8 +52,13 @@ pub fn seal(db: &mut Db, batch: &str, policy: &BatchPolicy, last: u32) -> Vec<St
         ]);
     }
     r.emit("seal", Event::BatchSealed(BatchSealed { last }), true);
-    r.put("last", last);
-    if settled(false, Some(i64::from(last)), r.num("seqs"), r.num("holes")) {
+    r.put(field::LAST, last);
+    if settled(
+        false,
+        Some(i64::from(last)),
+        r.num(field::SEQS),
+        r.num(field::HOLES),
+    ) {
         settle(&mut r, policy, "final");
     }
     r.flush();

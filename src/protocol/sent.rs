@@ -3,6 +3,10 @@
 
 use super::{reply, Db, Run};
 use crate::events::{Event, SendTriggered};
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 
 /// `sent.lua`; `poll_entry` is the delayed entry of the first poll. Returns
 /// `recorded`, `duplicate`, or `done` (the generation is done, its send
@@ -16,14 +20,14 @@ pub fn sent(
     poll_entry: &[u8],
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
-    if r.get(&format!("k:send/{gen}")).is_some() {
+    if r.get(&field::key(&event_key::send(gen))).is_some() {
         return reply(["duplicate"]);
     }
-    if r.get(&format!("g:{gen}:done")).is_some() {
+    if r.get(&field::gen(gen, generation::DONE)).is_some() {
         return reply(["done"]);
     }
     r.emit(
-        &format!("send/{gen}"),
+        &event_key::send(gen),
         Event::SendTriggered(SendTriggered {
             gen,
             group_id: group.to_string(),
@@ -31,7 +35,7 @@ pub fn sent(
         }),
         true,
     );
-    r.put(format!("g:{gen}:sent"), outcome);
+    r.put(field::gen(gen, generation::SENT), outcome);
     r.db.delayed.insert(poll_entry.to_vec());
     r.flush();
     reply(["recorded"])

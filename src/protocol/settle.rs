@@ -4,6 +4,10 @@
 //! the current generation closed when the batch settles, a refused chunk
 //! recorded (a hole or not), and the tombstone check.
 
+use crate::projection::{
+    event_key,
+    field::{self, generation},
+};
 use std::collections::BTreeMap;
 
 use super::{num, tonumber, work_item, BatchPolicy, Run};
@@ -20,9 +24,9 @@ pub(crate) fn settled(closed: bool, last: Option<i64>, seqs: i64, holes: i64) ->
 /// `settled` over the state's own fields.
 fn settled_now(r: &Run, holes: i64) -> bool {
     settled(
-        r.get("closed").is_some(),
-        tonumber(r.get("last").as_deref()),
-        r.num("seqs"),
+        r.get(field::CLOSED).is_some(),
+        tonumber(r.get(field::LAST).as_deref()),
+        r.num(field::SEQS),
         holes,
     )
 }
@@ -33,18 +37,18 @@ fn settled_now(r: &Run, holes: i64) -> bool {
 /// is done.
 pub(crate) fn make_ready(r: &mut Run, gen: u32, chunks: u32, registered: i64) -> bool {
     r.emit(
-        &format!("ready/{gen}"),
+        &event_key::ready(gen),
         Event::GenerationReady(GenerationReady { gen, chunks }),
         true,
     );
-    r.put(format!("g:{gen}:ready"), 1);
+    r.put(field::gen(gen, generation::READY), 1);
     if registered > 0 {
         let item = work_item(&r.batch, gen, None, None);
         r.db.add_work("send", item, None);
         return false;
     }
     r.emit(
-        &format!("done/{gen}"),
+        &event_key::done(gen),
         Event::GroupCompleted(GroupCompleted {
             gen,
             group_id: String::new(),
@@ -55,7 +59,7 @@ pub(crate) fn make_ready(r: &mut Run, gen: u32, chunks: u32, registered: i64) ->
         }),
         true,
     );
-    r.put(format!("g:{gen}:done"), "empty");
+    r.put(field::gen(gen, generation::DONE), "empty");
     // HINCRBY: written at once, as the fold does (an increment creates the field).
     r.incr("done", 1);
     r.incr("sent_success", 0);
@@ -67,17 +71,19 @@ pub(crate) fn make_ready(r: &mut Run, gen: u32, chunks: u32, registered: i64) ->
 /// and every generation is done, once. Returns whether it was decided now.
 pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     r.flush();
-    let cancelled = r.get("cancelled").is_some();
-    if r.get("k:report").is_some() || !(cancelled || settled_now(r, r.num("holes"))) {
+    let cancelled = r.get(field::CANCELLED).is_some();
+    if r.get(&field::key(event_key::REPORT)).is_some()
+        || !(cancelled || settled_now(r, r.num(field::HOLES)))
+    {
         return false;
     }
-    let gens = tonumber(r.get("gen").as_deref()).map_or(0, |g| g + 1);
-    if r.num("done") != gens {
+    let gens = tonumber(r.get(field::GENERATION).as_deref()).map_or(0, |g| g + 1);
+    if r.num(field::GENERATIONS_DONE) != gens {
         return false;
     }
-    let (registered, failed) = (r.num("registered"), r.num("failed"));
-    let (rejected, missing) = (r.num("rejected"), r.num("missing"));
-    let (unsent, unknown) = (r.num("unsent"), r.num("unknown"));
+    let (registered, failed) = (r.num(field::REGISTERED), r.num(field::FAILED));
+    let (rejected, missing) = (r.num(field::REJECTED), r.num(field::MISSING));
+    let (unsent, unknown) = (r.num(field::UNSENT), r.num(field::UNKNOWN));
     let outcome = if cancelled {
         "cancelled"
     } else if registered == unsent {
@@ -88,7 +94,7 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
         && missing == 0
         && unsent == 0
         && unknown == 0
-        && tonumber(r.get("last").as_deref()).is_some()
+        && tonumber(r.get(field::LAST).as_deref()).is_some()
     {
         // A batch closed before its last seq was known may have lost chunks
         // that no count shows: not `completed`.
@@ -108,28 +114,28 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     let report = BatchReported {
         outcome: outcome.into(),
         generations: gens as u32,
-        chunks: r.num("seqs") as u32,
-        recipients: r.num("recipients") as u64,
+        chunks: r.num(field::SEQS) as u32,
+        recipients: r.num(field::RECIPIENTS) as u64,
         registered: registered as u64,
         failed: failed as u64,
-        sent_success: r.num("sent_success") as u64,
-        sent_failed: r.num("sent_failed") as u64,
-        duplicates: r.num("duplicates") as u64,
+        sent_success: r.num(field::SENT_SUCCESS) as u64,
+        sent_failed: r.num(field::SENT_FAILED) as u64,
+        duplicates: r.num(field::DUPLICATES) as u64,
         rejected: rejected as u64,
         missing: missing as u64,
         failed_by_reason,
         stopped: if cancelled {
-            r.num("stopped") as u32
+            r.num(field::STOPPED) as u32
         } else {
             0
         },
         unsent: unsent as u64,
         unknown: unknown as u64,
-        last_conflict: r.get("last_conflict"),
-        origin: r.get("origin"),
+        last_conflict: r.get(field::LAST_CONFLICT),
+        origin: r.get(field::ORIGIN),
     };
     r.emit("report", Event::BatchReported(report.clone()), true);
-    r.put("report", outcome);
+    r.put(field::REPORT, outcome);
     r.flush();
     let batch = r.batch.clone();
     r.db.active.remove(&batch);
@@ -161,9 +167,9 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
 /// (COMPLETE or FAILED) has its delivery results counted (`g:<g>:dl`).
 fn nothing_left_to_track(r: &mut Run, gens: i64) -> bool {
     (0..gens).all(|g| {
-        let done = r.get(&format!("g:{g}:done"));
+        let done = r.get(&field::gen(g, generation::DONE));
         !matches!(done.as_deref(), Some("COMPLETE" | "FAILED"))
-            || r.get(&format!("g:{g}:dl")).is_some()
+            || r.get(&field::gen(g, generation::DELIVERED)).is_some()
     })
 }
 
@@ -172,7 +178,7 @@ fn nothing_left_to_track(r: &mut Run, gens: i64) -> bool {
 /// then the report is decided if everything is done.
 pub(crate) fn settle(r: &mut Run, policy: &BatchPolicy, reason: &str) {
     r.flush();
-    if let Some(gen) = r.get("gen") {
+    if let Some(gen) = r.get(field::GENERATION) {
         close_generation(r, num(Some(&gen)) as u32, reason);
     }
     try_report(r, policy);
@@ -182,18 +188,18 @@ pub(crate) fn settle(r: &mut Run, policy: &BatchPolicy, reason: &str) {
 /// unless it is closed, and makes it ready when all its chunks are loaded.
 pub(crate) fn close_generation(r: &mut Run, gen: u32, reason: &str) {
     r.flush();
-    let gk = |f: &str| format!("g:{gen}:{f}");
-    if r.get(&gk("closed")).is_some() {
+    let gk = |f: &str| field::gen(gen, f);
+    if r.get(&gk(generation::CLOSED)).is_some() {
         return;
     }
     let (c, l, n, reg) = (
-        r.num(&gk("c")),
-        r.num(&gk("l")),
-        r.num(&gk("n")),
-        r.num(&gk("reg")),
+        r.num(&gk(generation::CHUNKS)),
+        r.num(&gk(generation::LOADED)),
+        r.num(&gk(generation::RECIPIENTS)),
+        r.num(&gk(generation::REGISTERED)),
     );
     r.emit(
-        &format!("close/{gen}"),
+        &event_key::close(gen),
         Event::GenerationClosed(GenerationClosed {
             gen,
             reason: reason.into(),
@@ -202,7 +208,7 @@ pub(crate) fn close_generation(r: &mut Run, gen: u32, reason: &str) {
         }),
         true,
     );
-    r.put(gk("closed"), reason);
+    r.put(gk(generation::CLOSED), reason);
     if l == c {
         make_ready(r, gen, c as u32, reg);
     }
@@ -226,18 +232,18 @@ pub(crate) fn reject(
     may_hole: bool,
     flagged_last: bool,
 ) {
-    let key = format!("reject/{seq}/{digest}");
-    if r.get(&format!("k:{key}")).is_some() {
+    let key = event_key::reject(seq, digest);
+    if r.get(&field::key(&key)).is_some() {
         return;
     }
-    let is_hole = r.get(&format!("r:{seq}")).as_deref() == Some("1");
-    let assigned = r.get(&format!("s:{seq}")).is_some();
-    let mut last = tonumber(r.get("last").as_deref());
-    let holes0 = r.num("holes");
-    let rmax = tonumber(r.get("rmax").as_deref());
-    let max = tonumber(r.get("max").as_deref());
-    let rejected = r.num("rejected");
-    let closed = r.get("closed").is_some();
+    let is_hole = r.get(&field::hole(seq)).as_deref() == Some("1");
+    let assigned = r.get(&field::assignment(seq)).is_some();
+    let mut last = tonumber(r.get(field::LAST).as_deref());
+    let holes0 = r.num(field::HOLES);
+    let rmax = tonumber(r.get(field::REFUSED_MAX).as_deref());
+    let max = tonumber(r.get(field::MAX).as_deref());
+    let rejected = r.num(field::REJECTED);
+    let closed = r.get(field::CLOSED).is_some();
     let learned = flagged_last && last.is_none() && !closed;
     let mut event = InputRejected {
         seq: Some(seq),
@@ -251,16 +257,16 @@ pub(crate) fn reject(
         let end = above.max(i64::from(seq));
         last = Some(end);
         event.last = Some(end as u32);
-        r.put("last", end);
+        r.put(field::LAST, end);
         if above > i64::from(seq) {
             let why = format!(
                 "seq {seq} is flagged last, but seq {above} had already arrived: the batch ends at seq {above}"
             );
-            r.put("last_conflict", &why);
+            r.put(field::LAST_CONFLICT, &why);
             event.last_conflict = Some(why);
         }
     }
-    let seqs = r.num("seqs");
+    let seqs = r.num(field::SEQS);
     let hole = may_hole
         && !assigned
         && !is_hole
@@ -268,17 +274,17 @@ pub(crate) fn reject(
         && !settled(closed, last, seqs, holes0);
     event.hole = hole;
     r.emit(&key, Event::InputRejected(event), true);
-    r.put("rejected", rejected + 1);
+    r.put(field::REJECTED, rejected + 1);
     let mut holes = holes0;
     if hole {
         // A batch of refused chunks only is watched too (SADD active).
         let batch = r.batch.clone();
         r.db.active.insert(batch);
         holes += 1;
-        r.put(format!("r:{seq}"), 1);
-        r.put("holes", holes);
+        r.put(field::hole(seq), 1);
+        r.put(field::HOLES, holes);
         if rmax.is_none_or(|m| i64::from(seq) > m) {
-            r.put("rmax", seq);
+            r.put(field::REFUSED_MAX, seq);
         }
     }
     if (hole || learned) && settled(closed, last, seqs, holes) {
@@ -308,7 +314,7 @@ pub(crate) fn stop_generation(
 ) {
     if !closed {
         r.emit(
-            &format!("close/{g}"),
+            &event_key::close(g),
             Event::GenerationClosed(GenerationClosed {
                 gen: g,
                 reason: "cancelled".into(),
@@ -317,10 +323,10 @@ pub(crate) fn stop_generation(
             }),
             true,
         );
-        r.put(format!("g:{g}:closed"), "cancelled");
+        r.put(field::gen(g, generation::CLOSED), "cancelled");
     }
     r.emit(
-        &format!("done/{g}"),
+        &event_key::done(g),
         Event::GroupCompleted(GroupCompleted {
             gen: g,
             group_id: group.clone().unwrap_or_default(),
@@ -331,7 +337,7 @@ pub(crate) fn stop_generation(
         }),
         true,
     );
-    r.put(format!("g:{g}:done"), "cancelled");
+    r.put(field::gen(g, generation::DONE), "cancelled");
     if let Some(group) = group {
         let item = work_item(&r.batch, g, None, Some(&group));
         r.db.add_work("delete", item, None);

@@ -30,6 +30,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{Store, StoreResult};
+use crate::projection::field;
 
 /// How old an acknowledged event must be before it is read back: longer than
 /// `appendfsync everysec` may take to make it durable (one second, two more
@@ -189,7 +190,7 @@ pub async fn check(
     }
     let mut lost = Vec::new();
     for (state, ws) in by_state {
-        let fields: Vec<String> = ws.iter().map(|w| format!("k:{}", w.key)).collect();
+        let fields: Vec<String> = ws.iter().map(|w| field::key(&w.key)).collect();
         // The usual answer, every event still there, needs no `EXISTS`:
         // only a mismatch is read again with it.
         let found: Vec<Option<String>> = redis::cmd("HMGET")

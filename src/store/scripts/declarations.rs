@@ -10,11 +10,16 @@
 //! that is not declared here (or in [`crate::projection::field`]), or does
 //! not use one that is.
 //!
-//! Read this table to follow a chunk: `accept` assigns it (and, through
-//! `settle.lua`, may enqueue a generation's send); `park` parks it and
-//! enqueues the generation's create; `record_group` records the group and
-//! releases the parked chunks as load items; `loaded` counts it in, and the
-//! generation's last one enqueues the send...
+//! Read the table to follow a chunk (each script's `next`, with its
+//! layout's: [`Declaration::next_steps`]): [`ACCEPT`] assigns it to a
+//! generation; a chunk whose generation has no group yet goes to [`PARK`],
+//! which enqueues the generation's `create`; [`RECORD_GROUP`] records the
+//! group and `prelude.lua`'s `release` hands the parked chunks to the
+//! loaders (`load`); [`LOADED`] counts one in, and `settle.lua` enqueues the
+//! generation's `send` once its last one is; [`CLAIM_SEND`] and [`SENT`]
+//! bracket the send, whose `poll` waits in the delayed set; [`COMPLETED`]
+//! records the provider's verdict, and `settle.lua` enqueues the `report`
+//! once every generation is done (and `track`, with delivery tracking).
 
 use crate::events::work_item::Op;
 
