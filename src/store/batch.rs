@@ -501,7 +501,7 @@ impl BatchLog {
     pub async fn stored_lane(&self) -> StoreResult<Priority> {
         let opts: Option<String> = redis::cmd("HGET")
             .arg(&self.keys.state)
-            .arg("opts")
+            .arg(field::OPTIONS)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(lane_of_opts(opts.as_deref()))
