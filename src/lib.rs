@@ -34,9 +34,11 @@
 //! 6. [`worker`];
 //! 7. [`cli`] (the commands, the board among them).
 //!
-//! The mock provider and the test servers (`mock`, `redis_server`,
-//! `redis_cluster`) serve the binary's `demo`, `bench` and `mock-provider`
-//! commands and the tests; they are not part of the library's API.
+//! The rigs are another package of the workspace (`rigs/`,
+//! `groupcast-rigs`): the mock provider, the private Redis servers and
+//! clusters, the `demo`, `bench` and `mock-provider` commands, and the
+//! `groupcast` binary, which offers those with this library's commands
+//! ([`cli::Command`]).
 
 #![warn(unreachable_pub, missing_docs)]
 
@@ -46,18 +48,12 @@ pub mod events;
 pub mod human;
 pub mod keys;
 pub mod metrics;
-#[doc(hidden)]
-pub mod mock;
 pub mod phone;
 pub mod producer;
 pub mod projection;
 pub mod protocol;
 pub mod provider;
 pub mod redact;
-#[doc(hidden)]
-pub mod redis_cluster;
-#[doc(hidden)]
-pub mod redis_server;
 pub mod results;
 pub mod seq_ranges;
 pub mod store;

@@ -6,7 +6,7 @@
 //!
 //! [`METRICS`] is the single list: [`describe`] registers its help texts,
 //! [`install`] its histogram buckets, `docs/observability.md` documents it
-//! and `tests/metrics.rs` scrapes a worker to check that what it emits and
+//! and `rigs/tests/metrics.rs` scrapes a worker to check that what it emits and
 //! the catalogue agree.
 //!
 //! Where the values come from:

@@ -125,8 +125,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_reqwest_error_names_the_host_but_not_the_token() {
-        // A free port: nothing listens there.
-        let port = crate::redis_server::free_port().expect("a free port");
+        // A port the system just handed out and that was closed again:
+        // nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
         let e = reqwest::Client::new()
             .post(format!(
                 "http://me:pw@127.0.0.1:{port}/hook?token=SEKRET123"

@@ -1,13 +1,10 @@
 //! The command line: one file per command, and this thin dispatcher.
 
 pub mod audit;
-pub mod bench;
 pub mod board;
 pub mod cancel;
 pub mod close;
-pub mod demo;
 pub mod dlq;
-pub mod mock_provider;
 pub mod replay;
 pub mod results;
 pub mod seal;
@@ -47,7 +44,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// The commands.
+/// The product's commands. (The binary, in the rigs' package, adds
+/// `demo`, `mock-provider` and `bench`.)
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a worker: loaders, provider operations, retries, watchdog.
@@ -73,12 +71,6 @@ pub enum Command {
     Cancel(cancel::CancelArgs),
     /// Check the invariants for a batch.
     Verify(verify::VerifyArgs),
-    /// Run everything on this machine: workers, a mock provider, a batch.
-    Demo(demo::DemoArgs),
-    /// Serve the mock provider (the provider contract plus test hooks).
-    MockProvider(mock_provider::MockProviderArgs),
-    /// Run a whole campaign on this machine and print its costs as JSON.
-    Bench(bench::BenchArgs),
     /// Serve the operator board: every batch, stream health, dead letters.
     Board(board::BoardArgs),
     /// Serve the HTTP API under /v1 (and the board) on one listener.
@@ -86,25 +78,24 @@ pub enum Command {
 }
 
 impl Command {
-    /// The connection flags of a command that uses the deployment's Redis;
-    /// `None` for the commands that start their own (`demo`, `bench`) or use
-    /// none (`mock-provider`).
-    pub fn redis_args(&self) -> Option<&RedisArgs> {
+    /// The command's connection flags: every product command uses the
+    /// deployment's Redis (the tests check that each takes them).
+    #[cfg(test)]
+    fn redis_args(&self) -> &RedisArgs {
         match self {
-            Command::Worker(a) => Some(&a.redis),
-            Command::Submit(a) => Some(&a.redis),
-            Command::Audit(a) => Some(&a.redis),
-            Command::Replay(a) => Some(&a.redis),
-            Command::Status(a) => Some(&a.redis),
-            Command::Dlq(a) => Some(&a.redis),
-            Command::Results(a) => Some(&a.redis),
-            Command::Close(a) => Some(&a.redis),
-            Command::Seal(a) => Some(&a.redis),
-            Command::Cancel(a) => Some(&a.redis),
-            Command::Verify(a) => Some(&a.redis),
-            Command::Board(a) => Some(&a.redis),
-            Command::Serve(a) => Some(&a.board.redis),
-            Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
+            Command::Worker(a) => &a.redis,
+            Command::Submit(a) => &a.redis,
+            Command::Audit(a) => &a.redis,
+            Command::Replay(a) => &a.redis,
+            Command::Status(a) => &a.redis,
+            Command::Dlq(a) => &a.redis,
+            Command::Results(a) => &a.redis,
+            Command::Close(a) => &a.redis,
+            Command::Seal(a) => &a.redis,
+            Command::Cancel(a) => &a.redis,
+            Command::Verify(a) => &a.redis,
+            Command::Board(a) => &a.redis,
+            Command::Serve(a) => &a.board.redis,
         }
     }
 }
@@ -434,8 +425,12 @@ pub fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) 
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// Sets up logging.
-pub fn init_logging(format: LogFormat) {
+/// Sets up logging; a `quiet` command (one that prints its own progress)
+/// logs only when GROUPCAST_LOG asks.
+pub fn start_logging(format: LogFormat, quiet: bool) {
+    if quiet && std::env::var_os("GROUPCAST_LOG").is_none() {
+        return;
+    }
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROUPCAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -455,13 +450,7 @@ pub fn init_logging(format: LogFormat) {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> ExitCode {
-    let quiet = matches!(
-        cli.command,
-        Command::Demo(_) | Command::Submit(_) | Command::Bench(_)
-    );
-    if !quiet || std::env::var("GROUPCAST_LOG").is_ok() {
-        init_logging(cli.log_format);
-    }
+    start_logging(cli.log_format, matches!(cli.command, Command::Submit(_)));
     let result = match cli.command {
         Command::Worker(a) => worker::run(*a).await,
         Command::Submit(a) => submit::run(a).await,
@@ -474,12 +463,14 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Seal(a) => seal::run(a).await,
         Command::Cancel(a) => cancel::run(a).await,
         Command::Verify(a) => verify::run(a).await,
-        Command::Demo(a) => demo::run(a).await,
-        Command::MockProvider(a) => mock_provider::run(a).await,
-        Command::Bench(a) => bench::run(a).await,
         Command::Board(a) => board::run(a).await,
         Command::Serve(a) => serve::run(a).await,
     };
+    exit_code(result)
+}
+
+/// A command's result as the process's exit status, its error printed.
+pub fn exit_code(result: Result<(), CliError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -622,7 +613,6 @@ mod tests {
         let mut all = Vec::new();
         leaves(&Cli::command(), Vec::new(), &mut all);
         assert!(all.len() >= 10, "{} commands", all.len());
-        let mut without = Vec::new();
         for (path, cmd) in &all {
             let mut argv = vec!["groupcast".to_string()];
             argv.extend(path.iter().cloned());
@@ -651,47 +641,29 @@ mod tests {
                 ]
                 .map(String::from),
             );
-            let parsed = Cli::try_parse_from(&argv);
             let line = argv.join(" ");
-            match parsed.as_ref().map(|c| c.command.redis_args()) {
-                Ok(Some(r)) => {
-                    assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
-                    assert_eq!(r.prefix, "px", "{line}");
-                    assert_eq!(r.shards, ShardCount::Fixed(3), "{line}");
-                    assert_eq!(
-                        r.ca_file.as_ref().map(|p| p.display().to_string()),
-                        Some(ca.clone()),
-                        "{line}"
-                    );
-                    assert_eq!(
-                        r.client_cert_file.as_ref().map(|p| p.display().to_string()),
-                        Some(cert.clone()),
-                        "{line}"
-                    );
-                    assert_eq!(
-                        r.client_key_file.as_ref().map(|p| p.display().to_string()),
-                        Some(key.clone()),
-                        "{line}"
-                    );
-                }
-                Ok(None) => without.push(path.join(" ")),
-                Err(e) => {
-                    // Commands without our Redis refuse the flags; the rest must take them.
-                    let first = path.first().map(String::as_str).unwrap_or("");
-                    assert!(
-                        matches!(first, "mock-provider" | "bench" | "demo"),
-                        "`{line}` refused the connection flags: {e}"
-                    );
-                    without.push(path.join(" "));
-                }
-            }
+            let cli = Cli::try_parse_from(&argv)
+                .unwrap_or_else(|e| panic!("`{line}` refused the connection flags: {e}"));
+            let r = cli.command.redis_args();
+            assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
+            assert_eq!(r.prefix, "px", "{line}");
+            assert_eq!(r.shards, ShardCount::Fixed(3), "{line}");
+            assert_eq!(
+                r.ca_file.as_ref().map(|p| p.display().to_string()),
+                Some(ca.clone()),
+                "{line}"
+            );
+            assert_eq!(
+                r.client_cert_file.as_ref().map(|p| p.display().to_string()),
+                Some(cert.clone()),
+                "{line}"
+            );
+            assert_eq!(
+                r.client_key_file.as_ref().map(|p| p.display().to_string()),
+                Some(key.clone()),
+                "{line}"
+            );
         }
-        without.sort();
-        assert_eq!(
-            without,
-            ["bench", "demo", "mock-provider"],
-            "commands without the deployment's Redis"
-        );
     }
 
     #[test]
@@ -732,7 +704,7 @@ mod tests {
             "p2",
         ])
         .expect("parse");
-        let r = cli.command.redis_args().expect("dlq uses redis");
+        let r = cli.command.redis_args();
         assert_eq!((r.url.as_str(), r.prefix.as_str()), ("redis://h:1", "p2"));
     }
 }
