@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use groupcast::cli::{Cli, Command as CliCommand};
+use groupcast::cli::Command as Product;
+use groupcast_rigs::cli::{Cli, Command as CliCommand};
 
 use crate::common::redis;
 
@@ -21,7 +22,7 @@ fn listeners_bind_to_loopback_unless_told_otherwise() {
         );
     }
     let cli = Cli::try_parse_from(["groupcast", "worker"]).expect("parse");
-    let CliCommand::Worker(w) = cli.command else {
+    let CliCommand::Product(Product::Worker(w)) = cli.command else {
         panic!("not a worker command")
     };
     // Without the flag a worker takes the first free of the default
@@ -47,7 +48,7 @@ fn listeners_bind_to_loopback_unless_told_otherwise() {
 
     // The Redis URL's default is loopback too.
     let cli = Cli::try_parse_from(["groupcast", "status"]).expect("parse");
-    let CliCommand::Status(s) = cli.command else {
+    let CliCommand::Product(Product::Status(s)) = cli.command else {
         panic!("not status")
     };
     assert!(
@@ -59,7 +60,7 @@ fn listeners_bind_to_loopback_unless_told_otherwise() {
     // Binding elsewhere takes an explicit flag.
     let cli = Cli::try_parse_from(["groupcast", "worker", "--metrics-listen", "0.0.0.0:9464"])
         .expect("parse");
-    let CliCommand::Worker(w) = cli.command else {
+    let CliCommand::Product(Product::Worker(w)) = cli.command else {
         panic!("not a worker command")
     };
     assert_eq!(w.worker.metrics_listen.as_deref(), Some("0.0.0.0:9464"));
