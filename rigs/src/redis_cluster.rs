@@ -333,17 +333,6 @@ impl RedisCluster {
         self.owner_of_slot(hash_slot(key.as_bytes()))
     }
 
-    /// Moves an empty slot to node `to` (how an operator places a shard's
-    /// hash tag on a chosen master before any key exists there): see
-    /// [`begin_slot_move`](Self::begin_slot_move) and
-    /// [`finish_slot_move`](Self::finish_slot_move).
-    pub fn move_empty_slot(&self, slot: u16, to: usize) -> Result<(), ClusterError> {
-        if let Some(from) = self.begin_slot_move(slot, to)? {
-            self.finish_slot_move(slot, from, to)?;
-        }
-        Ok(())
-    }
-
     /// Starts moving an empty slot to node `to`: `IMPORTING` on the target,
     /// `MIGRATING` on the owner. Until [`finish_slot_move`](Self::finish_slot_move),
     /// the owner answers `-ASK` for keys it does not hold. Returns the owner,

@@ -178,11 +178,6 @@ impl RedisCredentials {
 }
 
 impl RedisArgs {
-    /// The URL with the password from the environment or a file put in.
-    pub fn resolved_url(&self) -> Result<String, CliError> {
-        Ok(self.url_with(&RedisCredentials::from_env()?))
-    }
-
     fn url_with(&self, creds: &RedisCredentials) -> String {
         match (&creds.password, &creds.username) {
             (None, None) => self.url.clone(),
@@ -570,17 +565,6 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     for r in rows {
         out(line(r.clone()));
     }
-}
-
-/// One command's flags parsed as its command line would be (`argv` after the
-/// command's name): the commands' unit tests build their arguments with it.
-#[cfg(test)]
-pub(crate) fn parse_flags<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {
-    let cmd = A::augment_args(clap::Command::new("groupcast"));
-    let matches = cmd
-        .try_get_matches_from(std::iter::once(&"groupcast").chain(argv))
-        .unwrap();
-    A::from_arg_matches(&matches).unwrap()
 }
 
 #[cfg(test)]

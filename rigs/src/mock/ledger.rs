@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::config::Faults;
 use super::delivery::{self, Deliveries, DeliveryPlan, Fate};
 use groupcast::phone;
-use groupcast::provider::model::{Group, GroupCount, GroupStatus};
+use groupcast::provider::model::{self, Group, GroupCount, GroupStatus};
 
 /// A `u64` hasher for keys that are already well-distributed after a
 /// multiply-xorshift mix: SipHash would cost more than the rest of an add.
@@ -193,10 +193,10 @@ impl Code {
     }
     pub(super) fn status_code(self) -> &'static str {
         match self {
-            Code::Registered => "2000",
-            Code::Duplicate => "1026",
-            Code::InvalidNumber => "1062",
-            Code::Rejected => "1000",
+            Code::Registered => model::CODE_REGISTERED,
+            Code::Duplicate => model::CODE_DUPLICATE,
+            Code::InvalidNumber => model::CODE_INVALID_NUMBER,
+            Code::Rejected => model::CODE_REJECTED,
         }
     }
     pub(super) fn status_message(self) -> &'static str {
