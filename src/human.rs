@@ -73,7 +73,7 @@ pub fn millis(ms: u64) -> String {
 /// offset, to the minute when the seconds are zero:
 /// `2026-12-01 18:00 +09:00`, `2026-12-01 09:00:05 +00:00`. None when `ms`
 /// is not a representable instant.
-pub fn time_in(ms: i64, tz: &TimeZone) -> Option<String> {
+pub(crate) fn time_in(ms: i64, tz: &TimeZone) -> Option<String> {
     let zoned = Timestamp::from_millisecond(ms).ok()?.to_zoned(tz.clone());
     let format = if zoned.second() == 0 && zoned.subsec_nanosecond() == 0 {
         "%Y-%m-%d %H:%M %:z"

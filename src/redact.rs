@@ -60,7 +60,7 @@ fn find_url(text: &str) -> Option<usize> {
 
 /// A reqwest error with the URL it carries redacted as [`url`] does: its
 /// message still names the host and path, never a token.
-pub fn reqwest_error(mut e: reqwest::Error) -> reqwest::Error {
+pub(crate) fn reqwest_error(mut e: reqwest::Error) -> reqwest::Error {
     if let Some(u) = e.url_mut() {
         if !u.username().is_empty() || u.password().is_some() {
             let _ = u.set_password(None);
@@ -78,7 +78,7 @@ pub fn reqwest_error(mut e: reqwest::Error) -> reqwest::Error {
 
 /// An error and its sources, one `: ` apart, redacted as [`text`] does:
 /// reqwest's own message leaves out the cause (`connection refused`).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

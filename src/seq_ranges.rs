@@ -14,7 +14,7 @@ use serde::Serialize;
 /// The most ranges of missing seqs an event, a report or a page lists (the
 /// first ones): with at most 100 pairs of 10-digit numbers, a list stays
 /// under 2.5 kB whatever the batch.
-pub const MISSING_RANGES_MAX: usize = 100;
+pub(crate) const MISSING_RANGES_MAX: usize = 100;
 
 /// The seqs missing from `0..=top`, as ranges.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -109,7 +109,7 @@ pub fn covered(inner: &[[u32; 2]], outer: &[[u32; 2]]) -> bool {
 
 /// The ranges of a sorted list of seqs (events recorded before ranges
 /// listed every missing seq one by one). Linear in the list.
-pub fn ranges_of(seqs: &[u32]) -> Vec<[u32; 2]> {
+pub(crate) fn ranges_of(seqs: &[u32]) -> Vec<[u32; 2]> {
     let mut out: Vec<[u32; 2]> = Vec::new();
     for &s in seqs {
         match out.last_mut() {

@@ -169,7 +169,7 @@ impl std::fmt::Debug for RedisCredentials {
 
 impl RedisCredentials {
     /// Reads them from the environment.
-    pub fn from_env() -> Result<RedisCredentials, CliError> {
+    pub(crate) fn from_env() -> Result<RedisCredentials, CliError> {
         Ok(RedisCredentials {
             password: secret_from_env("GROUPCAST_REDIS_PASSWORD")?,
             username: std::env::var("GROUPCAST_REDIS_USERNAME").ok(),
@@ -189,7 +189,7 @@ impl RedisArgs {
 
     /// The TLS files named by `--redis-ca-file` / GROUPCAST_REDIS_CA_FILE and
     /// the client certificate options, read; `None` when none is given.
-    pub fn tls_certificates(&self) -> Result<Option<TlsCertificates>, CliError> {
+    pub(crate) fn tls_certificates(&self) -> Result<Option<TlsCertificates>, CliError> {
         let read = |path: &PathBuf, var: &str| {
             std::fs::read(path)
                 .map_err(|e| CliError::Usage(format!("{var}={}: cannot read: {e}", path.display())))
@@ -228,7 +228,7 @@ impl RedisArgs {
 
     /// Connects and checks the server answers `PING`, returning the raw
     /// error (for callers that wait while Redis is away).
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         &self,
         creds: &RedisCredentials,
         tls: Option<TlsCertificates>,
@@ -263,7 +263,7 @@ impl RedisArgs {
     }
 
     /// What a connection error means and what to do, without secrets.
-    pub fn explain(&self, e: &StoreError, creds: &RedisCredentials) -> String {
+    pub(crate) fn explain(&self, e: &StoreError, creds: &RedisCredentials) -> String {
         match e {
             StoreError::Redis(r) => {
                 explain_connect(&self.url, Some(r), &format!("redis: {r}"), creds)
@@ -275,7 +275,11 @@ impl RedisArgs {
 }
 
 /// Puts a username and password into a URL (`scheme://user:pass@host...`).
-pub fn with_credentials(url: &str, username: Option<&str>, password: Option<&str>) -> String {
+pub(crate) fn with_credentials(
+    url: &str,
+    username: Option<&str>,
+    password: Option<&str>,
+) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -356,7 +360,7 @@ fn explain_connect(
 
 /// `text` with every occurrence of `secret` (as given and percent-encoded)
 /// replaced by `***`: a last guard for error texts that might echo a URL.
-pub fn scrub(text: &str, secret: Option<&str>) -> String {
+pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
     match secret {
         Some(s) if !s.is_empty() => text.replace(s, "***").replace(&percent(s), "***"),
         _ => text.to_string(),
@@ -416,7 +420,7 @@ impl CliError {
 /// Whether human logs get ANSI colors: only when stderr is a terminal (a
 /// file or a pipe gets plain text) and `NO_COLOR` is not set to anything
 /// non-empty (<https://no-color.org>).
-pub fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+pub(crate) fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
@@ -477,12 +481,12 @@ pub fn exit_code(result: Result<(), CliError>) -> ExitCode {
 
 /// Formats a duration for people ([`crate::human::duration`]): `850 ms`,
 /// `12.3 s`, `4m 5s`, `2h 3m`, `7 days`.
-pub fn human_duration(ms: u64) -> String {
+pub(crate) fn human_duration(ms: u64) -> String {
     crate::human::millis(ms)
 }
 
 /// Formats epoch milliseconds as an RFC 3339 UTC time (to the millisecond).
-pub fn human_time(ms: u64) -> String {
+pub(crate) fn human_time(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
@@ -527,7 +531,7 @@ fn numeric(cell: &str) -> bool {
 /// Prints rows as an aligned table: numeric columns (every cell a number or
 /// `-`, at least one a number) are right-aligned, the last column is not
 /// padded.
-pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     let mut right = vec![true; headers.len()];
     let mut any_number = vec![false; headers.len()];

@@ -78,7 +78,7 @@ impl Filter {
 }
 
 /// Parses `--status` (`failed`, `failed,unknown`, `all`, ...).
-pub fn parse_filter(s: &str) -> Result<Filter, String> {
+pub(crate) fn parse_filter(s: &str) -> Result<Filter, String> {
     if s == "all" {
         return Ok(Filter(Outcome::ALL.to_vec()));
     }
@@ -94,7 +94,7 @@ pub fn parse_filter(s: &str) -> Result<Filter, String> {
 
 /// One exported recipient.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// The number (masked unless `--show-numbers`).
     pub number: String,
     /// The outcome.

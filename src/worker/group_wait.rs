@@ -29,7 +29,7 @@ use crate::worker::WorkerConfig;
 /// How long a chunk waits in this process for its generation's group: a
 /// second, at most a quarter of the visibility timeout (the entry is held
 /// meanwhile, like a limiter wait).
-pub fn hold_for(config: &WorkerConfig) -> Duration {
+pub(crate) fn hold_for(config: &WorkerConfig) -> Duration {
     Duration::from_secs(1).min(config.visibility_timeout / 4)
 }
 

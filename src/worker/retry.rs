@@ -21,7 +21,7 @@ pub enum Decision {
 
 /// Whether [`decide`] needs the current time for this cause (one Redis
 /// round trip; only trouble that spends the budget asks for it).
-pub fn needs_clock(cause: RetryCause) -> bool {
+pub(crate) fn needs_clock(cause: RetryCause) -> bool {
     cause.spends_budget()
 }
 

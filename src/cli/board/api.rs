@@ -45,7 +45,11 @@ type ApiResult = Result<Json<Value>, ApiError>;
 /// `scheduled` (every group sent, waiting for the provider to finish),
 /// `stalled` (quiet past the stall threshold before its report) or
 /// `reported`.
-pub fn batch_state(p: &Projection, quiet_ms: Option<u64>, stall_after_ms: u64) -> &'static str {
+pub(crate) fn batch_state(
+    p: &Projection,
+    quiet_ms: Option<u64>,
+    stall_after_ms: u64,
+) -> &'static str {
     let gens = p.generations();
     if p.get("report").is_some() {
         "reported"
@@ -169,7 +173,7 @@ fn check_batch(id: &str) -> Result<(), ApiError> {
 /// [`MISSING_RANGES_MAX`] ranges `[from, to]`), `missingSeqRangesTotal`
 /// and `missingSeqCount`, set on `v`: the work is proportional to the seqs
 /// that arrived, never to the highest seq.
-pub fn set_missing_seqs(v: &mut Value, p: &Projection) {
+pub(crate) fn set_missing_seqs(v: &mut Value, p: &Projection) {
     let m = p.missing_seqs(MISSING_RANGES_MAX);
     v["missingSeqRanges"] = json!(m.ranges);
     v["missingSeqRangesTotal"] = json!(m.ranges_total);
@@ -229,7 +233,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
 /// A batch's report and delivery report (`Null` while not decided), with
 /// the fields the reports stream and the webhook name them
 /// (docs/reports.md) and when each was decided (`time_ms`).
-pub fn reports_json(events: &[Result<Recorded, (String, String)>]) -> (Value, Value) {
+pub(crate) fn reports_json(events: &[Result<Recorded, (String, String)>]) -> (Value, Value) {
     let mut report = Value::Null;
     let mut delivery = Value::Null;
     for r in events.iter().flatten() {
@@ -389,7 +393,7 @@ pub(crate) async fn on_disk(
 /// Cancels batch `id` as `groupcast cancel` does, recording `reason`:
 /// `{cancelled, reason, stopped, unsent, seen}`; `409` when it had already
 /// reported otherwise. Shared by the board and `groupcast serve`.
-pub async fn cancel_batch(
+pub(crate) async fn cancel_batch(
     store: &Store,
     policy: BatchPolicy,
     id: &str,
@@ -422,7 +426,7 @@ pub async fn cancel_batch(
 /// Closes batch `id` as `groupcast close` does, recording `reason`:
 /// `{closed, reason, missing}`; `409` when it had already reported, `404`
 /// for a batch never seen. Shared by the board and `groupcast serve`.
-pub async fn close_batch(
+pub(crate) async fn close_batch(
     store: &Store,
     policy: BatchPolicy,
     id: &str,
@@ -509,7 +513,7 @@ pub async fn results(
 
 /// Batch `id`'s stored outcomes, as `groupcast results` exports them, as a
 /// download: shared by the board and `groupcast serve`.
-pub async fn results_download(
+pub(crate) async fn results_download(
     store: &Store,
     id: &str,
     q: ResultsQuery,

@@ -18,7 +18,7 @@ use crate::cli::submit::body::{BodyRefused, RowProblem};
 use crate::store::StoreError;
 
 /// The media type of every error.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The kinds of problem, each with a stable slug (the end of its `type`),
 /// a title and a status.
@@ -155,7 +155,7 @@ impl Kind {
     }
 
     /// The `type` URI.
-    pub fn type_uri(self) -> String {
+    pub(crate) fn type_uri(self) -> String {
         format!("urn:groupcast:problem:{}", self.slug())
     }
 }
@@ -231,7 +231,7 @@ impl ApiProblem {
     }
 
     /// With the problems of a chunk or a batch's definition listed.
-    pub fn with_errors(mut self, errors: Vec<FieldError>, total: usize) -> ApiProblem {
+    pub(crate) fn with_errors(mut self, errors: Vec<FieldError>, total: usize) -> ApiProblem {
         self.0.errors_total = (total > errors.len()).then_some(total);
         self.0.errors = errors;
         self

@@ -47,7 +47,9 @@ use crate::store::front::Recorded;
 /// [`validate_batch_id`]).
 #[derive(Debug, ToSchema)]
 #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
-pub struct BatchId(pub String);
+// Only its schema is used (the path parameter's, in the document): the
+// handlers take the id as a `String` and check it themselves.
+pub(crate) struct BatchId(#[allow(dead_code)] String);
 
 /// What a handler answers: its JSON, or a problem.
 type Answer<T> = Result<T, ApiProblem>;
@@ -55,7 +57,7 @@ type Answer<T> = Result<T, ApiProblem>;
 /// `POST /v1/batches`: a batch's id, template and options.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreateBatch {
+pub(crate) struct CreateBatch {
     /// The batch id: 1 to 128 of `[A-Za-z0-9._-]`.
     #[schema(value_type = BatchId)]
     pub batch: String,
@@ -90,7 +92,7 @@ struct Definition {
 
 /// The answer to `POST /v1/batches`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BatchCreated {
+pub(crate) struct BatchCreated {
     /// The batch id.
     pub batch: String,
     /// `true`: created now (201); `false`: it existed with the same
@@ -103,7 +105,7 @@ pub struct BatchCreated {
 /// `PUT /v1/batches/{id}/chunks/{seq}` with `application/json`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ChunkRecipients {
+pub(crate) struct ChunkRecipients {
     /// 1 to 10,000 recipients.
     pub recipients: Vec<RecipientIn>,
     /// Whether this is the batch's last chunk (or `?last=true`).
@@ -114,7 +116,7 @@ pub struct ChunkRecipients {
 /// One recipient of a JSON chunk.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RecipientIn {
+pub(crate) struct RecipientIn {
     /// The phone number, as people write it (normalised as `submit` does).
     pub to: String,
     /// A value for each of the template's `#{name}` placeholders.
@@ -125,7 +127,7 @@ pub struct RecipientIn {
 /// `?last=true` on a chunk.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ChunkQuery {
+pub(crate) struct ChunkQuery {
     /// Marks the batch's last chunk (CSV has no field for it; JSON may say
     /// `"last": true`; a MessagePack chunk carries its own flag).
     pub last: Option<bool>,
@@ -133,7 +135,7 @@ pub struct ChunkQuery {
 
 /// The answer to a chunk: appended (or found appended before).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ChunkAccepted {
+pub(crate) struct ChunkAccepted {
     /// The batch id.
     pub batch: String,
     /// The chunk's seq.
@@ -475,7 +477,7 @@ fn msgpack_chunk(
 /// then appended to the batch's ingest stream as a stream producer does.
 /// Idempotent on (batch, seq, content); another content for a seq already
 /// given is refused.
-pub async fn put_chunk(
+pub(crate) async fn put_chunk(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -635,7 +637,7 @@ fn reason_of(
 /// `POST /v1/batches/{id}/seal`: the batch's last seq.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SealIn {
+pub(crate) struct SealIn {
     /// The batch's last seq: it takes seqs 0 to this one.
     pub last: u32,
 }
@@ -906,7 +908,7 @@ pub async fn not_found() -> ApiProblem {
 }
 
 /// A method a route does not take.
-pub async fn method_not_allowed() -> ApiProblem {
+pub(crate) async fn method_not_allowed() -> ApiProblem {
     ApiProblem::new(
         Kind::MethodNotAllowed,
         "this route does not take that method: GET /v1/openapi.json lists them",

@@ -79,7 +79,7 @@ impl From<crate::producer::InputError> for BodyRefused {
 /// column per variable, as a recipients file), checked as `submit` checks
 /// a file, numbers normalised, the later rows of a repeated number
 /// dropped. `name` names the body in messages.
-pub fn csv_recipients(
+pub(crate) fn csv_recipients(
     name: &str,
     body: &[u8],
     template: &Template,
@@ -107,7 +107,7 @@ pub fn csv_recipients(
 /// JSON recipients, each checked as a row of a recipients file (its
 /// number normalised, every variable the template uses present and none
 /// too long); a number given twice is sent once (the batch's own dedupe).
-pub fn json_recipients(
+pub(crate) fn json_recipients(
     given: Vec<Recipient>,
     template: &Template,
 ) -> Result<Vec<Recipient>, BodyRefused> {

@@ -363,7 +363,7 @@ pub(crate) fn first_poll(
 /// The least of a claim's lifetime left for the provider call to start:
 /// the request's transit, so that the provider receives it before the
 /// lifetime ends (before quiet hours begin).
-pub const SEND_MARGIN: Duration = Duration::from_millis(500);
+pub(crate) const SEND_MARGIN: Duration = Duration::from_millis(500);
 
 /// A claim granted: the send may start until `deadline`.
 struct Granted {
