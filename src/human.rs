@@ -22,7 +22,7 @@ const DAY: u64 = 24 * HOUR;
 /// `2 h`, `5 min`, `5 s`, `250 ms`); several are written together, largest
 /// first (`2 days 3h`, `1h 30m`, `1m 30s`). Under a minute tenths of a
 /// second are kept (`1.5 s`); past a minute the seconds are whole.
-pub fn duration(d: Duration) -> String {
+pub(crate) fn duration(d: Duration) -> String {
     let secs = d.as_secs();
     if secs == 0 {
         return format!("{} ms", d.subsec_millis());
@@ -65,7 +65,7 @@ pub fn duration(d: Duration) -> String {
 }
 
 /// [`duration`] of milliseconds.
-pub fn millis(ms: u64) -> String {
+pub(crate) fn millis(ms: u64) -> String {
     duration(Duration::from_millis(ms))
 }
 

@@ -42,10 +42,10 @@
 
 #![warn(unreachable_pub, missing_docs)]
 
-pub mod batch_id;
+mod batch_id;
 pub mod cli;
 pub mod events;
-pub mod human;
+mod human;
 pub mod keys;
 pub mod metrics;
 pub mod phone;
@@ -53,9 +53,9 @@ pub mod producer;
 pub mod projection;
 pub mod protocol;
 pub mod provider;
-pub mod redact;
+mod redact;
 pub mod results;
-pub mod seq_ranges;
+mod seq_ranges;
 pub mod store;
 pub mod verify;
 pub mod worker;

@@ -13,7 +13,7 @@ const MASK: &str = "***";
 /// `url` with its userinfo and its query string (and fragment) replaced by
 /// `***`: `https://u:p@host/hook?token=x` → `https://***@host/hook?***`.
 /// Text that is no URL comes back unchanged.
-pub fn url(url: &str) -> String {
+pub(crate) fn url(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), url),
@@ -34,7 +34,7 @@ pub fn url(url: &str) -> String {
 
 /// `text` with every `http://` or `https://` URL in it redacted as [`url`]
 /// does. A URL ends at white space or at a quote, bracket or parenthesis.
-pub fn text(text: &str) -> String {
+pub(crate) fn text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = find_url(rest) {

@@ -61,7 +61,7 @@ impl Missing {
 /// of them. `present` may be in any order, hold copies and seqs above
 /// `top` (ignored). The work is proportional to `present`'s length (it is
 /// sorted), never to `top`. `top` `None`: nothing is missing.
-pub fn missing_ranges(
+pub(crate) fn missing_ranges(
     present: impl IntoIterator<Item = u32>,
     top: Option<u32>,
     max: usize,
@@ -97,7 +97,7 @@ pub fn missing_ranges(
 
 /// Whether every range of `inner` lies within some range of `outer` (both
 /// as [`missing_ranges`] lists them: ascending and disjoint). Linear.
-pub fn covered(inner: &[[u32; 2]], outer: &[[u32; 2]]) -> bool {
+pub(crate) fn covered(inner: &[[u32; 2]], outer: &[[u32; 2]]) -> bool {
     let mut o = outer.iter().peekable();
     inner.iter().all(|&[a, b]| {
         while o.peek().is_some_and(|&&[_, to]| to < a) {
