@@ -27,7 +27,7 @@ pub struct AuditArgs {
 
 /// A one-line summary of an event, its times in the deployment's zone
 /// (`GROUPCAST_TIMEZONE`, else UTC).
-pub fn summary(e: &Event, show_numbers: bool) -> String {
+pub(crate) fn summary(e: &Event, show_numbers: bool) -> String {
     summary_in(e, show_numbers, &deployment_zone())
 }
 
@@ -379,7 +379,7 @@ pub(crate) fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
 }
 
 /// Runs audit.
-pub async fn run(args: AuditArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: AuditArgs) -> Result<(), CliError> {
     validate_batch_id(&args.batch)
         .map_err(|e| CliError::Usage(format!("{:?}: {e}", args.batch)))?;
     let store = args.redis.connect().await?;

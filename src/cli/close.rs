@@ -68,7 +68,7 @@ pub(super) async fn confirm_on_disk(
 }
 
 /// Runs `groupcast close`.
-pub async fn run(args: CloseArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: CloseArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     match log.close(&args.reason).await? {
         Closing::Closed { missing } => {

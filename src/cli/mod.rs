@@ -1,17 +1,17 @@
 //! The command line: one file per command, and this thin dispatcher.
 
-pub mod audit;
+pub(crate) mod audit;
 pub mod board;
-pub mod cancel;
-pub mod close;
+pub(crate) mod cancel;
+pub(crate) mod close;
 pub mod dlq;
 pub mod replay;
-pub mod results;
-pub mod seal;
+pub(crate) mod results;
+pub(crate) mod seal;
 pub mod serve;
-pub mod status;
+pub(crate) mod status;
 pub mod submit;
-pub mod verify;
+pub(crate) mod verify;
 pub mod worker;
 
 use std::path::PathBuf;

@@ -170,7 +170,7 @@ impl<W: Write> Out<W> {
 }
 
 /// Runs results.
-pub async fn run(args: ResultsArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: ResultsArgs) -> Result<(), CliError> {
     validate_batch_id(&args.batch)
         .map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
     let store = args.redis.connect().await?;

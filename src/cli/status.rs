@@ -127,7 +127,7 @@ pub(crate) fn options_json(p: &Projection) -> serde_json::Value {
 }
 
 /// Runs status.
-pub async fn run(args: StatusArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: StatusArgs) -> Result<(), CliError> {
     let store = args.redis.connect().await?;
     match &args.batch {
         Some(batch) => batch_status(&store, batch, args.wait, args.json).await,

@@ -24,14 +24,14 @@
 //! They fail with an [`InputError`]; `groupcast submit` (and `serve`) turn
 //! it into their own.
 
-pub mod check;
+pub(crate) mod check;
 pub(crate) mod cut_file;
 #[cfg(test)]
 pub(crate) mod fixtures;
-pub mod input;
-pub mod problems;
-pub mod rows;
-pub mod template;
+pub(crate) mod input;
+pub(crate) mod problems;
+pub(crate) mod rows;
+pub(crate) mod template;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -21,7 +21,7 @@ const DEFINITION: &str = "def";
 
 /// What recording a value under a field found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// It was not there: recorded now.
     New,
     /// The same value was there already.

@@ -167,7 +167,10 @@ impl Drop for Lead {
 
 /// Waits up to `hold` for the group: None when it did not come (the chunk
 /// parks).
-pub async fn wait(mut rx: watch::Receiver<Option<String>>, hold: Duration) -> Option<String> {
+pub(crate) async fn wait(
+    mut rx: watch::Receiver<Option<String>>,
+    hold: Duration,
+) -> Option<String> {
     match tokio::time::timeout(hold, rx.wait_for(Option::is_some)).await {
         Ok(Ok(g)) => g.clone(),
         _ => None,

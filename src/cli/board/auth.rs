@@ -10,7 +10,7 @@ pub(crate) const BOARD_HEADER: &str = "x-groupcast-board";
 
 /// Why an action was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// No token is configured: the board is read-only (403).
     #[error("the board is read-only: start it with GROUPCAST_BOARD_TOKEN (or GROUPCAST_BOARD_TOKEN_FILE) to allow actions")]
     ReadOnly,
@@ -26,7 +26,7 @@ pub enum Refused {
 
 impl Refused {
     /// The HTTP status it answers with.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Refused::Unauthorized => StatusCode::UNAUTHORIZED,
             Refused::ReadOnly | Refused::CrossSite(_) => StatusCode::FORBIDDEN,
@@ -36,7 +36,7 @@ impl Refused {
 
 /// Compares in time independent of where the first difference is, so that
 /// the token cannot be guessed byte by byte from response times.
-pub fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -13,9 +13,9 @@
 //!   only after a CORS preflight, which the board never answers), and an
 //!   `Origin` or `Sec-Fetch-Site` that says another site is refused.
 
-pub mod api;
+pub(crate) mod api;
 pub(crate) mod assets;
-pub mod auth;
+pub(crate) mod auth;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -155,14 +155,14 @@ pub(crate) struct ChunkAccepted {
 /// token's name.
 #[derive(Debug, Default, Deserialize, ToSchema, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-pub struct ReasonIn {
+pub(crate) struct ReasonIn {
     /// Why; at most 256 bytes are recorded.
     pub reason: Option<String>,
 }
 
 /// The answer to a close.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Closed {
+pub(crate) struct Closed {
     /// The batch id.
     pub closed: String,
     /// The reason recorded (with the token's name).
@@ -173,7 +173,7 @@ pub struct Closed {
 
 /// The answer to a cancel.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Cancelled {
+pub(crate) struct Cancelled {
     /// The batch id.
     pub cancelled: String,
     /// The reason recorded (with the token's name).
@@ -189,7 +189,7 @@ pub struct Cancelled {
 /// A batch's reports.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Reports {
+pub(crate) struct Reports {
     /// The batch id.
     pub batch: String,
     /// The report (`batch_reported`, docs/reports.md), once decided.
@@ -292,7 +292,7 @@ fn board_problem(e: ApiError) -> ApiProblem {
 )]
 /// Creates a batch: its template and options, which every chunk given
 /// over HTTP carries.
-pub async fn create_batch(
+pub(crate) async fn create_batch(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -644,7 +644,7 @@ pub(crate) struct SealIn {
 
 /// The answer to a seal.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Sealed {
+pub(crate) struct Sealed {
     /// The batch id.
     pub sealed: String,
     /// Its last seq.
@@ -665,7 +665,7 @@ pub struct Sealed {
 /// learns where its batch ends only after its last chunk (as `groupcast
 /// seal` and the stream protocol's `seal` entry do). A seal that
 /// contradicts what the batch knows changes nothing.
-pub async fn seal(
+pub(crate) async fn seal(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -708,7 +708,7 @@ pub async fn seal(
 )]
 /// Closes a batch as `groupcast close` does: it stops waiting for the
 /// seqs that never came, sends what was loaded and reports.
-pub async fn close(
+pub(crate) async fn close(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -736,7 +736,7 @@ pub async fn close(
     )
 )]
 /// Cancels a batch as `groupcast cancel` does.
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -807,7 +807,7 @@ async fn act<T: serde::de::DeserializeOwned>(
     )
 )]
 /// A batch's state: the same truths as `groupcast status BATCH --json`.
-pub async fn status(
+pub(crate) async fn status(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -842,7 +842,7 @@ pub async fn status(
     )
 )]
 /// A batch's report and delivery report, as the webhook posts them.
-pub async fn report(
+pub(crate) async fn report(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -884,7 +884,7 @@ pub async fn report(
 )]
 /// The recipients' outcomes (failed, unknown, not sent, ...), as
 /// `groupcast results` exports them.
-pub async fn results(
+pub(crate) async fn results(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -900,7 +900,7 @@ pub async fn results(
 }
 
 /// Any other path under `/v1`.
-pub async fn not_found() -> ApiProblem {
+pub(crate) async fn not_found() -> ApiProblem {
     ApiProblem::new(
         Kind::NotFound,
         "no such route: GET /v1/openapi.json lists them",

@@ -20,7 +20,7 @@ use crate::producer::rows::{Row, Vars};
 
 /// One problem of a row of a chunk's body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowProblem {
+pub(crate) struct RowProblem {
     /// For CSV, the line of the body (the header is line 1); for JSON,
     /// the recipient's index in `recipients` (from 0).
     pub row: usize,
@@ -35,7 +35,7 @@ pub struct RowProblem {
 
 /// Why a chunk's body was refused.
 #[derive(Debug)]
-pub enum BodyRefused {
+pub(crate) enum BodyRefused {
     /// Rows with problems: the first listed, all counted.
     Rows {
         /// The first [`LISTED`](super::LISTED) problems, in row order.

@@ -42,7 +42,7 @@ async fn add_all<R: RecipientFields>(
 
 /// What a load came to.
 #[derive(Debug)]
-pub enum Load {
+pub(crate) enum Load {
     /// Added and recorded, or to be retried or dead-lettered as it says.
     Handled(Outcome),
     /// Under `everysec`: the chunk's assignment to the generation, or the
@@ -334,7 +334,7 @@ pub(crate) const GIVEN_UP: &str = "given_up";
 /// sent and the batch can report. Whether the provider registered some of
 /// them before giving up is unknown; the send's count check allows for
 /// that (`g:<gen>:unsure`). A chunk already recorded loaded stays as it is.
-pub async fn give_up(
+pub(crate) async fn give_up(
     ctx: &Ctx,
     lane: crate::keys::Priority,
     item: &crate::worker::ops::WorkItem,
@@ -396,7 +396,7 @@ async fn record_given_up(
 /// recipients fail with the reason, and the generation completes without
 /// it. Called for a chunk that finds the generation failed when it parks,
 /// and for the parked chunks the give-up released.
-pub async fn give_up_in_failed_generation(
+pub(crate) async fn give_up_in_failed_generation(
     log: &BatchLog,
     chunk: &ChunkRef<'_>,
     gen: u32,

@@ -5,10 +5,10 @@
 //! is one of these, so that one rate limiter counts them all and retries,
 //! backoff and dead letters come from one place ([`crate::worker::consumer`]).
 
-pub mod create_group;
-pub mod delete_group;
+pub(crate) mod create_group;
+pub(crate) mod delete_group;
 pub(crate) mod deliver_report;
-pub mod load_chunk;
+pub(crate) mod load_chunk;
 pub(crate) mod poll_group;
 pub(crate) mod recall_send;
 pub mod send_group;
