@@ -459,7 +459,7 @@ async fn batch_findings(
 }
 
 /// Runs the demo.
-pub async fn run(args: DemoArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: DemoArgs) -> Result<(), CliError> {
     check_args(&args)?;
     let started = Instant::now();
     // 1. Redis, 2. the mock provider, 3. a report receiver, 4. workers.

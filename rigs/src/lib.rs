@@ -4,8 +4,9 @@
 //! - [`mock`]: a mock of the provider, with a ledger and fault injection;
 //! - [`redis_server`], [`redis_cluster`]: private `redis-server` processes
 //!   (a single server, or a cluster of them) started on free ports;
-//! - [`demo`], [`bench`], [`mock_provider`]: the `groupcast` commands that
-//!   use them (`demo`, `bench`, `mock-provider`);
+//! - `demo`, `bench`, `mock_provider`: the `groupcast` commands that use
+//!   them (`demo`, `bench`, `mock-provider`), private: only [`cli`] runs
+//!   them, so that the compiler's dead-code check sees their insides;
 //! - [`cli`]: the `groupcast` command line, the product's commands
 //!   (`groupcast::cli`) and these three.
 //!
@@ -15,10 +16,10 @@
 
 #![warn(unreachable_pub, missing_docs)]
 
-pub mod bench;
+mod bench;
 pub mod cli;
-pub mod demo;
+mod demo;
 pub mod mock;
-pub mod mock_provider;
+mod mock_provider;
 pub mod redis_cluster;
 pub mod redis_server;

@@ -67,7 +67,7 @@ pub struct MockProviderArgs {
 }
 
 /// Runs the mock provider until interrupted.
-pub async fn run(args: MockProviderArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: MockProviderArgs) -> Result<(), CliError> {
     let faults = args.faults()?;
     let key = match args.api_key {
         Some(k) => k,

@@ -534,7 +534,7 @@ async fn failed_checks(
 }
 
 /// Runs one bench and prints its JSON line.
-pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.lanes {
         return lanes::run(&args).await;
     }
