@@ -17,10 +17,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use groupcast::mock::{self, MockConfig};
 use groupcast::provider::{
     auth, Message, MessageType, ProviderClient, ProviderConfig, MAX_MESSAGES_PER_REQUEST,
 };
+use groupcast_rigs::mock::{self, MockConfig};
 
 const TASKS: usize = 4;
 const SERVE_ENV: &str = "GROUPCAST_BENCH_SERVE";

@@ -26,13 +26,13 @@ use std::time::{Duration, Instant};
 
 use groupcast::events::{chunk::KakaoTemplate, Recipient, Template};
 use groupcast::keys::Keyspace;
-use groupcast::mock::{self, MockConfig};
 use groupcast::producer::{append_chunks, cut};
 use groupcast::provider::{ProviderClient, ProviderConfig};
-use groupcast::redis_cluster::{ClusterOptions, RedisCluster};
-use groupcast::redis_server::RedisServer;
 use groupcast::store::Store;
 use groupcast::worker::{Ctx, Worker, WorkerConfig};
+use groupcast_rigs::mock::{self, MockConfig};
+use groupcast_rigs::redis_cluster::{ClusterOptions, RedisCluster};
+use groupcast_rigs::redis_server::RedisServer;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use groupcast::events::{BatchStalled, Event};
 use groupcast::keys::Keyspace;
-use groupcast::redis_server::RedisServer;
 use groupcast::store::aof::{Fact, Fsync};
 use groupcast::store::batch::Appended;
 use groupcast::store::Store;
+use groupcast_rigs::redis_server::RedisServer;
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()

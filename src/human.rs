@@ -22,7 +22,7 @@ const DAY: u64 = 24 * HOUR;
 /// `2 h`, `5 min`, `5 s`, `250 ms`); several are written together, largest
 /// first (`2 days 3h`, `1h 30m`, `1m 30s`). Under a minute tenths of a
 /// second are kept (`1.5 s`); past a minute the seconds are whole.
-pub fn duration(d: Duration) -> String {
+pub(crate) fn duration(d: Duration) -> String {
     let secs = d.as_secs();
     if secs == 0 {
         return format!("{} ms", d.subsec_millis());
@@ -65,7 +65,7 @@ pub fn duration(d: Duration) -> String {
 }
 
 /// [`duration`] of milliseconds.
-pub fn millis(ms: u64) -> String {
+pub(crate) fn millis(ms: u64) -> String {
     duration(Duration::from_millis(ms))
 }
 
@@ -73,7 +73,7 @@ pub fn millis(ms: u64) -> String {
 /// offset, to the minute when the seconds are zero:
 /// `2026-12-01 18:00 +09:00`, `2026-12-01 09:00:05 +00:00`. None when `ms`
 /// is not a representable instant.
-pub fn time_in(ms: i64, tz: &TimeZone) -> Option<String> {
+pub(crate) fn time_in(ms: i64, tz: &TimeZone) -> Option<String> {
     let zoned = Timestamp::from_millisecond(ms).ok()?.to_zoned(tz.clone());
     let format = if zoned.second() == 0 && zoned.subsec_nanosecond() == 0 {
         "%Y-%m-%d %H:%M %:z"

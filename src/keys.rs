@@ -41,10 +41,10 @@ pub const CLUSTER_SLOTS: u16 = 16384;
 
 /// The largest shard count: each shard needs a slice of at least 15 slots
 /// for its tag (and every worker opens six readers per shard).
-pub const MAX_SHARDS: u32 = 1024;
+pub(crate) const MAX_SHARDS: u32 = 1024;
 
 /// CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with.
-pub fn crc16(data: &[u8]) -> u16 {
+pub(crate) fn crc16(data: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for &b in data {
         crc = (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)];
@@ -93,7 +93,7 @@ pub fn hash_slot(key: &[u8]) -> u16 {
 /// masters' boundaries to the nearest slot, so leaving out the boundary
 /// slot keeps every tag inside its master's slice however the boundary was
 /// rounded. `n` is at least 1 and at most [`MAX_SHARDS`].
-pub fn shard_slots(k: u32, n: u32) -> std::ops::Range<u16> {
+pub(crate) fn shard_slots(k: u32, n: u32) -> std::ops::Range<u16> {
     let n = u64::from(n.clamp(1, MAX_SHARDS));
     let k = u64::from(k).min(n - 1);
     let slots = u64::from(CLUSTER_SLOTS);
@@ -264,7 +264,7 @@ impl Keyspace {
     }
     /// The lost-writes stream of a shard: one entry per batch whose
     /// acknowledged events Redis lost (see `store::witness`).
-    pub fn lost_writes(&self, shard: u32) -> String {
+    pub(crate) fn lost_writes(&self, shard: u32) -> String {
         self.shard_key(shard, "lost")
     }
     /// The set of batches of a shard that have not reported yet.
@@ -285,7 +285,7 @@ impl Keyspace {
     }
 
     /// The keys of one batch whose work goes through `lane`.
-    pub fn batch_in(&self, batch: &str, lane: Priority) -> BatchKeys {
+    pub(crate) fn batch_in(&self, batch: &str, lane: Priority) -> BatchKeys {
         let shard = self.shard_of(batch);
         let base = self.shard_key(shard, &format!("b:{batch}"));
         BatchKeys {
@@ -323,7 +323,7 @@ impl Keyspace {
     }
     /// The key a `WAITAOF` round writes before it waits (see
     /// [`crate::store::aof`]); expires a minute after the last round.
-    pub fn fsync_marker(&self) -> String {
+    pub(crate) fn fsync_marker(&self) -> String {
         format!("{}:{{fsync}}:marker", self.prefix)
     }
 
@@ -331,7 +331,7 @@ impl Keyspace {
     /// server's `run_id` to milliseconds), so that only the first worker
     /// to start against a server measures it (see
     /// [`crate::store::Store::waitaof_confirmation_delay`]).
-    pub fn fsync_measured(&self) -> String {
+    pub(crate) fn fsync_measured(&self) -> String {
         format!("{}:{{fsync}}:measured", self.prefix)
     }
 

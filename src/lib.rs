@@ -34,32 +34,47 @@
 //! 6. [`worker`];
 //! 7. [`cli`] (the commands, the board among them).
 //!
-//! The mock provider and the test servers (`mock`, `redis_server`,
-//! `redis_cluster`) serve the binary's `demo`, `bench` and `mock-provider`
-//! commands and the tests; they are not part of the library's API.
+//! The rigs are another package of the workspace (`rigs/`,
+//! `groupcast-rigs`): the mock provider, the private Redis servers and
+//! clusters, the `demo`, `bench` and `mock-provider` commands, and the
+//! `groupcast` binary, which offers those with this library's commands
+//! ([`cli::Command`]).
+//!
+//! The public surface: what the binary, the rigs and the integration tests
+//! use, and nothing else.
+//! - [`cli`]: the product's command line ([`cli::Cli`], [`cli::Command`],
+//!   [`cli::run`]) with the pieces the rigs' commands share
+//!   ([`cli::CliError`], [`cli::start_logging`], [`cli::exit_code`]);
+//! - the library under it, which the demo, the bench and the tests drive
+//!   directly: [`events`], [`keys`], [`store`], [`projection`],
+//!   [`protocol`] (the model checker's), [`provider`], [`producer`],
+//!   [`worker`], [`verify`], [`metrics`], [`phone`], [`results`].
+//!
+//! Whatever no code outside this library names is `pub(crate)` or private
+//! (`unreachable_pub` holds it so), so that the compiler's dead-code check
+//! sees it; that covers `batch_id`, `human`, `redact`, `seq_ranges`, the
+//! modules of the commands the tests do not reach into (`audit`, `status`,
+//! ...), and most of the worker's.
 
 #![warn(unreachable_pub, missing_docs)]
+// The guides (this one, the modules') link to the private parts they
+// describe: `cargo doc --document-private-items` renders those links.
+#![allow(rustdoc::private_intra_doc_links)]
 
-pub mod batch_id;
+mod batch_id;
 pub mod cli;
 pub mod events;
-pub mod human;
+mod human;
 pub mod keys;
 pub mod metrics;
-#[doc(hidden)]
-pub mod mock;
 pub mod phone;
 pub mod producer;
 pub mod projection;
 pub mod protocol;
 pub mod provider;
-pub mod redact;
-#[doc(hidden)]
-pub mod redis_cluster;
-#[doc(hidden)]
-pub mod redis_server;
+mod redact;
 pub mod results;
-pub mod seq_ranges;
+mod seq_ranges;
 pub mod store;
 pub mod verify;
 pub mod worker;

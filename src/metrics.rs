@@ -6,7 +6,7 @@
 //!
 //! [`METRICS`] is the single list: [`describe`] registers its help texts,
 //! [`install`] its histogram buckets, `docs/observability.md` documents it
-//! and `tests/metrics.rs` scrapes a worker to check that what it emits and
+//! and `rigs/tests/metrics.rs` scrapes a worker to check that what it emits and
 //! the catalogue agree.
 //!
 //! Where the values come from:
@@ -104,23 +104,23 @@ const fn histogram(
 
 /// Buckets for any histogram not in the catalogue, in seconds (so that an
 /// undeclared histogram is still a histogram, never a summary).
-pub const BUCKETS: &[f64] = &[
+pub(crate) const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     300.0, 900.0, 3600.0,
 ];
 
 /// Provider request latency buckets, in seconds: a fast answer to a timeout.
-pub const PROVIDER_BUCKETS: &[f64] = &[
+pub(crate) const PROVIDER_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// Rate limiter wait buckets, in seconds: no wait to a long queue.
-pub const LIMITER_BUCKETS: &[f64] = &[
+pub(crate) const LIMITER_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 /// Batch duration buckets, in seconds: a test batch to a day-long campaign.
-pub const BATCH_BUCKETS: &[f64] = &[
+pub(crate) const BATCH_BUCKETS: &[f64] = &[
     0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
     86400.0,
 ];
@@ -369,7 +369,7 @@ pub fn install() -> Result<PrometheusHandle, InstallError> {
 }
 
 /// The content type of the text exposition format.
-pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Serves `GET /metrics` on `addr` in a background task (every other path
 /// answers 404) and returns the bound address (port 0 picks a free one).
@@ -379,7 +379,7 @@ pub async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> std::io::Resul
 
 /// [`serve`] on a listener already bound (the worker binds it itself, to
 /// try the next port when the default one is taken).
-pub fn serve_on(
+pub(crate) fn serve_on(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
 ) -> std::io::Result<SocketAddr> {

@@ -9,9 +9,9 @@
 //! [`normalize_into`] before anything else looks at them.
 
 /// Shortest accepted number (`02` area code + 7 digits).
-pub const MIN_LEN: usize = 9;
+pub(crate) const MIN_LEN: usize = 9;
 /// Longest accepted number (mobile `010` + 8 digits).
-pub const MAX_LEN: usize = 11;
+pub(crate) const MAX_LEN: usize = 11;
 
 /// Whether `to` is a number the provider accepts: ASCII digits only, length
 /// 9..=11, starting with `'0'`.
@@ -29,7 +29,7 @@ pub fn is_valid_number(to: &str) -> bool {
 /// Why a number as written could not be normalised. Each message says what
 /// is wrong and what to do; the caller quotes the number before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum NumberError {
+pub(crate) enum NumberError {
     /// Nothing but blanks.
     #[error("is empty: write the recipient's number, or remove the row")]
     Empty,
@@ -72,7 +72,7 @@ pub enum NumberError {
 
 impl NumberError {
     /// A short name of the kind of problem, for counts by kind.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             NumberError::Empty => "empty number",
             NumberError::Scientific => "number in scientific notation",
@@ -87,7 +87,7 @@ impl NumberError {
 
 /// What [`normalize_into`] changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Normalized {
+pub(crate) enum Normalized {
     /// Written in normal form already.
     AsWritten,
     /// Separators, blanks or `+82` taken out.
@@ -112,7 +112,7 @@ pub enum Normalized {
 /// from a typo, and is refused rather than guessed. `out` is reused, so
 /// that a caller reading millions of rows does not allocate for each; it is
 /// left empty on an error.
-pub fn normalize_into(raw: &str, out: &mut String) -> Result<Normalized, NumberError> {
+pub(crate) fn normalize_into(raw: &str, out: &mut String) -> Result<Normalized, NumberError> {
     out.clear();
     let result = normalize_digits(raw, out);
     if result.is_err() {
@@ -121,8 +121,9 @@ pub fn normalize_into(raw: &str, out: &mut String) -> Result<Normalized, NumberE
     result
 }
 
-/// [`normalize_into`], into a new string.
-pub fn normalize(raw: &str) -> Result<String, NumberError> {
+/// [`normalize_into`], into a new string (the tests' shorthand).
+#[cfg(test)]
+fn normalize(raw: &str) -> Result<String, NumberError> {
     let mut out = String::new();
     normalize_into(raw, &mut out)?;
     Ok(out)
@@ -212,7 +213,7 @@ fn is_scientific(s: &str) -> bool {
 /// characters and stars everything in between (`01012345678` →
 /// `010****5678`). Strings of 7 characters or fewer would reveal everything
 /// that way, so they are starred entirely (one star per character).
-pub fn mask(to: &str) -> String {
+pub(crate) fn mask(to: &str) -> String {
     const HEAD: usize = 3;
     const TAIL: usize = 4;
     let n = to.chars().count();

@@ -341,11 +341,6 @@ pub mod field {
     /// The batch's options, canonical (set by its first accepted chunk).
     pub const OPTIONS: &str = "opts";
 
-    /// When generation `gen`'s held send goes (Unix ms).
-    pub fn scheduled_at(gen: impl Display) -> String {
-        self::gen(gen, "at")
-    }
-
     /// Messages delivered, over the generations delivered so far.
     pub const DL_DELIVERED: &str = "dl_delivered";
     /// Messages failed at delivery, over the generations delivered so far.
@@ -839,12 +834,6 @@ impl Projection {
     /// The seq flagged last, when known.
     pub fn last_seq(&self) -> Option<u32> {
         self.get(field::LAST).and_then(|v| v.parse().ok())
-    }
-
-    /// Whether every seq 0..=last is assigned.
-    pub fn fully_assigned(&self) -> bool {
-        self.last_seq()
-            .is_some_and(|l| self.int(field::SEQS) == i64::from(l) + 1)
     }
 
     /// The entry id of the event appended under idempotency key `key`, if

@@ -13,7 +13,7 @@ const MASK: &str = "***";
 /// `url` with its userinfo and its query string (and fragment) replaced by
 /// `***`: `https://u:p@host/hook?token=x` → `https://***@host/hook?***`.
 /// Text that is no URL comes back unchanged.
-pub fn url(url: &str) -> String {
+pub(crate) fn url(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), url),
@@ -34,7 +34,7 @@ pub fn url(url: &str) -> String {
 
 /// `text` with every `http://` or `https://` URL in it redacted as [`url`]
 /// does. A URL ends at white space or at a quote, bracket or parenthesis.
-pub fn text(text: &str) -> String {
+pub(crate) fn text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = find_url(rest) {
@@ -60,7 +60,7 @@ fn find_url(text: &str) -> Option<usize> {
 
 /// A reqwest error with the URL it carries redacted as [`url`] does: its
 /// message still names the host and path, never a token.
-pub fn reqwest_error(mut e: reqwest::Error) -> reqwest::Error {
+pub(crate) fn reqwest_error(mut e: reqwest::Error) -> reqwest::Error {
     if let Some(u) = e.url_mut() {
         if !u.username().is_empty() || u.password().is_some() {
             let _ = u.set_password(None);
@@ -78,7 +78,7 @@ pub fn reqwest_error(mut e: reqwest::Error) -> reqwest::Error {
 
 /// An error and its sources, one `: ` apart, redacted as [`text`] does:
 /// reqwest's own message leaves out the cause (`connection refused`).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -125,8 +125,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_reqwest_error_names_the_host_but_not_the_token() {
-        // A free port: nothing listens there.
-        let port = crate::redis_server::free_port().expect("a free port");
+        // A port the system just handed out and that was closed again:
+        // nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
         let e = reqwest::Client::new()
             .post(format!(
                 "http://me:pw@127.0.0.1:{port}/hook?token=SEKRET123"

@@ -157,7 +157,7 @@ impl Record {
     }
 
     /// The number a results hash field names (see [`Record::field`]).
-    pub fn number_of(field: &str) -> &str {
+    pub(crate) fn number_of(field: &str) -> &str {
         field.split_once('#').map_or(field, |(n, _)| n)
     }
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 /// The most ranges of missing seqs an event, a report or a page lists (the
 /// first ones): with at most 100 pairs of 10-digit numbers, a list stays
 /// under 2.5 kB whatever the batch.
-pub const MISSING_RANGES_MAX: usize = 100;
+pub(crate) const MISSING_RANGES_MAX: usize = 100;
 
 /// The seqs missing from `0..=top`, as ranges.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -61,7 +61,7 @@ impl Missing {
 /// of them. `present` may be in any order, hold copies and seqs above
 /// `top` (ignored). The work is proportional to `present`'s length (it is
 /// sorted), never to `top`. `top` `None`: nothing is missing.
-pub fn missing_ranges(
+pub(crate) fn missing_ranges(
     present: impl IntoIterator<Item = u32>,
     top: Option<u32>,
     max: usize,
@@ -97,7 +97,7 @@ pub fn missing_ranges(
 
 /// Whether every range of `inner` lies within some range of `outer` (both
 /// as [`missing_ranges`] lists them: ascending and disjoint). Linear.
-pub fn covered(inner: &[[u32; 2]], outer: &[[u32; 2]]) -> bool {
+pub(crate) fn covered(inner: &[[u32; 2]], outer: &[[u32; 2]]) -> bool {
     let mut o = outer.iter().peekable();
     inner.iter().all(|&[a, b]| {
         while o.peek().is_some_and(|&&[_, to]| to < a) {
@@ -109,7 +109,7 @@ pub fn covered(inner: &[[u32; 2]], outer: &[[u32; 2]]) -> bool {
 
 /// The ranges of a sorted list of seqs (events recorded before ranges
 /// listed every missing seq one by one). Linear in the list.
-pub fn ranges_of(seqs: &[u32]) -> Vec<[u32; 2]> {
+pub(crate) fn ranges_of(seqs: &[u32]) -> Vec<[u32; 2]> {
     let mut out: Vec<[u32; 2]> = Vec::new();
     for &s in seqs {
         match out.last_mut() {

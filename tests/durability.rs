@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use groupcast::cli::worker::{choose_wait, Durability, ServerPersistence};
 use groupcast::events::{BatchStalled, Event};
 use groupcast::keys::Keyspace;
-use groupcast::redis_server::{aof_args, RedisServer, ServerOptions};
 use groupcast::store::aof::{Fact, Fsync};
 use groupcast::store::batch::Appended;
 use groupcast::store::Store;
 use groupcast::worker::{DurableWait, WorkerConfig};
+use groupcast_rigs::redis_server::{aof_args, RedisServer, ServerOptions};
 
 fn valkey(fsync: &str) -> RedisServer {
     RedisServer::start_valkey(fsync, &[]).unwrap_or_else(|e| panic!("{e}"))
@@ -177,7 +177,7 @@ async fn waitaof_is_measured_once_per_server_process() {
     let dir = tempfile::tempdir().expect("dir");
     let options = ServerOptions {
         program: Some(
-            groupcast::redis_server::REDIS8
+            groupcast_rigs::redis_server::REDIS8
                 .program()
                 .unwrap_or_else(|e| panic!("{e}")),
         ),

@@ -33,12 +33,12 @@ async fn cap_rollover_keeps_every_generation_under_the_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn provider_faults_do_not_break_invariants_or_dead_letter_anything() {
     let mut mock = mock_config();
-    mock.faults = groupcast::mock::Faults {
+    mock.faults = groupcast_rigs::mock::Faults {
         error_rate: 0.2,
         drop_rate: 0.1,
         rate_limit_per_sec: Some(40),
         retry_after_secs: 1,
-        ..groupcast::mock::Faults::default()
+        ..groupcast_rigs::mock::Faults::default()
     };
     let rig = Rig::start(4, test_config(), mock).await;
     let mut all = Vec::new();
@@ -477,7 +477,7 @@ async fn the_report_is_delivered_to_the_webhook_until_accepted() {
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     // The batch's report only: no delivery tracking, so no delivery report
-    // (tests/delivery.rs and tests/security/webhooks.rs deliver that one).
+    // (rigs/tests/delivery.rs and rigs/tests/security/webhooks.rs deliver that one).
     let config = groupcast::worker::WorkerConfig {
         report_webhook: Some(url),
         delivery_window: Duration::ZERO,
@@ -667,7 +667,7 @@ async fn delayed_entries_for_a_group_finished_after(
         poll_interval,
         ..test_config()
     };
-    let mock = groupcast::mock::MockConfig {
+    let mock = groupcast_rigs::mock::MockConfig {
         complete_after,
         ..mock_config()
     };

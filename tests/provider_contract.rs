@@ -15,12 +15,12 @@ mod signing;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use groupcast::mock::{self, MockConfig, MockHandle};
 use groupcast::provider::auth;
 use groupcast::provider::{
     Message, MessageType, ProviderClient, ProviderConfig, ProviderError, ProviderErrorKind,
     Registration,
 };
+use groupcast_rigs::mock::{self, MockConfig, MockHandle};
 use serde_json::Value;
 
 const KEY: &str = "contract-key";

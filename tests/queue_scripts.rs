@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use groupcast::events::{BatchStalled, Event};
 use groupcast::keys::Priority;
-use groupcast::redis_server::RedisServer;
 use groupcast::store::batch::{BatchLog, Rebuilt};
 use groupcast::store::clock::RedisClock;
 use groupcast::store::queue::{read_group, Alive, DelayedEntry, LoadHolds, Rescheduled};
@@ -25,6 +24,7 @@ use groupcast::store::scripts::SCRIPTS;
 use groupcast::store::witness::LastAppended;
 use groupcast::store::Store;
 use groupcast::worker::maintenance::promote_due;
+use groupcast_rigs::redis_server::RedisServer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redis::Value;

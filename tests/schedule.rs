@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::*;
 use groupcast::events::options::{BatchOptions, Priority, QuietHours};
 use groupcast::events::{Chunk, Event};
-use groupcast::mock::LedgerSnapshot;
 use groupcast::producer::{append_chunks, cut};
+use groupcast_rigs::mock::LedgerSnapshot;
 use jiff::{Timestamp, ToSpan};
 
 /// How late after its instant a held send may go: the promote loop wakes at

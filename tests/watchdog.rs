@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use groupcast::events::{BatchReported, BatchStalled, Event};
-use groupcast::mock::Faults;
 use groupcast::producer::append_chunks;
 use groupcast::provider::{ProviderClient, ProviderConfig};
 use groupcast::store::batch::{Accepted, BatchLog};
 use groupcast::store::Store;
 use groupcast::worker::watchdog::{self, ScanReport};
 use groupcast::worker::{Ctx, WorkerConfig};
+use groupcast_rigs::mock::Faults;
 use redis::AsyncCommands;
 
 const STALL_AFTER: Duration = Duration::from_millis(300);

@@ -27,14 +27,14 @@ pub struct AuditArgs {
 
 /// A one-line summary of an event, its times in the deployment's zone
 /// (`GROUPCAST_TIMEZONE`, else UTC).
-pub fn summary(e: &Event, show_numbers: bool) -> String {
+pub(crate) fn summary(e: &Event, show_numbers: bool) -> String {
     summary_in(e, show_numbers, &deployment_zone())
 }
 
 /// The zone a batch's times are shown in: that of its options (the first
 /// chunk's, which every chunk shares; [`SendWindow::zone`]), else the
 /// deployment's.
-pub fn batch_zone(events: &[Result<Recorded, (String, String)>]) -> TimeZone {
+pub(crate) fn batch_zone(events: &[Result<Recorded, (String, String)>]) -> TimeZone {
     events
         .iter()
         .filter_map(|r| match &r.as_ref().ok()?.event {
@@ -55,7 +55,7 @@ fn by_code(by: &std::collections::BTreeMap<String, u64>) -> String {
 }
 
 /// [`summary`], its times in `tz` with their offset.
-pub fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
+pub(crate) fn summary_in(e: &Event, show_numbers: bool, tz: &TimeZone) -> String {
     let num = |n: &str| if show_numbers { n.to_string() } else { mask(n) };
     let at = |ms: u64| zoned_time(ms, tz);
     match e {
@@ -360,7 +360,7 @@ fn options_read_as_written(reason: &str) -> String {
 /// An event as a person reads it on the board: [`json_of`], with `time`
 /// and the times in `summary` in `tz` (the batch's zone, [`batch_zone`])
 /// with their offset.
-pub fn json_in(r: &Recorded, show_numbers: bool, tz: &TimeZone) -> serde_json::Value {
+pub(crate) fn json_in(r: &Recorded, show_numbers: bool, tz: &TimeZone) -> serde_json::Value {
     let mut v = json_of(r, show_numbers);
     v["time"] = zoned_time(r.millis(), tz).into();
     v["summary"] = summary_in(&r.event, show_numbers, tz).into();
@@ -368,7 +368,7 @@ pub fn json_in(r: &Recorded, show_numbers: bool, tz: &TimeZone) -> serde_json::V
 }
 
 /// An event as `audit --json` prints it.
-pub fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
+pub(crate) fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
     serde_json::json!({
         "id": r.id,
         "time": human_time(r.millis()),
@@ -379,7 +379,7 @@ pub fn json_of(r: &Recorded, show_numbers: bool) -> serde_json::Value {
 }
 
 /// Runs audit.
-pub async fn run(args: AuditArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: AuditArgs) -> Result<(), CliError> {
     validate_batch_id(&args.batch)
         .map_err(|e| CliError::Usage(format!("{:?}: {e}", args.batch)))?;
     let store = args.redis.connect().await?;

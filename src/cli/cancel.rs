@@ -45,7 +45,7 @@ pub struct CancelArgs {
 }
 
 /// Runs `groupcast cancel`.
-pub async fn run(args: CancelArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: CancelArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     let b = &args.batch;
     let known = what_is_known(&args.redis, b).await?;

@@ -68,7 +68,7 @@ pub(super) async fn confirm_on_disk(
 }
 
 /// Runs `groupcast close`.
-pub async fn run(args: CloseArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: CloseArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     match log.close(&args.reason).await? {
         Closing::Closed { missing } => {
@@ -100,7 +100,7 @@ pub async fn run(args: CloseArgs) -> Result<(), CliError> {
 /// report, truthfully: a generation whose provider operation fails for good
 /// is given up and counted (unsent, unknown or failed), so each of these
 /// ends either way.
-pub fn what_remains(p: &crate::projection::Projection) -> String {
+pub(crate) fn what_remains(p: &crate::projection::Projection) -> String {
     if let Some(outcome) = p.report() {
         return format!("reported ({outcome})");
     }

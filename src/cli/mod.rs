@@ -1,20 +1,17 @@
 //! The command line: one file per command, and this thin dispatcher.
 
-pub mod audit;
-pub mod bench;
+pub(crate) mod audit;
 pub mod board;
-pub mod cancel;
-pub mod close;
-pub mod demo;
+pub(crate) mod cancel;
+pub(crate) mod close;
 pub mod dlq;
-pub mod mock_provider;
 pub mod replay;
-pub mod results;
-pub mod seal;
+pub(crate) mod results;
+pub(crate) mod seal;
 pub mod serve;
-pub mod status;
+pub(crate) mod status;
 pub mod submit;
-pub mod verify;
+pub(crate) mod verify;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -47,7 +44,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// The commands.
+/// The product's commands. (The binary, in the rigs' package, adds
+/// `demo`, `mock-provider` and `bench`.)
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a worker: loaders, provider operations, retries, watchdog.
@@ -73,12 +71,6 @@ pub enum Command {
     Cancel(cancel::CancelArgs),
     /// Check the invariants for a batch.
     Verify(verify::VerifyArgs),
-    /// Run everything on this machine: workers, a mock provider, a batch.
-    Demo(demo::DemoArgs),
-    /// Serve the mock provider (the provider contract plus test hooks).
-    MockProvider(mock_provider::MockProviderArgs),
-    /// Run a whole campaign on this machine and print its costs as JSON.
-    Bench(bench::BenchArgs),
     /// Serve the operator board: every batch, stream health, dead letters.
     Board(board::BoardArgs),
     /// Serve the HTTP API under /v1 (and the board) on one listener.
@@ -86,25 +78,24 @@ pub enum Command {
 }
 
 impl Command {
-    /// The connection flags of a command that uses the deployment's Redis;
-    /// `None` for the commands that start their own (`demo`, `bench`) or use
-    /// none (`mock-provider`).
-    pub fn redis_args(&self) -> Option<&RedisArgs> {
+    /// The command's connection flags: every product command uses the
+    /// deployment's Redis (the tests check that each takes them).
+    #[cfg(test)]
+    fn redis_args(&self) -> &RedisArgs {
         match self {
-            Command::Worker(a) => Some(&a.redis),
-            Command::Submit(a) => Some(&a.redis),
-            Command::Audit(a) => Some(&a.redis),
-            Command::Replay(a) => Some(&a.redis),
-            Command::Status(a) => Some(&a.redis),
-            Command::Dlq(a) => Some(&a.redis),
-            Command::Results(a) => Some(&a.redis),
-            Command::Close(a) => Some(&a.redis),
-            Command::Seal(a) => Some(&a.redis),
-            Command::Cancel(a) => Some(&a.redis),
-            Command::Verify(a) => Some(&a.redis),
-            Command::Board(a) => Some(&a.redis),
-            Command::Serve(a) => Some(&a.board.redis),
-            Command::Demo(_) | Command::MockProvider(_) | Command::Bench(_) => None,
+            Command::Worker(a) => &a.redis,
+            Command::Submit(a) => &a.redis,
+            Command::Audit(a) => &a.redis,
+            Command::Replay(a) => &a.redis,
+            Command::Status(a) => &a.redis,
+            Command::Dlq(a) => &a.redis,
+            Command::Results(a) => &a.redis,
+            Command::Close(a) => &a.redis,
+            Command::Seal(a) => &a.redis,
+            Command::Cancel(a) => &a.redis,
+            Command::Verify(a) => &a.redis,
+            Command::Board(a) => &a.redis,
+            Command::Serve(a) => &a.board.redis,
         }
     }
 }
@@ -178,7 +169,7 @@ impl std::fmt::Debug for RedisCredentials {
 
 impl RedisCredentials {
     /// Reads them from the environment.
-    pub fn from_env() -> Result<RedisCredentials, CliError> {
+    pub(crate) fn from_env() -> Result<RedisCredentials, CliError> {
         Ok(RedisCredentials {
             password: secret_from_env("GROUPCAST_REDIS_PASSWORD")?,
             username: std::env::var("GROUPCAST_REDIS_USERNAME").ok(),
@@ -187,11 +178,6 @@ impl RedisCredentials {
 }
 
 impl RedisArgs {
-    /// The URL with the password from the environment or a file put in.
-    pub fn resolved_url(&self) -> Result<String, CliError> {
-        Ok(self.url_with(&RedisCredentials::from_env()?))
-    }
-
     fn url_with(&self, creds: &RedisCredentials) -> String {
         match (&creds.password, &creds.username) {
             (None, None) => self.url.clone(),
@@ -203,7 +189,7 @@ impl RedisArgs {
 
     /// The TLS files named by `--redis-ca-file` / GROUPCAST_REDIS_CA_FILE and
     /// the client certificate options, read; `None` when none is given.
-    pub fn tls_certificates(&self) -> Result<Option<TlsCertificates>, CliError> {
+    pub(crate) fn tls_certificates(&self) -> Result<Option<TlsCertificates>, CliError> {
         let read = |path: &PathBuf, var: &str| {
             std::fs::read(path)
                 .map_err(|e| CliError::Usage(format!("{var}={}: cannot read: {e}", path.display())))
@@ -242,7 +228,7 @@ impl RedisArgs {
 
     /// Connects and checks the server answers `PING`, returning the raw
     /// error (for callers that wait while Redis is away).
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         &self,
         creds: &RedisCredentials,
         tls: Option<TlsCertificates>,
@@ -277,7 +263,7 @@ impl RedisArgs {
     }
 
     /// What a connection error means and what to do, without secrets.
-    pub fn explain(&self, e: &StoreError, creds: &RedisCredentials) -> String {
+    pub(crate) fn explain(&self, e: &StoreError, creds: &RedisCredentials) -> String {
         match e {
             StoreError::Redis(r) => {
                 explain_connect(&self.url, Some(r), &format!("redis: {r}"), creds)
@@ -289,7 +275,11 @@ impl RedisArgs {
 }
 
 /// Puts a username and password into a URL (`scheme://user:pass@host...`).
-pub fn with_credentials(url: &str, username: Option<&str>, password: Option<&str>) -> String {
+pub(crate) fn with_credentials(
+    url: &str,
+    username: Option<&str>,
+    password: Option<&str>,
+) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -370,7 +360,7 @@ fn explain_connect(
 
 /// `text` with every occurrence of `secret` (as given and percent-encoded)
 /// replaced by `***`: a last guard for error texts that might echo a URL.
-pub fn scrub(text: &str, secret: Option<&str>) -> String {
+pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
     match secret {
         Some(s) if !s.is_empty() => text.replace(s, "***").replace(&percent(s), "***"),
         _ => text.to_string(),
@@ -430,12 +420,16 @@ impl CliError {
 /// Whether human logs get ANSI colors: only when stderr is a terminal (a
 /// file or a pipe gets plain text) and `NO_COLOR` is not set to anything
 /// non-empty (<https://no-color.org>).
-pub fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+pub(crate) fn log_colors(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// Sets up logging.
-pub fn init_logging(format: LogFormat) {
+/// Sets up logging; a `quiet` command (one that prints its own progress)
+/// logs only when GROUPCAST_LOG asks.
+pub fn start_logging(format: LogFormat, quiet: bool) {
+    if quiet && std::env::var_os("GROUPCAST_LOG").is_none() {
+        return;
+    }
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROUPCAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -455,13 +449,7 @@ pub fn init_logging(format: LogFormat) {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> ExitCode {
-    let quiet = matches!(
-        cli.command,
-        Command::Demo(_) | Command::Submit(_) | Command::Bench(_)
-    );
-    if !quiet || std::env::var("GROUPCAST_LOG").is_ok() {
-        init_logging(cli.log_format);
-    }
+    start_logging(cli.log_format, matches!(cli.command, Command::Submit(_)));
     let result = match cli.command {
         Command::Worker(a) => worker::run(*a).await,
         Command::Submit(a) => submit::run(a).await,
@@ -474,12 +462,14 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Seal(a) => seal::run(a).await,
         Command::Cancel(a) => cancel::run(a).await,
         Command::Verify(a) => verify::run(a).await,
-        Command::Demo(a) => demo::run(a).await,
-        Command::MockProvider(a) => mock_provider::run(a).await,
-        Command::Bench(a) => bench::run(a).await,
         Command::Board(a) => board::run(a).await,
         Command::Serve(a) => serve::run(a).await,
     };
+    exit_code(result)
+}
+
+/// A command's result as the process's exit status, its error printed.
+pub fn exit_code(result: Result<(), CliError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -491,12 +481,12 @@ pub async fn run(cli: Cli) -> ExitCode {
 
 /// Formats a duration for people ([`crate::human::duration`]): `850 ms`,
 /// `12.3 s`, `4m 5s`, `2h 3m`, `7 days`.
-pub fn human_duration(ms: u64) -> String {
+pub(crate) fn human_duration(ms: u64) -> String {
     crate::human::millis(ms)
 }
 
 /// Formats epoch milliseconds as an RFC 3339 UTC time (to the millisecond).
-pub fn human_time(ms: u64) -> String {
+pub(crate) fn human_time(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
@@ -541,7 +531,7 @@ fn numeric(cell: &str) -> bool {
 /// Prints rows as an aligned table: numeric columns (every cell a number or
 /// `-`, at least one a number) are right-aligned, the last column is not
 /// padded.
-pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     let mut right = vec![true; headers.len()];
     let mut any_number = vec![false; headers.len()];
@@ -581,17 +571,6 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// One command's flags parsed as its command line would be (`argv` after the
-/// command's name): the commands' unit tests build their arguments with it.
-#[cfg(test)]
-pub(crate) fn parse_flags<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {
-    let cmd = A::augment_args(clap::Command::new("groupcast"));
-    let matches = cmd
-        .try_get_matches_from(std::iter::once(&"groupcast").chain(argv))
-        .unwrap();
-    A::from_arg_matches(&matches).unwrap()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,7 +601,6 @@ mod tests {
         let mut all = Vec::new();
         leaves(&Cli::command(), Vec::new(), &mut all);
         assert!(all.len() >= 10, "{} commands", all.len());
-        let mut without = Vec::new();
         for (path, cmd) in &all {
             let mut argv = vec!["groupcast".to_string()];
             argv.extend(path.iter().cloned());
@@ -651,47 +629,29 @@ mod tests {
                 ]
                 .map(String::from),
             );
-            let parsed = Cli::try_parse_from(&argv);
             let line = argv.join(" ");
-            match parsed.as_ref().map(|c| c.command.redis_args()) {
-                Ok(Some(r)) => {
-                    assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
-                    assert_eq!(r.prefix, "px", "{line}");
-                    assert_eq!(r.shards, ShardCount::Fixed(3), "{line}");
-                    assert_eq!(
-                        r.ca_file.as_ref().map(|p| p.display().to_string()),
-                        Some(ca.clone()),
-                        "{line}"
-                    );
-                    assert_eq!(
-                        r.client_cert_file.as_ref().map(|p| p.display().to_string()),
-                        Some(cert.clone()),
-                        "{line}"
-                    );
-                    assert_eq!(
-                        r.client_key_file.as_ref().map(|p| p.display().to_string()),
-                        Some(key.clone()),
-                        "{line}"
-                    );
-                }
-                Ok(None) => without.push(path.join(" ")),
-                Err(e) => {
-                    // Commands without our Redis refuse the flags; the rest must take them.
-                    let first = path.first().map(String::as_str).unwrap_or("");
-                    assert!(
-                        matches!(first, "mock-provider" | "bench" | "demo"),
-                        "`{line}` refused the connection flags: {e}"
-                    );
-                    without.push(path.join(" "));
-                }
-            }
+            let cli = Cli::try_parse_from(&argv)
+                .unwrap_or_else(|e| panic!("`{line}` refused the connection flags: {e}"));
+            let r = cli.command.redis_args();
+            assert_eq!(r.url, "redis://10.0.0.9:7000", "{line}");
+            assert_eq!(r.prefix, "px", "{line}");
+            assert_eq!(r.shards, ShardCount::Fixed(3), "{line}");
+            assert_eq!(
+                r.ca_file.as_ref().map(|p| p.display().to_string()),
+                Some(ca.clone()),
+                "{line}"
+            );
+            assert_eq!(
+                r.client_cert_file.as_ref().map(|p| p.display().to_string()),
+                Some(cert.clone()),
+                "{line}"
+            );
+            assert_eq!(
+                r.client_key_file.as_ref().map(|p| p.display().to_string()),
+                Some(key.clone()),
+                "{line}"
+            );
         }
-        without.sort();
-        assert_eq!(
-            without,
-            ["bench", "demo", "mock-provider"],
-            "commands without the deployment's Redis"
-        );
     }
 
     #[test]
@@ -732,7 +692,7 @@ mod tests {
             "p2",
         ])
         .expect("parse");
-        let r = cli.command.redis_args().expect("dlq uses redis");
+        let r = cli.command.redis_args();
         assert_eq!((r.url.as_str(), r.prefix.as_str()), ("redis://h:1", "p2"));
     }
 }

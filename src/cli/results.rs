@@ -78,7 +78,7 @@ impl Filter {
 }
 
 /// Parses `--status` (`failed`, `failed,unknown`, `all`, ...).
-pub fn parse_filter(s: &str) -> Result<Filter, String> {
+pub(crate) fn parse_filter(s: &str) -> Result<Filter, String> {
     if s == "all" {
         return Ok(Filter(Outcome::ALL.to_vec()));
     }
@@ -94,7 +94,7 @@ pub fn parse_filter(s: &str) -> Result<Filter, String> {
 
 /// One exported recipient.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// The number (masked unless `--show-numbers`).
     pub number: String,
     /// The outcome.
@@ -170,7 +170,7 @@ impl<W: Write> Out<W> {
 }
 
 /// Runs results.
-pub async fn run(args: ResultsArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: ResultsArgs) -> Result<(), CliError> {
     validate_batch_id(&args.batch)
         .map_err(|e| CliError::Usage(format!("invalid batch id: {e}")))?;
     let store = args.redis.connect().await?;

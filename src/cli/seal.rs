@@ -29,7 +29,7 @@ pub struct SealArgs {
 }
 
 /// Runs `groupcast seal`.
-pub async fn run(args: SealArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: SealArgs) -> Result<(), CliError> {
     let log = batch_log(&args.redis, &args.batch, args.retention).await?;
     match log.seal(args.last).await? {
         Sealing::Sealed(last) => {

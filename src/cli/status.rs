@@ -61,7 +61,7 @@ async fn wait_for_report(store: &Store, batch: &str) -> Result<(), CliError> {
 }
 
 /// A batch's generations as JSON (`done`: the provider's final status).
-pub fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
+pub(crate) fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
     (0..p.generations())
         .map(|g| {
             serde_json::json!({
@@ -84,7 +84,7 @@ pub fn generations_json(p: &Projection) -> Vec<serde_json::Value> {
 }
 
 /// The state of a batch as JSON.
-pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
+pub(crate) fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
     let gens = generations_json(p);
     serde_json::json!({
         "batch": batch,
@@ -109,7 +109,7 @@ pub fn batch_json(batch: &str, p: &Projection) -> serde_json::Value {
 }
 
 /// The batch's options (priority, `send_at`, quiet hours) as JSON.
-pub fn options_json(p: &Projection) -> serde_json::Value {
+pub(crate) fn options_json(p: &Projection) -> serde_json::Value {
     let w = p
         .get(field::OPTIONS)
         .and_then(SendWindow::from_canonical)
@@ -127,7 +127,7 @@ pub fn options_json(p: &Projection) -> serde_json::Value {
 }
 
 /// Runs status.
-pub async fn run(args: StatusArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: StatusArgs) -> Result<(), CliError> {
     let store = args.redis.connect().await?;
     match &args.batch {
         Some(batch) => batch_status(&store, batch, args.wait, args.json).await,
@@ -324,7 +324,7 @@ fn generation_rows(p: &Projection, window: &SendWindow) -> Vec<Vec<String>> {
 }
 
 /// A queued batch (chunks waiting, no state yet) as JSON.
-pub fn queued_json(batch: &str, w: &QueuedBatch, q: &Queued) -> serde_json::Value {
+pub(crate) fn queued_json(batch: &str, w: &QueuedBatch, q: &Queued) -> serde_json::Value {
     serde_json::json!({
         "batch": batch,
         "state": "queued",

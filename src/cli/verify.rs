@@ -28,7 +28,7 @@ pub struct VerifyArgs {
 }
 
 /// Runs verify.
-pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
+pub(crate) async fn run(args: VerifyArgs) -> Result<(), CliError> {
     validate_batch_id(&args.batch)
         .map_err(|e| CliError::Usage(format!("{:?}: {e}", args.batch)))?;
     let store = args.redis.connect().await?;

@@ -493,7 +493,7 @@ pub struct ServerPersistence {
 
 /// A `WAITAOF` under `everysec` that confirms a write made right after an
 /// fsync sooner than this confirms writes that are not on disk.
-pub const EARLY_CONFIRMATION: Duration = Duration::from_millis(500);
+pub(crate) const EARLY_CONFIRMATION: Duration = Duration::from_millis(500);
 
 impl ServerPersistence {
     /// Reads them. On a cluster the weakest master counts: `no` over `yes`,
@@ -576,12 +576,12 @@ where
 }
 
 /// The metrics port of a worker without `--metrics-listen`, on loopback.
-pub const DEFAULT_METRICS_PORT: u16 = 9464;
+pub(crate) const DEFAULT_METRICS_PORT: u16 = 9464;
 /// How many ports from [`DEFAULT_METRICS_PORT`] on a worker without
 /// `--metrics-listen` tries: several workers on one host (a systemd
 /// template, one per core) each find one, and Prometheus has a short,
 /// known range to scrape.
-pub const DEFAULT_METRICS_PORTS: u16 = 32;
+pub(crate) const DEFAULT_METRICS_PORTS: u16 = 32;
 
 /// The addresses a worker without `--metrics-listen` tries, in order:
 /// [`DEFAULT_METRICS_PORT`] and the ports after it, except the board's

@@ -28,12 +28,12 @@ pub use chunk::{Chunk, ChunkError, Recipient, Template};
 pub const ENVELOPE_VERSION: &str = "1";
 
 /// The most bytes of hostile input quoted in an error message.
-pub const QUOTE_MAX: usize = 64;
+pub(crate) const QUOTE_MAX: usize = 64;
 
 /// At most `max` bytes of `s` (cut on a character boundary), saying how long
 /// it was: error messages and dead-letter reasons quote input, and input can
 /// be megabytes long.
-pub fn clip(s: &str, max: usize) -> String {
+pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
@@ -73,7 +73,7 @@ pub enum DecodeError {
 /// chunk's recipients' variables); rmp-serde's own limit, 1024, takes more
 /// than a 2 MiB thread stack (a tokio worker's) in a debug build, so one
 /// malicious entry nested 1024 deep would abort the worker.
-pub const MAX_PAYLOAD_DEPTH: usize = 32;
+pub(crate) const MAX_PAYLOAD_DEPTH: usize = 32;
 
 /// Decodes a named-field MessagePack payload.
 pub fn decode_payload<T: DeserializeOwned>(kind: &str, bytes: &[u8]) -> Result<T, DecodeError> {
@@ -659,7 +659,7 @@ impl BatchClosed {
 
     /// The seqs that never arrived, as ranges and counts (whichever form
     /// the event has; an old event's list is cut to the same limit).
-    pub fn missing_seqs(&self) -> crate::seq_ranges::Missing {
+    pub(crate) fn missing_seqs(&self) -> crate::seq_ranges::Missing {
         use crate::seq_ranges::{ranges_of, Missing, MISSING_RANGES_MAX};
         if self.missing.is_empty() {
             return Missing {

@@ -108,10 +108,10 @@ pub const NIGHT_RULE: (&str, &str, &str) = ("21:00", "08:00", "Asia/Seoul");
 
 /// The zone of a deployment, for quiet hours without `--timezone` and for
 /// the times shown of batches without a zone of their own.
-pub const TIMEZONE_ENV: &str = "GROUPCAST_TIMEZONE";
+pub(crate) const TIMEZONE_ENV: &str = "GROUPCAST_TIMEZONE";
 
 /// The deployment's zone ([`TIMEZONE_ENV`]), when set (empty: unset).
-pub fn deployment_zone_name() -> Option<String> {
+pub(crate) fn deployment_zone_name() -> Option<String> {
     std::env::var(TIMEZONE_ENV)
         .ok()
         .map(|v| v.trim().to_string())
@@ -120,7 +120,7 @@ pub fn deployment_zone_name() -> Option<String> {
 
 /// The zone times are shown in when a batch has none: the deployment's
 /// (when it names a known zone), else UTC.
-pub fn deployment_zone() -> TimeZone {
+pub(crate) fn deployment_zone() -> TimeZone {
     deployment_zone_name()
         .and_then(|name| TimeZone::get(&name).ok())
         .unwrap_or(TimeZone::UTC)
@@ -273,7 +273,7 @@ impl Ad {
 }
 
 /// What an advertising text must carry: how it begins.
-pub const AD_PREFIX: &str = "(광고)";
+pub(crate) const AD_PREFIX: &str = "(광고)";
 
 /// Why an advertising batch's text was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -291,7 +291,7 @@ pub enum AdTextError {
 /// `무료거부` (spaces inside them allowed: `무료 수신거부`) and a number of
 /// at least 8 digits (`-`, `.`, spaces and parentheses between them
 /// allowed): `무료수신거부 080-123-4567`, `무료거부 0801234567`.
-pub fn check_ad_text(text: &str) -> Result<(), AdTextError> {
+pub(crate) fn check_ad_text(text: &str) -> Result<(), AdTextError> {
     if !text.trim_start().starts_with(AD_PREFIX) {
         return Err(AdTextError::NoPrefix);
     }
@@ -471,7 +471,7 @@ impl Quiet {
     /// it: `(opens, closes)`, instants (`opens <= t` when `t` is inside).
     /// Computed in the window's zone (daylight-saving changes included); the
     /// claim script gets these instants, since Lua has no zone database.
-    pub fn window_at(&self, t: Timestamp) -> Option<(Timestamp, Timestamp)> {
+    pub(crate) fn window_at(&self, t: Timestamp) -> Option<(Timestamp, Timestamp)> {
         let date = t.to_zoned(self.tz.clone()).date();
         let mut day = date.yesterday().ok()?;
         // Yesterday's window (it may span midnight into today), today's and
@@ -659,7 +659,7 @@ impl SendWindow {
 
     /// Whether some daily window holds the send: quiet hours, or the night
     /// rule.
-    pub fn has_quiet(&self) -> bool {
+    pub(crate) fn has_quiet(&self) -> bool {
         self.quiet.is_some() || self.night_rule_applies()
     }
 
@@ -703,7 +703,7 @@ impl SendWindow {
     /// Whether a send held until `at_ms` was held by the night rule: `at_ms`
     /// ends a window it was held in (not a `send_at`), and that window
     /// covers Korean night hours (alone, or joined to quiet hours).
-    pub fn held_by_night_rule(&self, at_ms: i64) -> bool {
+    pub(crate) fn held_by_night_rule(&self, at_ms: i64) -> bool {
         let Some(night) = night_rule().filter(|_| self.night_rule_applies()) else {
             return false;
         };
@@ -751,7 +751,7 @@ impl SendWindow {
     }
 
     /// `send_at` as RFC 3339 (UTC), for reports.
-    pub fn send_at_text(&self) -> Option<String> {
+    pub(crate) fn send_at_text(&self) -> Option<String> {
         self.send_at
             .and_then(|ms| Timestamp::from_millisecond(ms).ok())
             .map(|t| t.to_string())
@@ -770,7 +770,7 @@ impl SendWindow {
 
     /// The instant `ms` as a time with its offset in [`SendWindow::zone`]
     /// (`2026-12-01 18:00 +09:00`); the bare number if not an instant.
-    pub fn time_text(&self, ms: i64) -> String {
+    pub(crate) fn time_text(&self, ms: i64) -> String {
         crate::human::time_in(ms, &self.zone()).unwrap_or_else(|| ms.to_string())
     }
 
@@ -806,13 +806,13 @@ impl SendWindow {
 
     /// [`SendWindow::describe`] of a canonical form; the form itself when
     /// it does not read (a newer or damaged state: shown, not hidden).
-    pub fn describe_canonical(canonical: &str) -> String {
+    pub(crate) fn describe_canonical(canonical: &str) -> String {
         SendWindow::from_canonical(canonical)
             .map_or_else(|| canonical.to_string(), |w| w.describe())
     }
 
     /// The quiet hours as `HH:MM:SS-HH:MM:SS@Zone`, for reports.
-    pub fn quiet_text(&self) -> Option<String> {
+    pub(crate) fn quiet_text(&self) -> Option<String> {
         self.quiet.as_ref().map(Quiet::canonical)
     }
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{decode_payload, encode_payload, DecodeError};
 
 /// The most bytes a seal's payload may have: a batch id and a number.
-pub const SEAL_MAX_BYTES: usize = 1024;
+pub(crate) const SEAL_MAX_BYTES: usize = 1024;
 
 /// A batch's last seq, declared after its chunks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

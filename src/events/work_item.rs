@@ -126,7 +126,7 @@ impl WorkItem {
     /// retry budget, for `dlq redrive`: attempts and budget start over, as if
     /// the item had never failed. Fields of anything that is not a readable
     /// work item (an ingest entry) come back unchanged.
-    pub fn fresh_budget(mut fields: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    pub(crate) fn fresh_budget(mut fields: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
         if !fields.iter().any(|(k, _)| k == "op") {
             return fields;
         }

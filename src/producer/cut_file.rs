@@ -18,7 +18,10 @@ use crate::events::{Recipient, Template};
 /// Reads and validates every recipient row, and returns those that would
 /// be sent (numbers normalised, later rows of a repeated number dropped),
 /// for tests and small files: `submit` itself never holds the whole file.
-pub fn read_recipients(path: &Path, template: &Template) -> Result<Vec<Recipient>, InputError> {
+pub(crate) fn read_recipients(
+    path: &Path,
+    template: &Template,
+) -> Result<Vec<Recipient>, InputError> {
     let mut input = Input::open(path, FileEncoding::Auto)?;
     let scan = check_recipients(
         &mut input,

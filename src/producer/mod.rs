@@ -24,14 +24,14 @@
 //! They fail with an [`InputError`]; `groupcast submit` (and `serve`) turn
 //! it into their own.
 
-pub mod check;
-pub mod cut_file;
+pub(crate) mod check;
+pub(crate) mod cut_file;
 #[cfg(test)]
 pub(crate) mod fixtures;
-pub mod input;
-pub mod problems;
-pub mod rows;
-pub mod template;
+pub(crate) mod input;
+pub(crate) mod problems;
+pub(crate) mod rows;
+pub(crate) mod template;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -85,12 +85,12 @@ pub enum Duplicates {
 /// How many chunks a [`Producer`] lets wait unread in a shard's ingest
 /// stream before it pauses. Each producer counts for itself: with several
 /// producers on one shard the stream holds up to this many per producer.
-pub const DEFAULT_MAX_UNREAD_CHUNKS: u64 = 64;
+pub(crate) const DEFAULT_MAX_UNREAD_CHUNKS: u64 = 64;
 /// The most chunks in one pipelined round trip.
-pub const ROUND_CHUNKS: usize = 32;
+pub(crate) const ROUND_CHUNKS: usize = 32;
 /// The most payload bytes in one pipelined round trip (unless one chunk
 /// alone is larger), so that large chunks do not make huge pipelines.
-pub const ROUND_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const ROUND_BYTES: usize = 4 * 1024 * 1024;
 /// How long a waiting producer sleeps between looks at the stream: from the
 /// first to the second value, doubling.
 const WAIT_POLL: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
@@ -129,7 +129,7 @@ pub fn ingest_fields(chunk: &Chunk) -> [(&'static str, Vec<u8>); 3] {
 
 /// The fields of an ingest entry sealing batch `batch` at seq `last` (its
 /// last; see [`crate::events::seal`]).
-pub fn seal_fields(batch: &str, last: u32) -> [(&'static str, Vec<u8>); 3] {
+pub(crate) fn seal_fields(batch: &str, last: u32) -> [(&'static str, Vec<u8>); 3] {
     let seal = crate::events::seal::Seal {
         batch: batch.to_string(),
         last,
@@ -154,7 +154,7 @@ pub async fn append_seal(store: &Store, batch: &str, last: u32) -> StoreResult<S
 }
 
 /// The priority lane a chunk goes through: its batch's priority.
-pub fn lane_of(chunk: &Chunk) -> Priority {
+pub(crate) fn lane_of(chunk: &Chunk) -> Priority {
     chunk.options.priority()
 }
 

@@ -51,7 +51,7 @@ pub struct KakaoFile {
 pub const MAX_TEMPLATE_FILE_BYTES: u64 = 64 * 1024;
 
 /// Reads and checks a template file.
-pub fn read_template(path: &Path) -> Result<Template, InputError> {
+pub(crate) fn read_template(path: &Path) -> Result<Template, InputError> {
     let cannot = |e: std::io::Error| usage(format!("{}: cannot read: {e}", path.display()));
     let mut text = String::new();
     std::fs::File::open(path)

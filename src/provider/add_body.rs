@@ -205,7 +205,7 @@ pub fn add_body<R: RecipientFields>(t: &TemplateRef<'_>, recipients: &[R]) -> Ve
 
 /// Appends `s` as a JSON string, byte for byte as `serde_json` writes it.
 #[inline]
-pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     write_json_str_content(out, s);
     out.push(b'"');
@@ -214,7 +214,7 @@ pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
 /// Appends `s` escaped as inside a JSON string (without the quotes), byte
 /// for byte as `serde_json` escapes it: `"`, `\` and control characters only.
 #[inline]
-pub fn write_json_str_content(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn write_json_str_content(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     if !bytes.iter().any(|&b| needs_escape(b)) {
         out.extend_from_slice(bytes);

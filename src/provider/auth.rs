@@ -17,13 +17,13 @@ use sha2::Sha256;
 type HmacSha256 = Hmac<Sha256>;
 
 /// The scheme word that starts the header.
-pub const SCHEME: &str = "HMAC-SHA256";
+pub(crate) const SCHEME: &str = "HMAC-SHA256";
 /// How far a request's date may be from the server's clock.
 pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 /// Shortest salt the provider accepts, in bytes.
-pub const SALT_MIN_LEN: usize = 12;
+pub(crate) const SALT_MIN_LEN: usize = 12;
 /// Longest salt the provider accepts, in bytes.
-pub const SALT_MAX_LEN: usize = 64;
+pub(crate) const SALT_MAX_LEN: usize = 64;
 
 /// Hex signature of `date + salt` under `api_secret`.
 pub fn signature(api_secret: &str, date: &str, salt: &str) -> String {

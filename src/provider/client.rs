@@ -25,10 +25,10 @@ pub const MAX_MESSAGES_PER_REQUEST: usize = 10_000;
 
 /// Counter: provider requests by `endpoint` and `status` (HTTP code, or
 /// `"error"` when no complete answer arrived).
-pub const METRIC_REQUESTS: &str = "groupcast_provider_requests_total";
+pub(crate) const METRIC_REQUESTS: &str = "groupcast_provider_requests_total";
 /// Histogram: provider request duration in seconds by `endpoint`, until the
 /// whole body was read.
-pub const METRIC_DURATION: &str = "groupcast_provider_request_duration_seconds";
+pub(crate) const METRIC_DURATION: &str = "groupcast_provider_request_duration_seconds";
 
 /// Where and how to reach the provider.
 #[derive(Clone)]
@@ -55,7 +55,7 @@ pub struct ProviderConfig {
 impl ProviderConfig {
     /// Default of [`ProviderConfig::request_timeout`] (and of the worker's
     /// `--provider-timeout`).
-    pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+    pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 }
 
 impl Default for ProviderConfig {
@@ -153,7 +153,7 @@ impl ProviderClient {
     /// Calls `f` whenever the provider answers `429`, before the error is
     /// returned: the workers' rate limiter learns the provider's pace from
     /// it (`--rate-limit auto`).
-    pub fn on_rate_limited(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+    pub(crate) fn on_rate_limited(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_rate_limited = Some(Arc::new(f));
         self
     }
@@ -250,7 +250,7 @@ impl ProviderClient {
     /// [`add_messages_once`](Self::add_messages_once) for callers that only
     /// need each message's status, not its id. Fails with `InvalidResponse`
     /// unless there is exactly one result per message.
-    pub async fn add_messages_json(
+    pub(crate) async fn add_messages_json(
         &self,
         group_id: &str,
         body: Vec<u8>,
@@ -342,7 +342,7 @@ impl ProviderClient {
     /// an authenticated request that cannot harm, to learn whether the
     /// provider accepts the credentials before any batch depends on them.
     /// The answer's body is not needed and not parsed.
-    pub async fn check_credentials(&self) -> Result<(), ProviderError> {
+    pub(crate) async fn check_credentials(&self) -> Result<(), ProviderError> {
         let mut url = self.url(&[]);
         url.query_pairs_mut().append_pair("limit", "1");
         self.execute("list", Method::GET, url, None).await?;

@@ -10,7 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// Used when a `429` carries no (or an unreadable) `Retry-After`.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What went wrong, grouped by what to do about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,25 +78,25 @@ impl ProviderError {
     }
 
     /// Sets the HTTP status.
-    pub fn with_status(mut self, status: u16) -> Self {
+    pub(crate) fn with_status(mut self, status: u16) -> Self {
         self.status = Some(status);
         self
     }
 
     /// Sets the provider's `errorCode`.
-    pub fn with_error_code(mut self, code: impl Into<String>) -> Self {
+    pub(crate) fn with_error_code(mut self, code: impl Into<String>) -> Self {
         self.error_code = Some(code.into());
         self
     }
 
     /// Sets the delay a `429` asked for.
-    pub fn with_retry_after(mut self, d: Duration) -> Self {
+    pub(crate) fn with_retry_after(mut self, d: Duration) -> Self {
         self.retry_after = Some(d);
         self
     }
 
     /// Attaches the underlying cause.
-    pub fn with_source(mut self, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+    pub(crate) fn with_source(mut self, e: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(e));
         self
     }
@@ -151,7 +151,7 @@ impl ProviderError {
     /// or a skewed clock (`RequestTimeTooSkewed`), which a right key and
     /// secret do not fix. Every later request will be refused the same way
     /// until an operator fixes the key or the secret.
-    pub fn refused_credentials(&self) -> bool {
+    pub(crate) fn refused_credentials(&self) -> bool {
         match self.status {
             Some(401) => true,
             Some(403) => !matches!(
@@ -164,7 +164,7 @@ impl ProviderError {
 
     /// Whether [`retry_decision`](Self::retry_decision) says to retry (now
     /// or later).
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         matches!(
             self.retry_decision(),
             RetryDecision::RetryWithBackoff | RetryDecision::RetryAfter(_)
@@ -196,7 +196,7 @@ impl fmt::Display for ProviderError {
 }
 
 /// Classifies a non-2xx HTTP status on `endpoint`.
-pub fn kind_for_status(endpoint: &str, status: u16) -> ProviderErrorKind {
+pub(crate) fn kind_for_status(endpoint: &str, status: u16) -> ProviderErrorKind {
     match status {
         409 if endpoint == "send" => ProviderErrorKind::AlreadySent,
         429 => ProviderErrorKind::RateLimited,

@@ -9,8 +9,8 @@
 
 pub mod add_body;
 pub mod auth;
-pub mod client;
-pub mod error;
+pub(crate) mod client;
+pub(crate) mod error;
 pub mod model;
 
 pub use client::{ProviderClient, ProviderConfig, MAX_MESSAGES_PER_REQUEST};

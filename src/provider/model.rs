@@ -176,9 +176,9 @@ pub const CODE_INVALID_NUMBER: &str = "1062";
 pub const CODE_REJECTED: &str = "1000";
 
 /// Status code: delivered.
-pub const CODE_DELIVERED: &str = "4000";
+pub(crate) const CODE_DELIVERED: &str = "4000";
 /// Status code: sent (handed on), no result yet.
-pub const CODE_SENDING: &str = "3000";
+pub(crate) const CODE_SENDING: &str = "3000";
 
 /// One page of `GET /messages/v4/list`.
 #[derive(Deserialize, Clone, Debug, PartialEq, Eq, Default)]

@@ -312,7 +312,7 @@ fn reads_by_state(round: &[Request]) -> Vec<(&str, Vec<&str>)> {
 /// are fsynced (redis/redis#13793: a flush with an empty AOF buffer marks
 /// everything fsynced; Valkey 8.1.8 and 9.1.2 do it, measured) answers in a
 /// tick (about 100 ms). On a dedicated connection; writes `marker`.
-pub async fn confirmation_delay(
+pub(crate) async fn confirmation_delay(
     target: &RedisTarget,
     marker: &str,
     tries: u32,

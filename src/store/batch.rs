@@ -25,7 +25,7 @@ const RECORD: usize = 5;
 /// (the provider refuses it with `1062` anyway) is a 39-bit FNV-1a hash
 /// placed above 2³⁹: it can never match a valid number, and two such strings
 /// that collide only count the second as a duplicate instead of a failure.
-pub fn dedupe_record(to: &str) -> [u8; RECORD] {
+pub(crate) fn dedupe_record(to: &str) -> [u8; RECORD] {
     let exact = !to.is_empty() && to.len() <= 11 && to.bytes().all(|b| b.is_ascii_digit());
     let v = match exact {
         true => to.bytes().fold(1u64, |v, d| v * 10 + u64::from(d - b'0')),
@@ -319,7 +319,7 @@ pub enum Rebuilt {
 
 /// What the watchdog's stalled append did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stalled {
+pub(crate) enum Stalled {
     /// Appended as this entry id.
     Appended(String),
     /// This stall was recorded before, as this entry id.
@@ -425,7 +425,7 @@ impl Store {
 
     /// The log of a batch whose work items go to `lane`'s work stream: the
     /// lane of the entry the caller is handling.
-    pub fn batch_in(&self, batch: &str, lane: Priority) -> BatchLog {
+    pub(crate) fn batch_in(&self, batch: &str, lane: Priority) -> BatchLog {
         BatchLog {
             conn: self.conn.clone(),
             witnesses: self.witnesses.clone(),
@@ -439,7 +439,7 @@ impl Store {
     /// whether it has a tombstone (as [`Store::is_tombstoned`]), in one
     /// pipelined round trip per shard (a shard's keys share a hash tag):
     /// what `submit` checks of every batch before it appends to any.
-    pub async fn read_batches(
+    pub(crate) async fn read_batches(
         &self,
         batches: &[String],
         names: &[String],
@@ -489,7 +489,7 @@ impl Store {
     /// The log of a batch in the lane its stored options name (see
     /// [`BatchLog::stored_lane`]): for callers that handle no entry of the
     /// batch (`close`, the watchdog).
-    pub async fn batch_in_its_lane(&self, batch: &str) -> StoreResult<BatchLog> {
+    pub(crate) async fn batch_in_its_lane(&self, batch: &str) -> StoreResult<BatchLog> {
         let lane = self.batch(batch).stored_lane().await?;
         Ok(self.batch_in(batch, lane))
     }
@@ -498,7 +498,7 @@ impl Store {
 impl BatchLog {
     /// The lane the batch's stored options name (the state's `opts` field,
     /// `<send at>|<priority>|…`); normal without one.
-    pub async fn stored_lane(&self) -> StoreResult<Priority> {
+    pub(crate) async fn stored_lane(&self) -> StoreResult<Priority> {
         let opts: Option<String> = redis::cmd("HGET")
             .arg(&self.keys.state)
             .arg(field::OPTIONS)
@@ -510,7 +510,7 @@ impl BatchLog {
 
 /// The priority named by a batch's stored options (`opts`, whose second
 /// `|`-separated part is the priority's name); normal when absent.
-pub fn lane_of_opts(opts: Option<&str>) -> Priority {
+pub(crate) fn lane_of_opts(opts: Option<&str>) -> Priority {
     opts.and_then(|o| o.split('|').nth(1))
         .and_then(Priority::parse)
         .unwrap_or_default()
@@ -1004,7 +1004,7 @@ impl BatchLog {
     /// state's `hb` field as read), unless the batch reported or woke up
     /// meanwhile: the check and the append are one step (`stalled.lua`, then
     /// `append.lua`). Its key is `stalled/<hb>`: one event per stall.
-    pub async fn append_stalled(&self, hb: &str, event: &Event) -> StoreResult<Stalled> {
+    pub(crate) async fn append_stalled(&self, hb: &str, event: &Event) -> StoreResult<Stalled> {
         let key = projection::event_key::stalled(hb);
         let v = self.append_with(&SCRIPTS.stalled, &key, event).await?;
         // Not witnessed: a stall lost with a crash is found again by the
@@ -1087,14 +1087,14 @@ impl BatchLog {
     }
 
     /// Whether chunk `seq` is recorded loaded into generation `gen` (one read).
-    pub async fn is_loaded(&self, gen: u32, seq: u32) -> StoreResult<bool> {
+    pub(crate) async fn is_loaded(&self, gen: u32, seq: u32) -> StoreResult<bool> {
         Ok(self.appended(&event_key::loaded(gen, seq)).await?.is_some())
     }
 
     /// Drops the chunks parked for generation `gen` (their recipient data):
     /// for a generation that will never have a group because the batch
     /// ended (cancelled or reported) before it was created.
-    pub async fn drop_parked(&self, gen: u32) -> StoreResult<()> {
+    pub(crate) async fn drop_parked(&self, gen: u32) -> StoreResult<()> {
         let _: i64 = redis::cmd("DEL")
             .arg(self.keys.parked(gen))
             .query_async(&mut self.conn.clone())
@@ -1105,7 +1105,7 @@ impl BatchLog {
     /// The keys of this batch holding recipient data outside its events
     /// that exist now: the parked chunks of generations `0..gens` and the
     /// batch-wide dedupe hash and bitmap. None once the batch has reported.
-    pub async fn recipient_data_left(&self, gens: u32) -> StoreResult<Vec<String>> {
+    pub(crate) async fn recipient_data_left(&self, gens: u32) -> StoreResult<Vec<String>> {
         let keys: Vec<String> = (0..gens)
             .map(|gen| self.keys.parked(gen))
             .chain([self.keys.dedupe.clone(), self.keys.dedupe_mobile.clone()])

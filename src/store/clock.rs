@@ -27,7 +27,7 @@ impl Reading {
     /// arrived, so the estimate is never ahead of the server's clock (drift
     /// and steps of either clock aside) and at most a round trip behind: a
     /// time it calls due is due.
-    pub fn server_ms_at(&self, at: Instant) -> u64 {
+    pub(crate) fn server_ms_at(&self, at: Instant) -> u64 {
         let elapsed = at.saturating_duration_since(self.taken).as_millis();
         self.server_ms
             .saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX))
@@ -90,7 +90,7 @@ impl Store {
 
     /// [`shard_time_ms`](Self::shard_time_ms) of every shard, in shard
     /// order (one `TIME` each).
-    pub async fn shard_times_ms(&self) -> StoreResult<Vec<u64>> {
+    pub(crate) async fn shard_times_ms(&self) -> StoreResult<Vec<u64>> {
         let mut out = Vec::new();
         for shard in 0..self.keys.shards() {
             out.push(self.shard_time_ms(shard).await?);

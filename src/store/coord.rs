@@ -35,12 +35,12 @@ impl Store {
     }
 
     /// The batches of `shard` in flight (its active set), unordered.
-    pub async fn active_batches(&self, shard: u32) -> StoreResult<Vec<String>> {
+    pub(crate) async fn active_batches(&self, shard: u32) -> StoreResult<Vec<String>> {
         Ok(self.conn.clone().smembers(self.keys.active(shard)).await?)
     }
 
     /// Removes `batch` from `shard`'s active set (it reported, or is gone).
-    pub async fn forget_active(&self, shard: u32, batch: &str) -> StoreResult<()> {
+    pub(crate) async fn forget_active(&self, shard: u32, batch: &str) -> StoreResult<()> {
         let _: i64 = self
             .conn
             .clone()

@@ -47,7 +47,7 @@ impl PageCounts {
 
 /// See [`BatchLog::tracked`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tracked {
+pub(crate) struct Tracked {
     /// Generation → its provider group.
     pub groups: std::collections::BTreeMap<u32, String>,
     /// Failure code → the provider's text for it.
@@ -160,7 +160,7 @@ impl BatchLog {
     }
 
     /// Whether delivery tracking has read any page of the batch's groups.
-    pub async fn has_delivery_results(&self) -> StoreResult<bool> {
+    pub(crate) async fn has_delivery_results(&self) -> StoreResult<bool> {
         let n: u64 = redis::cmd("EXISTS")
             .arg(&self.keys.delivery)
             .query_async(&mut self.conn.clone())
@@ -170,7 +170,7 @@ impl BatchLog {
 
     /// Whether anything of the batch is left to export: its state, or its
     /// results (which may outlive the state: `--results-retention`).
-    pub async fn has_results_or_state(&self) -> StoreResult<bool> {
+    pub(crate) async fn has_results_or_state(&self) -> StoreResult<bool> {
         let n: u64 = redis::cmd("EXISTS")
             .arg(&self.keys.state)
             .arg(&self.keys.results)
@@ -181,7 +181,10 @@ impl BatchLog {
 
     /// One step of a scan of the results hash: `(next cursor, [(number,
     /// record)])`; cursor 0 starts, and a next cursor of 0 ends.
-    pub async fn scan_results(&self, cursor: u64) -> StoreResult<(u64, Vec<(String, String)>)> {
+    pub(crate) async fn scan_results(
+        &self,
+        cursor: u64,
+    ) -> StoreResult<(u64, Vec<(String, String)>)> {
         let (next, pairs): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
             .arg(&self.keys.results)
             .arg(cursor)
@@ -195,7 +198,7 @@ impl BatchLog {
     /// What delivery tracking kept beside the records: each tracked
     /// generation's provider group, and the provider's text for each
     /// failure code it saw (kept as long as the results).
-    pub async fn tracked(&self) -> StoreResult<Tracked> {
+    pub(crate) async fn tracked(&self) -> StoreResult<Tracked> {
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(&self.keys.delivery)
             .query_async(&mut self.conn.clone())
@@ -216,7 +219,7 @@ impl BatchLog {
     /// copies. Overwrites, so a repeat changes nothing. The hash lives at
     /// least `keep` unless it has a lifetime already (the delivery report
     /// set it, or tracking did).
-    pub async fn record_outcomes(
+    pub(crate) async fn record_outcomes(
         &self,
         records: &[(String, String)],
         keep: Duration,
@@ -243,7 +246,7 @@ impl BatchLog {
 
     /// The stored outcome records of `numbers` (None: no record, i.e.
     /// delivered, or not sent through a tracked group).
-    pub async fn results_of(&self, numbers: &[&str]) -> StoreResult<Vec<Option<String>>> {
+    pub(crate) async fn results_of(&self, numbers: &[&str]) -> StoreResult<Vec<Option<String>>> {
         if numbers.is_empty() {
             return Ok(Vec::new());
         }

@@ -21,7 +21,7 @@ const DEFINITION: &str = "def";
 
 /// What recording a value under a field found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// It was not there: recorded now.
     New,
     /// The same value was there already.
@@ -60,7 +60,7 @@ impl Store {
 
     /// Records batch `batch`'s definition (`definition`, JSON) unless it
     /// has one.
-    pub async fn define_batch(
+    pub(crate) async fn define_batch(
         &self,
         batch: &str,
         definition: &str,
@@ -70,7 +70,7 @@ impl Store {
     }
 
     /// Batch `batch`'s definition, if the front door recorded one.
-    pub async fn batch_definition(&self, batch: &str) -> StoreResult<Option<String>> {
+    pub(crate) async fn batch_definition(&self, batch: &str) -> StoreResult<Option<String>> {
         let key = self.keys.batch(batch).front;
         Ok(redis::cmd("HGET")
             .arg(key)
@@ -81,7 +81,7 @@ impl Store {
 
     /// Records that seq `seq` of batch `batch` was given with content
     /// `digest`, unless the seq was given before, and says what it was.
-    pub async fn claim_seq(
+    pub(crate) async fn claim_seq(
         &self,
         batch: &str,
         seq: u32,
@@ -94,7 +94,7 @@ impl Store {
 
     /// Forgets seq `seq` of batch `batch` (its chunk could not be appended:
     /// the seq may come again with any content).
-    pub async fn forget_seq(&self, batch: &str, seq: u32) -> StoreResult<()> {
+    pub(crate) async fn forget_seq(&self, batch: &str, seq: u32) -> StoreResult<()> {
         let key = self.keys.batch(batch).front;
         let _: u64 = redis::cmd("HDEL")
             .arg(key)

@@ -76,7 +76,7 @@ impl Store {
     }
 
     /// How many work items wait in `shard`'s delayed set.
-    pub async fn delayed_len(&self, shard: u32) -> StoreResult<u64> {
+    pub(crate) async fn delayed_len(&self, shard: u32) -> StoreResult<u64> {
         Ok(self.conn.clone().zcard(self.keys.delayed(shard)).await?)
     }
 
@@ -123,7 +123,7 @@ impl Store {
 
     /// Removes the tombstones of shard `shard` older than `remember` (by
     /// the shard's clock); returns how many.
-    pub async fn forget_tombstones(
+    pub(crate) async fn forget_tombstones(
         &self,
         shard: u32,
         remember: std::time::Duration,
@@ -143,7 +143,7 @@ impl Store {
     /// shard's clock, which stamped their ids); returns how many. A dead
     /// letter may carry a chunk's recipients: it goes with the batches'
     /// own events, after the retention.
-    pub async fn forget_dead_letters(
+    pub(crate) async fn forget_dead_letters(
         &self,
         shard: u32,
         keep: std::time::Duration,
@@ -173,7 +173,7 @@ impl Store {
 
     /// Trims `stream` below the oldest entry `group` still needs: the oldest
     /// pending one, or else the first not yet delivered.
-    pub async fn trim_acknowledged(&self, stream: &str, group: &str) -> StoreResult<()> {
+    pub(crate) async fn trim_acknowledged(&self, stream: &str, group: &str) -> StoreResult<()> {
         self.trim_acknowledged_since(stream, group, None)
             .await
             .map(drop)

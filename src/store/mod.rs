@@ -23,10 +23,10 @@ pub mod batch;
 pub mod clock;
 pub mod coord;
 pub mod delivery;
-pub mod front;
-pub mod info;
-pub mod notes;
-pub mod overview;
+pub(crate) mod front;
+pub(crate) mod info;
+pub(crate) mod notes;
+pub(crate) mod overview;
 pub mod queue;
 pub mod scripts;
 pub mod server;
@@ -88,7 +88,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether trying again later can help (connection trouble, a restarting
     /// server, a cluster resharding), as opposed to a bug or a bad setting.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             StoreError::Redis(e) => {
                 e.is_io_error()
@@ -107,7 +107,7 @@ impl StoreError {
 }
 
 /// A result at the Redis boundary.
-pub type StoreResult<T> = Result<T, StoreError>;
+pub(crate) type StoreResult<T> = Result<T, StoreError>;
 
 /// A connection to one Redis server or to a Redis Cluster. Cheap to clone:
 /// clones share one multiplexed connection (or one cluster connection).
@@ -236,7 +236,7 @@ enum TargetKind {
 const CLUSTER_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a blocking read on a cluster may wait for its reply: longer than
 /// any sensible `XREADGROUP ... BLOCK` (the worker's `--block`, default 2 s).
-pub const CLUSTER_BLOCKING_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const CLUSTER_BLOCKING_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Retries of one cluster command (MOVED, ASK, TRYAGAIN, a lost node). Few and
 /// short on purpose: with redis-rs' defaults (16 retries, waits from 1.28 s
 /// growing to minutes) the requests for a dead master pile up inside the
@@ -331,7 +331,7 @@ impl RedisTarget {
     }
 
     /// Whether this is a cluster.
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.kind, TargetKind::Cluster { .. })
     }
 
@@ -357,7 +357,7 @@ impl RedisTarget {
     /// broken, every later command fails), with `reply_timeout`: for
     /// commands whose meaning depends on the connection's own history
     /// (`WAITAOF`, see [`aof`]). Single servers only.
-    pub async fn connect_dedicated(
+    pub(crate) async fn connect_dedicated(
         &self,
         reply_timeout: Duration,
     ) -> StoreResult<MultiplexedConnection> {
@@ -380,7 +380,7 @@ impl RedisTarget {
     /// Opens a connection for blocking reads: no reply timeout on a single
     /// server, [`CLUSTER_BLOCKING_REPLY_TIMEOUT`] on a cluster (a blocking
     /// `XREADGROUP` would otherwise hit redis-rs' default 500 ms one).
-    pub async fn connect_blocking(&self) -> StoreResult<BlockingConn> {
+    pub(crate) async fn connect_blocking(&self) -> StoreResult<BlockingConn> {
         match &self.kind {
             TargetKind::Single(client) => {
                 let config = AsyncConnectionConfig::new()
@@ -412,7 +412,10 @@ impl RedisTarget {
     /// `tls.client_tls` when the server asks for a client certificate.
     /// With `None` it is `parse`. Single servers only for now: a cluster URL
     /// with certificates is refused rather than connected unverified.
-    pub fn parse_with_tls(url: &str, tls: Option<TlsCertificates>) -> StoreResult<RedisTarget> {
+    pub(crate) fn parse_with_tls(
+        url: &str,
+        tls: Option<TlsCertificates>,
+    ) -> StoreResult<RedisTarget> {
         let Some(certs) = tls else {
             return Self::parse(url);
         };
@@ -564,7 +567,7 @@ impl Store {
 
     /// The masters of a cluster as `host:port`, from `CLUSTER SLOTS`
     /// (empty for a single server).
-    pub async fn cluster_masters(&self) -> StoreResult<Vec<(String, u16)>> {
+    pub(crate) async fn cluster_masters(&self) -> StoreResult<Vec<(String, u16)>> {
         let RedisConn::Cluster(c) = &self.conn else {
             return Ok(Vec::new());
         };
@@ -609,7 +612,7 @@ impl Store {
     /// Every key matching `pattern`, on every master: `SCAN` cursors belong
     /// to one node, so a cluster is scanned node by node. Sorted, without
     /// duplicates.
-    pub async fn scan_match(&self, pattern: &str) -> StoreResult<Vec<String>> {
+    pub(crate) async fn scan_match(&self, pattern: &str) -> StoreResult<Vec<String>> {
         let scan = |cursor: u64| {
             redis::cmd("SCAN")
                 .arg(cursor)

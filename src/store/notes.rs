@@ -12,7 +12,7 @@ impl Store {
     /// (reported, cancelled or closed) and answers the batch's count so
     /// far; 0 when the batch has not ended or has no state any more (past
     /// its retention): then nothing is counted.
-    pub async fn count_chunk_after_end(&self, batch: &str) -> StoreResult<u64> {
+    pub(crate) async fn count_chunk_after_end(&self, batch: &str) -> StoreResult<u64> {
         let state = self.keys.batch(batch).state;
         SCRIPTS
             .note
@@ -27,7 +27,11 @@ impl Store {
     /// Notes on batch `batch` that the provider refused the credentials of
     /// one of its calls (`why`: the provider's answer). Answers whether it
     /// was noted (false: the batch has no state).
-    pub async fn note_credentials_refused(&self, batch: &str, why: &str) -> StoreResult<bool> {
+    pub(crate) async fn note_credentials_refused(
+        &self,
+        batch: &str,
+        why: &str,
+    ) -> StoreResult<bool> {
         let state = self.keys.batch(batch).state;
         let noted: u64 = SCRIPTS
             .note
@@ -43,7 +47,7 @@ impl Store {
 
     /// Deletes dead letter `id` of shard `shard` for good. Answers whether
     /// it was there.
-    pub async fn purge_letter(&self, shard: u32, id: &str) -> StoreResult<bool> {
+    pub(crate) async fn purge_letter(&self, shard: u32, id: &str) -> StoreResult<bool> {
         let deleted: u64 = redis::cmd("XDEL")
             .arg(self.keys.dead_letters(shard))
             .arg(id)

@@ -80,7 +80,7 @@ impl Queued {
     }
 
     /// Whether any worker reads the ingest stream.
-    pub fn read_by_a_worker(&self) -> bool {
+    pub(crate) fn read_by_a_worker(&self) -> bool {
         self.group_exists && self.consumers > 0
     }
 
@@ -108,7 +108,7 @@ impl Queued {
 /// A decided batch as its report entry names it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ReportedBatch {
+pub(crate) struct ReportedBatch {
     /// The batch.
     pub batch: String,
     /// Its shard.
@@ -120,7 +120,11 @@ pub struct ReportedBatch {
 impl Store {
     /// A consumer group of a stream; `None` when the stream or the group
     /// does not exist (no worker ever started on it).
-    pub async fn group_if_any(&self, stream: &str, group: &str) -> StoreResult<Option<GroupInfo>> {
+    pub(crate) async fn group_if_any(
+        &self,
+        stream: &str,
+        group: &str,
+    ) -> StoreResult<Option<GroupInfo>> {
         match self.group_info(stream, group).await {
             Ok(info) => Ok(info),
             Err(StoreError::Redis(e)) if e.to_string().contains("no such key") => Ok(None),
@@ -259,7 +263,7 @@ impl Store {
     }
 
     /// [`Store::queued`] of every shard.
-    pub async fn queued_all(&self) -> StoreResult<Vec<Queued>> {
+    pub(crate) async fn queued_all(&self) -> StoreResult<Vec<Queued>> {
         let mut out = Vec::new();
         for shard in 0..self.keys.shards() {
             out.push(self.queued(shard).await?);
@@ -268,7 +272,7 @@ impl Store {
     }
 
     /// The newest `limit` report entries of a shard, newest first.
-    pub async fn reported_batches(
+    pub(crate) async fn reported_batches(
         &self,
         shard: u32,
         limit: usize,

@@ -267,7 +267,11 @@ impl Store {
 
     /// Appends several entries to `stream` in one pipelined round trip.
     /// Returns their ids, in order.
-    pub async fn append_entries<F>(&self, stream: &str, entries: &[F]) -> StoreResult<Vec<String>>
+    pub(crate) async fn append_entries<F>(
+        &self,
+        stream: &str,
+        entries: &[F],
+    ) -> StoreResult<Vec<String>>
     where
         F: AsRef<[(&'static str, Vec<u8>)]>,
     {

@@ -19,7 +19,7 @@ impl Store {
     /// Setting `name` of every master (of the one server when not a
     /// cluster), labelled `host:port` (`server` when not a cluster); `None`
     /// where it cannot be read (`CONFIG GET` refused, a node away).
-    pub async fn config_everywhere(&self, name: &str) -> Vec<(String, Option<String>)> {
+    pub(crate) async fn config_everywhere(&self, name: &str) -> Vec<(String, Option<String>)> {
         let cmd = redis::cmd("CONFIG").arg("GET").arg(name).clone();
         match self.on_every_master(&cmd).await {
             Ok(replies) => replies
@@ -38,7 +38,7 @@ impl Store {
 
     /// Whether this connection may use `WAITAOF` (Redis/Valkey 7.2+, and
     /// allowed by the ACL): `WAITAOF 0 0 0` answers at once where it works.
-    pub async fn waitaof_works(&self) -> StoreResult<bool> {
+    pub(crate) async fn waitaof_works(&self) -> StoreResult<bool> {
         match redis::cmd("WAITAOF")
             .arg(0)
             .arg(0)
@@ -63,7 +63,7 @@ impl Store {
 
     /// The server process's `run_id` (`INFO server`): a new one at every
     /// start.
-    pub async fn run_id(&self) -> StoreResult<String> {
+    pub(crate) async fn run_id(&self) -> StoreResult<String> {
         let info = self.info("server").await?;
         info.lines()
             .find_map(|l| l.strip_prefix("run_id:"))

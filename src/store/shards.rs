@@ -27,7 +27,7 @@ pub enum ShardSource {
 
 impl Store {
     /// The shard count the deployment recorded, if any.
-    pub async fn recorded_shards(&self) -> StoreResult<Option<u32>> {
+    pub(crate) async fn recorded_shards(&self) -> StoreResult<Option<u32>> {
         let key = self.keys.shard_count();
         let v: Option<String> = self.conn.clone().get(&key).await?;
         v.map(|v| parse_recorded(&key, &v)).transpose()
@@ -40,7 +40,7 @@ impl Store {
     /// recorded, whose default was one shard (a count above one never has
     /// the tag `s0` for shard 0), so that its batches keep their keys.
     /// Returns the count and why.
-    pub async fn default_shards(&self) -> StoreResult<(u32, &'static str)> {
+    pub(crate) async fn default_shards(&self) -> StoreResult<(u32, &'static str)> {
         let masters = self.cluster_masters().await?.len();
         if masters == 0 {
             return Ok((1, "a single server"));
@@ -112,7 +112,7 @@ impl Store {
     }
 
     /// The same store with a keyspace of `shards` shards.
-    pub fn with_shards(mut self, shards: u32) -> Store {
+    pub(crate) fn with_shards(mut self, shards: u32) -> Store {
         self.keys = Keyspace::new(self.keys.prefix(), shards);
         self
     }

@@ -147,7 +147,7 @@ impl Witnesses {
     }
 
     /// Puts events back (Redis could not be asked); they are checked next time.
-    pub fn put_back(&self, mut ws: Vec<Witness>) {
+    pub(crate) fn put_back(&self, mut ws: Vec<Witness>) {
         let mut q = self.queue();
         while let Some(w) = ws.pop() {
             q.push_front(w);
@@ -227,7 +227,7 @@ pub async fn check(
 
 /// Records lost events on their shards' lost-writes streams: one entry per
 /// batch, with how many of its events were lost and the first of them.
-pub async fn record_lost(store: &Store, lost: &[Lost], consumer: &str) -> StoreResult<()> {
+pub(crate) async fn record_lost(store: &Store, lost: &[Lost], consumer: &str) -> StoreResult<()> {
     let mut by_batch: BTreeMap<&str, Vec<&Lost>> = BTreeMap::new();
     for l in lost {
         by_batch
@@ -262,7 +262,7 @@ pub async fn record_lost(store: &Store, lost: &[Lost], consumer: &str) -> StoreR
 }
 
 /// The lost-write records of `batch`: (entry id, field/value pairs).
-pub async fn lost_records(store: &Store, batch: &str) -> StoreResult<Vec<(String, String)>> {
+pub(crate) async fn lost_records(store: &Store, batch: &str) -> StoreResult<Vec<(String, String)>> {
     let stream = store.keys.lost_writes(store.keys.shard_of(batch));
     Ok(store
         .entries(&stream)
@@ -308,7 +308,7 @@ mod tests {
 /// Whether the event an operator's command recorded is on disk (see
 /// [`Store::command_on_disk`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommandOnDisk {
+pub(crate) enum CommandOnDisk {
     /// No wait: every acknowledged write is on disk (`appendfsync always`),
     /// or nothing survives a restart anyway (no AOF).
     NoWait,
@@ -330,7 +330,7 @@ impl Store {
     /// the event has been in Redis for [`WINDOW`] by the server's clock,
     /// read back then (a restart meanwhile can have taken it). Unreadable
     /// settings count as `everysec`.
-    pub async fn command_on_disk(
+    pub(crate) async fn command_on_disk(
         &self,
         log: &super::batch::BatchLog,
         key: &str,

@@ -211,53 +211,53 @@ impl WorkerConfig {
     /// `429` (NHN Cloud documents 300 requests/s; Solapi documents none).
     pub const RATE_AFTER_PUSHBACK: u32 = 300;
     /// Default of [`WorkerConfig::rate_burst`].
-    pub const RATE_BURST: u32 = 50;
+    pub(crate) const RATE_BURST: u32 = 50;
     /// Default of [`WorkerConfig::bulk_share`].
-    pub const BULK_SHARE: u32 = 10;
+    pub(crate) const BULK_SHARE: u32 = 10;
     /// Default of [`WorkerConfig::retry_for`].
-    pub const RETRY_FOR: Duration = Duration::from_secs(3600);
+    pub(crate) const RETRY_FOR: Duration = Duration::from_secs(3600);
     /// Default of [`WorkerConfig::report_retry_for`].
-    pub const REPORT_RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
+    pub(crate) const REPORT_RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
     /// Default of [`WorkerConfig::max_attempts`] (no cap).
-    pub const MAX_ATTEMPTS: u32 = 0;
+    pub(crate) const MAX_ATTEMPTS: u32 = 0;
     /// Default of [`WorkerConfig::backoff_base`].
-    pub const BACKOFF_BASE: Duration = Duration::from_millis(200);
+    pub(crate) const BACKOFF_BASE: Duration = Duration::from_millis(200);
     /// Default of [`WorkerConfig::backoff_max`].
-    pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+    pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(30);
     /// Default of [`WorkerConfig::visibility_timeout`].
     pub const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
     /// Default of [`WorkerConfig::max_deliveries`].
-    pub const MAX_DELIVERIES: u64 = 10;
+    pub(crate) const MAX_DELIVERIES: u64 = 10;
     /// Default of [`WorkerConfig::poll_interval`].
-    pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+    pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(500);
     /// How long after the send a group's status is first read (at most
     /// [`WorkerConfig::poll_interval`]): a small group is often finished
     /// by then, a large one costs a few more reads.
-    pub const FIRST_POLL: Duration = Duration::from_millis(100);
+    pub(crate) const FIRST_POLL: Duration = Duration::from_millis(100);
     /// Default of [`WorkerConfig::retention`].
-    pub const RETENTION: Duration = crate::store::batch::BatchPolicy::RETENTION;
+    pub(crate) const RETENTION: Duration = crate::store::batch::BatchPolicy::RETENTION;
     /// Default of [`WorkerConfig::delivery_window`].
-    pub const DELIVERY_WINDOW: Duration = Duration::from_secs(72 * 3600);
+    pub(crate) const DELIVERY_WINDOW: Duration = Duration::from_secs(72 * 3600);
     /// Default of [`WorkerConfig::track_first_wait`].
-    pub const TRACK_FIRST_WAIT: Duration = Duration::from_secs(2);
+    pub(crate) const TRACK_FIRST_WAIT: Duration = Duration::from_secs(2);
     /// The longest wait between two passes of delivery tracking.
-    pub const TRACK_MAX_WAIT: Duration = Duration::from_secs(10 * 60);
+    pub(crate) const TRACK_MAX_WAIT: Duration = Duration::from_secs(10 * 60);
     /// Default of [`WorkerConfig::results_retention`].
-    pub const RESULTS_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+    pub(crate) const RESULTS_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
     /// Default of [`WorkerConfig::remember`].
     pub const REMEMBER: Duration = Duration::from_secs(180 * 24 * 3600);
     /// Default of [`WorkerConfig::stall_after`].
     pub const STALL_AFTER: Duration = Duration::from_secs(300);
     /// Default of [`WorkerConfig::watchdog_interval`].
-    pub const WATCHDOG_INTERVAL: Duration = Duration::from_secs(10);
+    pub(crate) const WATCHDOG_INTERVAL: Duration = Duration::from_secs(10);
     /// Default of [`WorkerConfig::gauge_interval`].
-    pub const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+    pub(crate) const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
     /// Default of [`WorkerConfig::block`].
     pub const BLOCK: Duration = Duration::from_secs(2);
     /// Default of [`WorkerConfig::drain_timeout`].
-    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
     /// Default of [`WorkerConfig::claim_lifetime`].
-    pub const CLAIM_LIFETIME: Duration = Duration::from_secs(5);
+    pub(crate) const CLAIM_LIFETIME: Duration = Duration::from_secs(5);
 }
 
 impl Default for WorkerConfig {
@@ -316,7 +316,7 @@ impl WorkerConfig {
     /// waiting `last` before this one (zero: the send): the first is
     /// [`WorkerConfig::FIRST_POLL`], each next one twice as long, never
     /// longer than [`WorkerConfig::poll_interval`].
-    pub fn next_poll(&self, last: Duration) -> Duration {
+    pub(crate) fn next_poll(&self, last: Duration) -> Duration {
         let next = if last.is_zero() {
             Self::FIRST_POLL
         } else {
@@ -328,13 +328,13 @@ impl WorkerConfig {
     /// How long an outcome record written before the delivery report lives
     /// at least: the delivery window, then the results' retention (the
     /// delivery report sets the retention again, from its own moment).
-    pub fn results_keep(&self) -> Duration {
+    pub(crate) fn results_keep(&self) -> Duration {
         self.delivery_window + self.results_retention
     }
 
     /// How the batches this worker ends end: its retention, and whether
     /// reports are queued for the webhook.
-    pub fn batch_policy(&self) -> crate::store::batch::BatchPolicy {
+    pub(crate) fn batch_policy(&self) -> crate::store::batch::BatchPolicy {
         crate::store::batch::BatchPolicy {
             retention: self.retention,
             deliver: self.report_webhook.is_some(),
@@ -347,14 +347,14 @@ impl WorkerConfig {
     /// entry for: a quarter of the visibility timeout. A longer wait gives
     /// the entry back (to the delayed set, without reserving a slot), so that
     /// it is never reclaimed and reserved a second time while it waits.
-    pub fn max_limiter_wait(&self) -> Duration {
+    pub(crate) fn max_limiter_wait(&self) -> Duration {
         self.visibility_timeout / 4
     }
 
     /// How often a long-running handler renews its entry's lease: a third of
     /// the visibility timeout, so that a slow provider call is not mistaken
     /// for a crashed consumer and run twice.
-    pub fn lease_renewal(&self) -> Duration {
+    pub(crate) fn lease_renewal(&self) -> Duration {
         (self.visibility_timeout / 3).max(Duration::from_millis(50))
     }
 }

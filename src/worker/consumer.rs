@@ -23,7 +23,7 @@ use crate::worker::{loader, operator, retry, Ctx, Handled};
 
 /// Which stream a consumer reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// A shard's ingest stream (the loaders).
     Ingest,
     /// A shard's work stream (the operators).
@@ -32,14 +32,14 @@ pub enum Source {
 
 impl Source {
     /// Its consumer group.
-    pub fn group(self) -> &'static str {
+    pub(crate) fn group(self) -> &'static str {
         match self {
             Source::Ingest => LOADERS_GROUP,
             Source::Work => OPERATORS_GROUP,
         }
     }
     /// Its stream on a shard's lane.
-    pub fn stream(self, ctx: &Ctx, shard: u32, lane: Priority) -> String {
+    pub(crate) fn stream(self, ctx: &Ctx, shard: u32, lane: Priority) -> String {
         match self {
             Source::Ingest => ctx.store.keys.ingest_in(shard, lane),
             Source::Work => ctx.store.keys.work_in(shard, lane),
@@ -58,7 +58,7 @@ impl Source {
 /// it also takes over entries another consumer left pending too long. Each
 /// lane has its own reader (its own reads and its own `concurrency`), so an
 /// urgent entry never waits behind bulk entries read before it.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Ctx>,
     source: Source,
     shard: u32,
@@ -257,13 +257,13 @@ const ACK_WINDOW: Duration = Duration::from_millis(20);
 /// leave the entry done and its effect gone (a parked chunk or a recorded
 /// group vanished), and its batch would never end.
 #[derive(Clone)]
-pub struct Acker {
+pub(crate) struct Acker {
     tx: tokio::sync::mpsc::UnboundedSender<(String, Option<LastAppended>)>,
 }
 
 impl Acker {
     /// Starts the flusher for `stream`; it ends when every `Acker` is dropped.
-    pub fn spawn(
+    pub(crate) fn spawn(
         store: crate::store::Store,
         stream: String,
         group: &'static str,
@@ -291,7 +291,7 @@ impl Acker {
     /// Queues an acknowledgement of entry `id`, made only while `after`,
     /// the last event its handling appended, is still recorded (None:
     /// unconditional).
-    pub fn ack(&self, id: &str, after: Option<LastAppended>) -> bool {
+    pub(crate) fn ack(&self, id: &str, after: Option<LastAppended>) -> bool {
         self.tx.send((id.to_string(), after)).is_ok()
     }
 }
@@ -329,7 +329,7 @@ async fn pause(shutdown: &mut watch::Receiver<bool>, failures: u32) {
 }
 
 /// Where an entry was read: its stream, of `source` on `shard`'s `lane`.
-pub struct At<'a> {
+pub(crate) struct At<'a> {
     /// The kind of stream.
     pub source: Source,
     /// The shard.
@@ -341,7 +341,7 @@ pub struct At<'a> {
 }
 
 /// Handles and finishes one entry.
-pub async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, deliveries: u64) {
+pub(crate) async fn process(ctx: &Ctx, acker: &Acker, at: &At<'_>, entry: Entry, deliveries: u64) {
     let (source, shard, lane, stream) = (at.source, at.shard, at.lane, at.stream);
     let group = source.group();
     if deliveries > ctx.config.max_deliveries {

@@ -101,7 +101,7 @@ impl Ctx {
 
     /// The generation this process last saw a chunk of `batch` join (0 if
     /// none): a hint that saves the accept script a read.
-    pub fn gen_hint(&self, batch: &str) -> u32 {
+    pub(crate) fn gen_hint(&self, batch: &str) -> u32 {
         self.gen_hints
             .lock()
             .ok()
@@ -110,7 +110,7 @@ impl Ctx {
     }
 
     /// Remembers the generation a chunk of `batch` joined.
-    pub fn remember_gen(&self, batch: &str, gen: u32) {
+    pub(crate) fn remember_gen(&self, batch: &str, gen: u32) {
         if let Ok(mut m) = self.gen_hints.lock() {
             // Bounded: a long-running worker sees many batches; an empty map
             // only costs one extra read per batch.

@@ -14,7 +14,7 @@ use crate::worker::Ctx;
 const EVERY: Duration = Duration::from_millis(500);
 
 /// Runs until shutdown.
-pub async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
     // A reported batch's state expires after the retention: with a retention
     // this short, a state gone entirely may be an expiry, not a loss.
     let expiry_possible = ctx.config.retention < WINDOW * 15;

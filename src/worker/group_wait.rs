@@ -29,7 +29,7 @@ use crate::worker::WorkerConfig;
 /// How long a chunk waits in this process for its generation's group: a
 /// second, at most a quarter of the visibility timeout (the entry is held
 /// meanwhile, like a limiter wait).
-pub fn hold_for(config: &WorkerConfig) -> Duration {
+pub(crate) fn hold_for(config: &WorkerConfig) -> Duration {
     Duration::from_secs(1).min(config.visibility_timeout / 4)
 }
 
@@ -167,7 +167,10 @@ impl Drop for Lead {
 
 /// Waits up to `hold` for the group: None when it did not come (the chunk
 /// parks).
-pub async fn wait(mut rx: watch::Receiver<Option<String>>, hold: Duration) -> Option<String> {
+pub(crate) async fn wait(
+    mut rx: watch::Receiver<Option<String>>,
+    hold: Duration,
+) -> Option<String> {
     match tokio::time::timeout(hold, rx.wait_for(Option::is_some)).await {
         Ok(Ok(g)) => g.clone(),
         _ => None,

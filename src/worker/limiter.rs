@@ -53,7 +53,7 @@ pub const LEARNING: RateLearning = RateLearning {
 
 /// How often a worker under `--rate-limit auto` reads the rate the workers
 /// learned (a `429` seen by another process reaches it within this).
-pub const LEARNED_READ_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const LEARNED_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// Gauge: the requests per second this process keeps to (0: no pace).
 const METRIC_RATE: &str = "groupcast_rate_limit_per_second";
@@ -214,10 +214,10 @@ fn split_wait(wait_ms: i64, requests: &[u32], rate: u32) -> Vec<i64> {
 /// How far ahead of a request a process books slots for its next ones, as
 /// a time of the rate: at most `rate × BOOK_AHEAD` slots (15 at 300/s);
 /// below the burst, also how long those slots may be used.
-pub const BOOK_AHEAD: Duration = Duration::from_millis(50);
+pub(crate) const BOOK_AHEAD: Duration = Duration::from_millis(50);
 
 /// The most slots a process books ahead at `rate` ([`BOOK_AHEAD`] of it).
-pub fn ahead_cap(rate: u32) -> u32 {
+pub(crate) fn ahead_cap(rate: u32) -> u32 {
     (u128::from(rate) * BOOK_AHEAD.as_millis() / 1000) as u32
 }
 
@@ -488,7 +488,7 @@ impl Limiter {
     /// lowers the rate every worker keeps to, in the background: the
     /// request that got it retries after the provider's `Retry-After`
     /// whatever this decides. A fixed rate ignores it.
-    pub fn pushed_back(&self) {
+    pub(crate) fn pushed_back(&self) {
         let booker = &self.inner.booker;
         let Some(key) = booker.pace.learned_key.clone() else {
             return;

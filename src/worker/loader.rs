@@ -19,7 +19,7 @@ use crate::worker::{Ctx, Handled};
 
 /// Handles one ingest entry of shard `shard`'s `lane`: the batch's work
 /// items go to that lane's work stream.
-pub async fn handle(
+pub(crate) async fn handle(
     ctx: &Ctx,
     shard: u32,
     lane: Priority,

@@ -109,7 +109,7 @@ pub async fn promote_due(
 /// How long until an entry due at `due` is, the shard's Redis clock reading
 /// `now` (both ms since the epoch): None when it is due. `promote.lua` moves
 /// the entries due at or before its own clock's now.
-pub fn due_in(due: u64, now: u64) -> Option<Duration> {
+pub(crate) fn due_in(due: u64, now: u64) -> Option<Duration> {
     (due > now).then(|| Duration::from_millis(due - now))
 }
 
@@ -195,7 +195,7 @@ pub async fn forget_old_dead_letters(store: &Store, keep: Duration) -> StoreResu
 /// Samples stream lengths (ingest, work, dead letters, reports), the
 /// consumer groups' pending counts and lag, and the delayed retries into
 /// gauges. Errors skip a sample; they are not worth a log line each time.
-pub async fn sample_gauges(store: &Store) {
+pub(crate) async fn sample_gauges(store: &Store) {
     let keys = &store.keys;
     for shard in 0..keys.shards() {
         let shard_label = shard.to_string();

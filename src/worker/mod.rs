@@ -11,20 +11,20 @@
 //! - [`durability`]: acknowledged events read back, to detect lost writes.
 //! - [`webhook`]: signing report deliveries, and their fields' names.
 
-pub mod config;
-pub mod consumer;
-pub mod ctx;
-pub mod durability;
-pub mod group_wait;
+pub(crate) mod config;
+pub(crate) mod consumer;
+pub(crate) mod ctx;
+pub(crate) mod durability;
+pub(crate) mod group_wait;
 pub mod limiter;
-pub mod loader;
+pub(crate) mod loader;
 pub mod maintenance;
-pub mod operator;
+pub(crate) mod operator;
 pub mod ops;
-pub mod retry;
+pub(crate) mod retry;
 mod slot;
 pub mod watchdog;
-pub mod webhook;
+pub(crate) mod webhook;
 
 use std::sync::Arc;
 

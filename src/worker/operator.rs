@@ -12,7 +12,7 @@ use crate::worker::{Ctx, Handled};
 
 /// Handles one work entry of `lane`'s work stream: the work items it leads
 /// to stay in that lane.
-pub async fn handle(ctx: &Ctx, lane: Priority, entry: &Entry) -> Result<Handled, OpError> {
+pub(crate) async fn handle(ctx: &Ctx, lane: Priority, entry: &Entry) -> Result<Handled, OpError> {
     let dead = |reason: String| Ok(Handled::new(Outcome::Dead(reason)));
     let Some(op) = entry.text("op").as_deref().and_then(Op::parse) else {
         return dead(format!(

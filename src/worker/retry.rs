@@ -12,7 +12,7 @@ use crate::worker::WorkerConfig;
 
 /// What to do with an item that asked to be retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Put it back after this delay.
     Retry(Duration),
     /// Its budget is spent: dead-letter it with this reason.
@@ -21,12 +21,12 @@ pub enum Decision {
 
 /// Whether [`decide`] needs the current time for this cause (one Redis
 /// round trip; only trouble that spends the budget asks for it).
-pub fn needs_clock(cause: RetryCause) -> bool {
+pub(crate) fn needs_clock(cause: RetryCause) -> bool {
     cause.spends_budget()
 }
 
 /// How long `op` may retry.
-pub fn budget(config: &WorkerConfig, op: Op) -> Duration {
+pub(crate) fn budget(config: &WorkerConfig, op: Op) -> Duration {
     if matches!(op, Op::Report | Op::DeliveryReport) {
         config.report_retry_for
     } else {
@@ -40,7 +40,7 @@ pub fn budget(config: &WorkerConfig, op: Op) -> Duration {
 /// (Retry-After), `spend` whether this try counts as an attempt, `now` the shard
 /// server's clock in ms (needed when [`needs_clock`]; otherwise ignored).
 #[allow(clippy::too_many_arguments)]
-pub fn decide(
+pub(crate) fn decide(
     config: &WorkerConfig,
     op: Op,
     item: &mut WorkItem,

@@ -4,8 +4,8 @@
 pub mod scenarios;
 
 use groupcast::keys::Keyspace;
-use groupcast::redis_server::RedisServer;
 use groupcast::store::Store;
+use groupcast_rigs::redis_server::RedisServer;
 
 /// Starts a private redis-server, or fails the test saying how to install one.
 pub fn redis() -> RedisServer {
@@ -28,10 +28,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use groupcast::events::{Chunk, Recipient, Template};
-use groupcast::mock::{self, Faults, MockConfig, MockHandle};
 use groupcast::provider::{ProviderClient, ProviderConfig};
 use groupcast::verify::verify_batch;
 use groupcast::worker::{Ctx, Worker, WorkerConfig};
+use groupcast_rigs::mock::{self, Faults, MockConfig, MockHandle};
 
 pub const KEY: &str = "test-key";
 pub const SECRET: &str = "test-secret";
@@ -64,7 +64,7 @@ pub fn mock_config() -> MockConfig {
 
 /// A whole pipeline on loopback: redis, the mock provider, workers.
 /// `R` is what runs Redis and lives as long as the rig: a private
-/// [`RedisServer`] (the default), or a private cluster (tests/cluster.rs).
+/// [`RedisServer`] (the default), or a private cluster (rigs/tests/cluster.rs).
 pub struct Rig<R = RedisServer> {
     pub server: R,
     pub store: Store,
@@ -196,7 +196,7 @@ pub fn provider_for(mock: &MockHandle) -> ProviderClient {
     .expect("provider client")
 }
 
-/// The ledger's half of the invariants (see `groupcast::mock::invariants`),
+/// The ledger's half of the invariants (see `groupcast_rigs::mock::invariants`),
 /// plus each batch's registered total as expected. Returns the orphan count.
 pub fn check_ledger(mock: &MockHandle, expected: &BTreeMap<String, usize>, cap: u64) -> usize {
     // Only the batches expected to be complete: others may be in flight.
@@ -206,7 +206,7 @@ pub fn check_ledger(mock: &MockHandle, expected: &BTreeMap<String, usize>, cap: 
             .get("batchId")
             .is_some_and(|b| expected.contains_key(b))
     });
-    let check = groupcast::mock::invariants::check(&summary, cap);
+    let check = groupcast_rigs::mock::invariants::check(&summary, cap);
     assert!(check.ok(), "ledger violations: {:#?}", check.violations);
     for (batch, n) in expected {
         assert_eq!(

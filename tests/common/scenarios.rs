@@ -1,5 +1,5 @@
 //! End-to-end scenarios shared by tests/pipeline.rs (one redis-server, one
-//! shard) and tests/cluster.rs (a 3-master Redis Cluster, several shards):
+//! shard) and rigs/tests/cluster.rs (a 3-master Redis Cluster, several shards):
 //! the same steps and the same checks, whatever runs Redis.
 
 use std::collections::BTreeMap;

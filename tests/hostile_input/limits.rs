@@ -27,7 +27,7 @@ async fn submit(
 ) -> CliError {
     let t = tmp_file(dir, "template.json", template_json);
     let r = tmp_file(dir, "recipients.csv", csv);
-    let closed = groupcast::redis_server::free_port().expect("port");
+    let closed = groupcast_rigs::redis_server::free_port().expect("port");
     let cli = Cli::try_parse_from([
         "groupcast".to_string(),
         "submit".into(),

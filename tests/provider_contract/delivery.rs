@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use groupcast::mock::{Faults, LedgerMessage, MockHandle};
 use groupcast::provider::{
     Group, GroupStatus, ListedMessage, Message, ProviderClient, Registration,
 };
+use groupcast_rigs::mock::{Faults, LedgerMessage, MockHandle};
 use reqwest::Method;
 
 use crate::{client, codes, config, msg, number, raw, signed, start};

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use groupcast::mock::{Faults, MockConfig};
 use groupcast::provider::{
     GroupStatus, Message, ProviderClient, ProviderConfig, ProviderErrorKind, Registration,
     RetryDecision,
 };
+use groupcast_rigs::mock::{Faults, MockConfig};
 use serde_json::json;
 
 use crate::{assert_err, client, config, fields, msg, number, raw, signed, start, KEY, SECRET};

@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use groupcast::mock::MockConfig;
 use groupcast::provider::{
     CreateGroupRequest, GroupStatus, Message, ProviderErrorKind, Registration, RetryDecision,
     MAX_MESSAGES_PER_REQUEST,
 };
+use groupcast_rigs::mock::MockConfig;
 use serde_json::json;
 
 use crate::{assert_err, client, codes, config, fields, msg, number, raw, signed, start};

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use groupcast::mock::{self, Faults};
+use groupcast_rigs::mock::{self, Faults};
 use serde_json::{json, Value};
 
 use crate::{client, config, fields, msg, raw, signed, start};

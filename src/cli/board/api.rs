@@ -25,7 +25,7 @@ use crate::store::{Store, StoreError};
 const PAGE_MAX: usize = 500;
 
 /// An API failure: a status and a message, answered as `{"error": ...}`.
-pub struct ApiError(pub StatusCode, pub String);
+pub(crate) struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -45,7 +45,11 @@ type ApiResult = Result<Json<Value>, ApiError>;
 /// `scheduled` (every group sent, waiting for the provider to finish),
 /// `stalled` (quiet past the stall threshold before its report) or
 /// `reported`.
-pub fn batch_state(p: &Projection, quiet_ms: Option<u64>, stall_after_ms: u64) -> &'static str {
+pub(crate) fn batch_state(
+    p: &Projection,
+    quiet_ms: Option<u64>,
+    stall_after_ms: u64,
+) -> &'static str {
     let gens = p.generations();
     if p.get("report").is_some() {
         "reported"
@@ -107,7 +111,7 @@ fn queued_chunks(queued: &[Queued], batch: &str) -> u64 {
 
 /// `GET /api/overview`: every batch (queued, in flight, scheduled, stalled,
 /// and the newest reported), the streams' health, the dead-letter count.
-pub async fn overview(State(board): State<Arc<Board>>) -> ApiResult {
+pub(crate) async fn overview(State(board): State<Arc<Board>>) -> ApiResult {
     let store = &board.store;
     let times = store.shard_times_ms().await?;
     let streams = store.stream_health().await?;
@@ -169,7 +173,7 @@ fn check_batch(id: &str) -> Result<(), ApiError> {
 /// [`MISSING_RANGES_MAX`] ranges `[from, to]`), `missingSeqRangesTotal`
 /// and `missingSeqCount`, set on `v`: the work is proportional to the seqs
 /// that arrived, never to the highest seq.
-pub fn set_missing_seqs(v: &mut Value, p: &Projection) {
+pub(crate) fn set_missing_seqs(v: &mut Value, p: &Projection) {
     let m = p.missing_seqs(MISSING_RANGES_MAX);
     v["missingSeqRanges"] = json!(m.ranges);
     v["missingSeqRangesTotal"] = json!(m.ranges_total);
@@ -178,7 +182,7 @@ pub fn set_missing_seqs(v: &mut Value, p: &Projection) {
 
 /// `GET /api/batches/{id}`: generations and groups, missing seqs, rejected
 /// inputs with reasons, the report, and what waits in the ingest stream.
-pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> ApiResult {
+pub(crate) async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> ApiResult {
     check_batch(&id)?;
     let store = &board.store;
     let shard = store.keys.shard_of(&id);
@@ -229,7 +233,7 @@ pub async fn batch(State(board): State<Arc<Board>>, Path(id): Path<String>) -> A
 /// A batch's report and delivery report (`Null` while not decided), with
 /// the fields the reports stream and the webhook name them
 /// (docs/reports.md) and when each was decided (`time_ms`).
-pub fn reports_json(events: &[Result<Recorded, (String, String)>]) -> (Value, Value) {
+pub(crate) fn reports_json(events: &[Result<Recorded, (String, String)>]) -> (Value, Value) {
     let mut report = Value::Null;
     let mut delivery = Value::Null;
     for r in events.iter().flatten() {
@@ -246,7 +250,7 @@ pub fn reports_json(events: &[Result<Recorded, (String, String)>]) -> (Value, Va
 
 /// Paging of a batch's timeline.
 #[derive(Debug, serde::Deserialize)]
-pub struct Page {
+pub(crate) struct Page {
     /// The first event (0-based).
     #[serde(default)]
     pub offset: usize,
@@ -256,7 +260,7 @@ pub struct Page {
 
 /// `GET /api/batches/{id}/events?offset=&limit=`: the event timeline, one
 /// page, with recipient numbers masked as `audit` masks them.
-pub async fn events(
+pub(crate) async fn events(
     State(board): State<Arc<Board>>,
     Path(id): Path<String>,
     Query(page): Query<Page>,
@@ -288,7 +292,7 @@ pub async fn events(
 }
 
 /// `GET /api/dlq`: every dead letter with its reason, source and age.
-pub async fn dead_letters(State(board): State<Arc<Board>>) -> ApiResult {
+pub(crate) async fn dead_letters(State(board): State<Arc<Board>>) -> ApiResult {
     let times = board.store.shard_times_ms().await?;
     let letters: Vec<Value> = board
         .store
@@ -311,7 +315,7 @@ pub async fn dead_letters(State(board): State<Arc<Board>>) -> ApiResult {
 
 /// `POST /api/dlq/{id}/redrive` (token needed): puts a dead letter back on
 /// the stream it came from.
-pub async fn redrive(
+pub(crate) async fn redrive(
     State(board): State<Arc<Board>>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -339,7 +343,7 @@ pub async fn redrive(
 
 /// The reason an action on a batch records (`?reason=`).
 #[derive(Debug, serde::Deserialize)]
-pub struct Reason {
+pub(crate) struct Reason {
     /// Why; a default names the board when absent or blank.
     pub reason: Option<String>,
 }
@@ -389,7 +393,7 @@ pub(crate) async fn on_disk(
 /// Cancels batch `id` as `groupcast cancel` does, recording `reason`:
 /// `{cancelled, reason, stopped, unsent, seen}`; `409` when it had already
 /// reported otherwise. Shared by the board and `groupcast serve`.
-pub async fn cancel_batch(
+pub(crate) async fn cancel_batch(
     store: &Store,
     policy: BatchPolicy,
     id: &str,
@@ -422,7 +426,7 @@ pub async fn cancel_batch(
 /// Closes batch `id` as `groupcast close` does, recording `reason`:
 /// `{closed, reason, missing}`; `409` when it had already reported, `404`
 /// for a batch never seen. Shared by the board and `groupcast serve`.
-pub async fn close_batch(
+pub(crate) async fn close_batch(
     store: &Store,
     policy: BatchPolicy,
     id: &str,
@@ -453,7 +457,7 @@ fn may_act(board: &Board, headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// `POST /api/batches/{id}/cancel?reason=` (token needed): cancels the
 /// batch as `groupcast cancel` does ([`cancel_batch`]).
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(board): State<Arc<Board>>,
     Path(id): Path<String>,
     Query(reason): Query<Reason>,
@@ -468,7 +472,7 @@ pub async fn cancel(
 
 /// `POST /api/batches/{id}/close?reason=` (token needed): closes the batch
 /// as `groupcast close` does ([`close_batch`]).
-pub async fn close(
+pub(crate) async fn close(
     State(board): State<Arc<Board>>,
     Path(id): Path<String>,
     Query(reason): Query<Reason>,
@@ -483,7 +487,7 @@ pub async fn close(
 
 /// What `GET /api/batches/{id}/results` exports.
 #[derive(Debug, serde::Deserialize)]
-pub struct ResultsQuery {
+pub(crate) struct ResultsQuery {
     /// As `groupcast results --status` (default `failed`).
     pub status: Option<String>,
     /// As `--code`, comma-separated.
@@ -497,7 +501,7 @@ pub struct ResultsQuery {
 /// `GET /api/batches/{id}/results?status=&code=&format=&show_numbers=`
 /// (token needed: recipient numbers): the stored outcomes, as
 /// `groupcast results` exports them, as a download ([`results_download`]).
-pub async fn results(
+pub(crate) async fn results(
     State(board): State<Arc<Board>>,
     Path(id): Path<String>,
     Query(q): Query<ResultsQuery>,
@@ -509,7 +513,7 @@ pub async fn results(
 
 /// Batch `id`'s stored outcomes, as `groupcast results` exports them, as a
 /// download: shared by the board and `groupcast serve`.
-pub async fn results_download(
+pub(crate) async fn results_download(
     store: &Store,
     id: &str,
     q: ResultsQuery,

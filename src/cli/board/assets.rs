@@ -14,7 +14,7 @@ const STYLE: &str = include_str!("assets/app.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 /// The page (for every page path).
-pub async fn page() -> impl IntoResponse {
+pub(crate) async fn page() -> impl IntoResponse {
     (
         [
             (CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -27,7 +27,7 @@ pub async fn page() -> impl IntoResponse {
 }
 
 /// The page's script.
-pub async fn script() -> impl IntoResponse {
+pub(crate) async fn script() -> impl IntoResponse {
     (
         [
             (CONTENT_TYPE, "text/javascript; charset=utf-8"),
@@ -38,7 +38,7 @@ pub async fn script() -> impl IntoResponse {
 }
 
 /// The page's style.
-pub async fn style() -> impl IntoResponse {
+pub(crate) async fn style() -> impl IntoResponse {
     (
         [
             (CONTENT_TYPE, "text/css; charset=utf-8"),

@@ -6,11 +6,11 @@ use axum::http::{header, HeaderMap, StatusCode};
 /// The header the board's own page sends with every action. A browser adds
 /// a custom header to a cross-site request only after a CORS preflight,
 /// which the board does not answer: a forged form or image cannot carry it.
-pub const BOARD_HEADER: &str = "x-groupcast-board";
+pub(crate) const BOARD_HEADER: &str = "x-groupcast-board";
 
 /// Why an action was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// No token is configured: the board is read-only (403).
     #[error("the board is read-only: start it with GROUPCAST_BOARD_TOKEN (or GROUPCAST_BOARD_TOKEN_FILE) to allow actions")]
     ReadOnly,
@@ -26,7 +26,7 @@ pub enum Refused {
 
 impl Refused {
     /// The HTTP status it answers with.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Refused::Unauthorized => StatusCode::UNAUTHORIZED,
             Refused::ReadOnly | Refused::CrossSite(_) => StatusCode::FORBIDDEN,
@@ -36,12 +36,12 @@ impl Refused {
 
 /// Compares in time independent of where the first difference is, so that
 /// the token cannot be guessed byte by byte from response times.
-pub fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Decides whether a request may act: `token` is the configured one.
-pub fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), Refused> {
+pub(crate) fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), Refused> {
     let Some(token) = token else {
         return Err(Refused::ReadOnly);
     };
@@ -64,7 +64,7 @@ pub fn authorize(token: Option<&str>, headers: &HeaderMap) -> Result<(), Refused
 /// `Sec-Fetch-Site` names another site, or its `Origin` is not the host it
 /// was sent to. (A request without either, from a program, is not a
 /// browser's forgery.)
-pub fn from_another_site(headers: &HeaderMap) -> Option<&'static str> {
+pub(crate) fn from_another_site(headers: &HeaderMap) -> Option<&'static str> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if text("sec-fetch-site").is_some_and(|s| s == "cross-site" || s == "same-site") {
         return Some("Sec-Fetch-Site says another site");
@@ -78,7 +78,7 @@ pub fn from_another_site(headers: &HeaderMap) -> Option<&'static str> {
 }
 
 /// The token of an `Authorization: Bearer <token>` header, if any.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

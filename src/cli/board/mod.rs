@@ -13,9 +13,9 @@
 //!   only after a CORS preflight, which the board never answers), and an
 //!   `Origin` or `Sec-Fetch-Site` that says another site is refused.
 
-pub mod api;
-pub mod assets;
-pub mod auth;
+pub(crate) mod api;
+pub(crate) mod assets;
+pub(crate) mod auth;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,7 +32,7 @@ use crate::store::Store;
 /// Where the board listens unless told otherwise (workers looking for a
 /// free metrics port pass over it, so that a board started later finds it
 /// free).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9465";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9465";
 
 /// Board flags.
 #[derive(Debug, Args)]
@@ -104,7 +104,7 @@ impl Board {
     /// The board of `args` on `store`, its token from
     /// `GROUPCAST_BOARD_TOKEN` (or the file `GROUPCAST_BOARD_TOKEN_FILE`
     /// names); `groupcast serve` builds its board the same way.
-    pub fn from_args(args: &BoardArgs, store: Store) -> Result<Board, CliError> {
+    pub(crate) fn from_args(args: &BoardArgs, store: Store) -> Result<Board, CliError> {
         let token = secret_from_env("GROUPCAST_BOARD_TOKEN")?;
         if token.as_deref().is_some_and(str::is_empty) {
             return Err(CliError::Usage(

@@ -19,9 +19,9 @@
 //! ingest stream holds `--max-unread-chunks` unread (the bound `submit`
 //! waits under), instead of growing Redis.
 
-pub mod openapi;
-pub mod problems;
-pub mod routes;
+pub(crate) mod openapi;
+pub(crate) mod problems;
+pub(crate) mod routes;
 pub mod tokens;
 
 use std::path::PathBuf;

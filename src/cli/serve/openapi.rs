@@ -46,7 +46,7 @@ use crate::cli::submit::{KakaoFile, TemplateFile};
         (name = "operations", description = "Close and cancel (scope `operate`)"),
     )
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// Declares the bearer tokens (`--tokens FILE`) the operations name.
 struct BearerTokens;
@@ -73,7 +73,7 @@ impl Modify for BearerTokens {
     responses((status = 200, description = "This document", content_type = "application/json", body = Object))
 )]
 /// This document (no token needed).
-pub async fn openapi_json() -> impl IntoResponse {
+pub(crate) async fn openapi_json() -> impl IntoResponse {
     Json(ApiDoc::openapi())
 }
 

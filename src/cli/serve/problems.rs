@@ -18,12 +18,12 @@ use crate::cli::submit::body::{BodyRefused, RowProblem};
 use crate::store::StoreError;
 
 /// The media type of every error.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The kinds of problem, each with a stable slug (the end of its `type`),
 /// a title and a status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// No token, or a secret no token has (401).
     Unauthorized,
     /// The token lacks the scope the call needs (403).
@@ -65,8 +65,9 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Every kind, for the documentation.
-    pub const ALL: [Kind; 18] = [
+    /// Every kind: the tests check each has its own slug and status.
+    #[cfg(test)]
+    const ALL: [Kind; 18] = [
         Kind::Unauthorized,
         Kind::Forbidden,
         Kind::CrossSite,
@@ -88,7 +89,7 @@ impl Kind {
     ];
 
     /// The stable slug: the end of `type`.
-    pub fn slug(self) -> &'static str {
+    pub(crate) fn slug(self) -> &'static str {
         match self {
             Kind::Unauthorized => "unauthorized",
             Kind::Forbidden => "forbidden",
@@ -112,7 +113,7 @@ impl Kind {
     }
 
     /// The title: the same for every occurrence of the kind.
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Kind::Unauthorized => "A valid bearer token is needed",
             Kind::Forbidden => "The token lacks the scope this call needs",
@@ -136,7 +137,7 @@ impl Kind {
     }
 
     /// The HTTP status.
-    pub fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             Kind::Unauthorized => StatusCode::UNAUTHORIZED,
             Kind::Forbidden | Kind::CrossSite => StatusCode::FORBIDDEN,
@@ -155,14 +156,14 @@ impl Kind {
     }
 
     /// The `type` URI.
-    pub fn type_uri(self) -> String {
+    pub(crate) fn type_uri(self) -> String {
         format!("urn:groupcast:problem:{}", self.slug())
     }
 }
 
 /// One problem of a chunk's rows.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct FieldError {
+pub(crate) struct FieldError {
     /// For a CSV body, its line (the header is line 1); for JSON, the
     /// recipient's index in `recipients` (from 0); absent for a problem of
     /// the chunk as a whole.
@@ -188,7 +189,7 @@ impl From<&RowProblem> for FieldError {
 
 /// An error, as RFC 9457 has it (`application/problem+json`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// `urn:groupcast:problem:<slug>`: stable, the same for every
     /// occurrence of the kind (docs/api.md lists them).
     #[serde(rename = "type")]
@@ -214,11 +215,11 @@ pub struct Problem {
 /// A refusal of the API, answered as [`Problem`] (the `Retry-After` header
 /// too, when it says when to come back).
 #[derive(Debug, Clone)]
-pub struct ApiProblem(pub Box<Problem>);
+pub(crate) struct ApiProblem(pub Box<Problem>);
 
 impl ApiProblem {
     /// A problem of `kind` with `detail`.
-    pub fn new(kind: Kind, detail: impl Into<String>) -> ApiProblem {
+    pub(crate) fn new(kind: Kind, detail: impl Into<String>) -> ApiProblem {
         ApiProblem(Box::new(Problem {
             kind: kind.type_uri(),
             title: kind.title().into(),
@@ -231,20 +232,20 @@ impl ApiProblem {
     }
 
     /// With the problems of a chunk or a batch's definition listed.
-    pub fn with_errors(mut self, errors: Vec<FieldError>, total: usize) -> ApiProblem {
+    pub(crate) fn with_errors(mut self, errors: Vec<FieldError>, total: usize) -> ApiProblem {
         self.0.errors_total = (total > errors.len()).then_some(total);
         self.0.errors = errors;
         self
     }
 
     /// With when to come back.
-    pub fn retry_after(mut self, wait: Duration) -> ApiProblem {
+    pub(crate) fn retry_after(mut self, wait: Duration) -> ApiProblem {
         self.0.retry_after = Some(wait.as_secs().max(1));
         self
     }
 
     /// A chunk refused by its checks.
-    pub fn invalid_chunk(what: &str, refused: BodyRefused) -> ApiProblem {
+    pub(crate) fn invalid_chunk(what: &str, refused: BodyRefused) -> ApiProblem {
         match refused {
             BodyRefused::Rows {
                 problems,
@@ -260,7 +261,7 @@ impl ApiProblem {
     }
 
     /// A problem with one error, of `field` if it is one field's.
-    pub fn one(kind: Kind, what: &str, field: Option<&str>, reason: String) -> ApiProblem {
+    pub(crate) fn one(kind: Kind, what: &str, field: Option<&str>, reason: String) -> ApiProblem {
         ApiProblem::new(kind, format!("{what}: {reason}")).with_errors(
             vec![FieldError {
                 row: None,
@@ -354,7 +355,7 @@ fn responses_for(
 macro_rules! refusals {
     ($(#[$doc:meta])* $name:ident: $($kind:ident),+) => {
         $(#[$doc])*
-        pub struct $name;
+        pub(crate) struct $name;
 
         impl utoipa::IntoResponses for $name {
             fn responses(

@@ -47,7 +47,9 @@ use crate::store::front::Recorded;
 /// [`validate_batch_id`]).
 #[derive(Debug, ToSchema)]
 #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
-pub struct BatchId(pub String);
+// Only its schema is used (the path parameter's, in the document): the
+// handlers take the id as a `String` and check it themselves.
+pub(crate) struct BatchId(#[allow(dead_code)] String);
 
 /// What a handler answers: its JSON, or a problem.
 type Answer<T> = Result<T, ApiProblem>;
@@ -55,7 +57,7 @@ type Answer<T> = Result<T, ApiProblem>;
 /// `POST /v1/batches`: a batch's id, template and options.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreateBatch {
+pub(crate) struct CreateBatch {
     /// The batch id: 1 to 128 of `[A-Za-z0-9._-]`.
     #[schema(value_type = BatchId)]
     pub batch: String,
@@ -90,7 +92,7 @@ struct Definition {
 
 /// The answer to `POST /v1/batches`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BatchCreated {
+pub(crate) struct BatchCreated {
     /// The batch id.
     pub batch: String,
     /// `true`: created now (201); `false`: it existed with the same
@@ -103,7 +105,7 @@ pub struct BatchCreated {
 /// `PUT /v1/batches/{id}/chunks/{seq}` with `application/json`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ChunkRecipients {
+pub(crate) struct ChunkRecipients {
     /// 1 to 10,000 recipients.
     pub recipients: Vec<RecipientIn>,
     /// Whether this is the batch's last chunk (or `?last=true`).
@@ -114,7 +116,7 @@ pub struct ChunkRecipients {
 /// One recipient of a JSON chunk.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RecipientIn {
+pub(crate) struct RecipientIn {
     /// The phone number, as people write it (normalised as `submit` does).
     pub to: String,
     /// A value for each of the template's `#{name}` placeholders.
@@ -125,7 +127,7 @@ pub struct RecipientIn {
 /// `?last=true` on a chunk.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ChunkQuery {
+pub(crate) struct ChunkQuery {
     /// Marks the batch's last chunk (CSV has no field for it; JSON may say
     /// `"last": true`; a MessagePack chunk carries its own flag).
     pub last: Option<bool>,
@@ -133,7 +135,7 @@ pub struct ChunkQuery {
 
 /// The answer to a chunk: appended (or found appended before).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ChunkAccepted {
+pub(crate) struct ChunkAccepted {
     /// The batch id.
     pub batch: String,
     /// The chunk's seq.
@@ -153,14 +155,14 @@ pub struct ChunkAccepted {
 /// token's name.
 #[derive(Debug, Default, Deserialize, ToSchema, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-pub struct ReasonIn {
+pub(crate) struct ReasonIn {
     /// Why; at most 256 bytes are recorded.
     pub reason: Option<String>,
 }
 
 /// The answer to a close.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Closed {
+pub(crate) struct Closed {
     /// The batch id.
     pub closed: String,
     /// The reason recorded (with the token's name).
@@ -171,7 +173,7 @@ pub struct Closed {
 
 /// The answer to a cancel.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Cancelled {
+pub(crate) struct Cancelled {
     /// The batch id.
     pub cancelled: String,
     /// The reason recorded (with the token's name).
@@ -187,7 +189,7 @@ pub struct Cancelled {
 /// A batch's reports.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Reports {
+pub(crate) struct Reports {
     /// The batch id.
     pub batch: String,
     /// The report (`batch_reported`, docs/reports.md), once decided.
@@ -290,7 +292,7 @@ fn board_problem(e: ApiError) -> ApiProblem {
 )]
 /// Creates a batch: its template and options, which every chunk given
 /// over HTTP carries.
-pub async fn create_batch(
+pub(crate) async fn create_batch(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -475,7 +477,7 @@ fn msgpack_chunk(
 /// then appended to the batch's ingest stream as a stream producer does.
 /// Idempotent on (batch, seq, content); another content for a seq already
 /// given is refused.
-pub async fn put_chunk(
+pub(crate) async fn put_chunk(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -635,14 +637,14 @@ fn reason_of(
 /// `POST /v1/batches/{id}/seal`: the batch's last seq.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SealIn {
+pub(crate) struct SealIn {
     /// The batch's last seq: it takes seqs 0 to this one.
     pub last: u32,
 }
 
 /// The answer to a seal.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Sealed {
+pub(crate) struct Sealed {
     /// The batch id.
     pub sealed: String,
     /// Its last seq.
@@ -663,7 +665,7 @@ pub struct Sealed {
 /// learns where its batch ends only after its last chunk (as `groupcast
 /// seal` and the stream protocol's `seal` entry do). A seal that
 /// contradicts what the batch knows changes nothing.
-pub async fn seal(
+pub(crate) async fn seal(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -706,7 +708,7 @@ pub async fn seal(
 )]
 /// Closes a batch as `groupcast close` does: it stops waiting for the
 /// seqs that never came, sends what was loaded and reports.
-pub async fn close(
+pub(crate) async fn close(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -734,7 +736,7 @@ pub async fn close(
     )
 )]
 /// Cancels a batch as `groupcast cancel` does.
-pub async fn cancel(
+pub(crate) async fn cancel(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -805,7 +807,7 @@ async fn act<T: serde::de::DeserializeOwned>(
     )
 )]
 /// A batch's state: the same truths as `groupcast status BATCH --json`.
-pub async fn status(
+pub(crate) async fn status(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -840,7 +842,7 @@ pub async fn status(
     )
 )]
 /// A batch's report and delivery report, as the webhook posts them.
-pub async fn report(
+pub(crate) async fn report(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -882,7 +884,7 @@ pub async fn report(
 )]
 /// The recipients' outcomes (failed, unknown, not sent, ...), as
 /// `groupcast results` exports them.
-pub async fn results(
+pub(crate) async fn results(
     State(front): State<Arc<Front>>,
     method: Method,
     headers: HeaderMap,
@@ -898,7 +900,7 @@ pub async fn results(
 }
 
 /// Any other path under `/v1`.
-pub async fn not_found() -> ApiProblem {
+pub(crate) async fn not_found() -> ApiProblem {
     ApiProblem::new(
         Kind::NotFound,
         "no such route: GET /v1/openapi.json lists them",
@@ -906,7 +908,7 @@ pub async fn not_found() -> ApiProblem {
 }
 
 /// A method a route does not take.
-pub async fn method_not_allowed() -> ApiProblem {
+pub(crate) async fn method_not_allowed() -> ApiProblem {
     ApiProblem::new(
         Kind::MethodNotAllowed,
         "this route does not take that method: GET /v1/openapi.json lists them",

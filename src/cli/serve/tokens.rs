@@ -11,7 +11,7 @@ use crate::cli::board::auth::{bearer, from_another_site, same};
 
 /// What a token allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Create batches and add their chunks.
     Ingest,
     /// Close and cancel batches.
@@ -22,7 +22,7 @@ pub enum Scope {
 
 impl Scope {
     /// Its name in the tokens file.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Scope::Ingest => "ingest",
             Scope::Operate => "operate",
@@ -39,11 +39,11 @@ impl Scope {
 
 /// The shortest secret accepted: a secret a person could guess is no
 /// secret (`openssl rand -hex 32` makes a good one).
-pub const MIN_SECRET_BYTES: usize = 24;
+pub(crate) const MIN_SECRET_BYTES: usize = 24;
 
 /// One token of the file.
 #[derive(Clone)]
-pub struct Token {
+pub(crate) struct Token {
     /// Its name, recorded with every action taken with it.
     pub name: String,
     /// What it allows.
@@ -180,7 +180,7 @@ impl Tokens {
     /// Decides whether a request may do what needs `scope`: a browser's
     /// cross-site request that changes state is refused first, then the
     /// token is looked up and its scopes checked.
-    pub fn authorize(
+    pub(crate) fn authorize(
         &self,
         method: &Method,
         headers: &HeaderMap,
@@ -205,7 +205,7 @@ impl Tokens {
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Denied {
+pub(crate) enum Denied {
     /// No `Authorization: Bearer` header.
     #[error("this call needs `Authorization: Bearer <secret>` with a token from the server's tokens file")]
     NoToken,

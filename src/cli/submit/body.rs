@@ -20,7 +20,7 @@ use crate::producer::rows::{Row, Vars};
 
 /// One problem of a row of a chunk's body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowProblem {
+pub(crate) struct RowProblem {
     /// For CSV, the line of the body (the header is line 1); for JSON,
     /// the recipient's index in `recipients` (from 0).
     pub row: usize,
@@ -35,7 +35,7 @@ pub struct RowProblem {
 
 /// Why a chunk's body was refused.
 #[derive(Debug)]
-pub enum BodyRefused {
+pub(crate) enum BodyRefused {
     /// Rows with problems: the first listed, all counted.
     Rows {
         /// The first [`LISTED`](super::LISTED) problems, in row order.
@@ -79,7 +79,7 @@ impl From<crate::producer::InputError> for BodyRefused {
 /// column per variable, as a recipients file), checked as `submit` checks
 /// a file, numbers normalised, the later rows of a repeated number
 /// dropped. `name` names the body in messages.
-pub fn csv_recipients(
+pub(crate) fn csv_recipients(
     name: &str,
     body: &[u8],
     template: &Template,
@@ -107,7 +107,7 @@ pub fn csv_recipients(
 /// JSON recipients, each checked as a row of a recipients file (its
 /// number normalised, every variable the template uses present and none
 /// too long); a number given twice is sent once (the batch's own dedupe).
-pub fn json_recipients(
+pub(crate) fn json_recipients(
     given: Vec<Recipient>,
     template: &Template,
 ) -> Result<Vec<Recipient>, BodyRefused> {

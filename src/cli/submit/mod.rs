@@ -44,7 +44,7 @@
 //!   producer.
 
 mod advert;
-pub mod body;
+pub(crate) mod body;
 pub(crate) mod follow_up;
 mod many;
 mod options;

@@ -56,7 +56,7 @@ impl<'a> ChunkRef<'a> {
     /// Reads an ingest `d` field of any shape: in place when it has the usual
     /// one ([`ChunkRef::decode`]), else decoded into `fallback` and borrowed
     /// from there. The error is [`Chunk::decode`]'s: what is wrong with it.
-    pub fn decode_any(
+    pub(crate) fn decode_any(
         bytes: &'a [u8],
         fallback: &'a mut Option<Chunk>,
     ) -> Result<ChunkRef<'a>, DecodeError> {

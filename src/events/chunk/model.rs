@@ -127,7 +127,7 @@ enum Vars<'a> {
 impl<'a> VarsRef<'a> {
     /// From `(name, value)` pairs in any order: as in a `BTreeMap` built
     /// from them, a repeated name keeps its last value.
-    pub fn from_pairs(mut pairs: Vec<(&'a str, &'a str)>) -> Self {
+    pub(crate) fn from_pairs(mut pairs: Vec<(&'a str, &'a str)>) -> Self {
         if pairs.len() > 1 {
             // Stable: of equal names, the last stays last.
             pairs.sort_by(|a, b| a.0.cmp(b.0));
@@ -274,7 +274,7 @@ impl Template {
 
 impl TemplateRef<'_> {
     /// The template, owned.
-    pub fn to_template(&self) -> Template {
+    pub(crate) fn to_template(self) -> Template {
         Template {
             kind: self.kind.to_string(),
             from: self.from.to_string(),
@@ -380,7 +380,7 @@ impl<'a> ChunkRef<'a> {
     }
 
     /// The chunk, owned.
-    pub fn to_chunk(&self) -> Chunk {
+    pub(crate) fn to_chunk(&self) -> Chunk {
         Chunk {
             batch: self.batch.to_string(),
             seq: self.seq,

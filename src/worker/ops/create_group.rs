@@ -12,7 +12,7 @@ use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a create item.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let p = log
@@ -77,7 +77,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
 /// failing past `--retry-for`): records the generation as failed
 /// (`fail_generation.lua`) before the item is dead-lettered, so that its
 /// chunks end as given up and the batch still reports.
-pub async fn give_up(
+pub(crate) async fn give_up(
     ctx: &Ctx,
     lane: Priority,
     item: &WorkItem,

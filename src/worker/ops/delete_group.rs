@@ -11,7 +11,7 @@ use crate::worker::ops::{provider_slots, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a delete item.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(group_id) = item.group_id.as_deref() else {
         return Ok(Outcome::Dead("delete item without a group id".into()));
     };

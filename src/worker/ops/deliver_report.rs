@@ -16,7 +16,7 @@ use crate::worker::Ctx;
 /// as in the reports stream and the board's API (snake_case, see
 /// `docs/reports.md`): every field of the `batch_reported` event, under its
 /// name there, and what a receiver needs beyond it.
-pub fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
+pub(crate) fn report_json(batch: &str, p: &Projection) -> serde_json::Value {
     let groups: Vec<_> = (0..p.generations())
         .map(|g| {
             json!({
@@ -141,7 +141,7 @@ const CAMEL_GROUP_NAMES: &[(&str, &str)] = &[
 ];
 
 /// The report as the webhook's body names its fields.
-pub fn webhook_body(report: serde_json::Value, names: FieldNames) -> serde_json::Value {
+pub(crate) fn webhook_body(report: serde_json::Value, names: FieldNames) -> serde_json::Value {
     match names {
         FieldNames::Snake => report,
         FieldNames::Camel => {
@@ -174,7 +174,7 @@ fn rfc3339(ms: i64) -> Option<String> {
 }
 
 /// Runs a report item.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(url) = ctx.config.report_webhook.as_deref() else {
         return Ok(Outcome::Done);
     };
@@ -201,7 +201,10 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
 /// The delivery report of a batch, as JSON: its `batch_delivered` event's
 /// fields (`docs/reports.md`), with the batch id and `report` =
 /// `delivery`.
-pub fn delivery_report_json(batch: &str, e: &crate::events::BatchDelivered) -> serde_json::Value {
+pub(crate) fn delivery_report_json(
+    batch: &str,
+    e: &crate::events::BatchDelivered,
+) -> serde_json::Value {
     let mut v = serde_json::to_value(e).unwrap_or_default();
     v["batch_id"] = json!(batch);
     v["report"] = json!("delivery");
@@ -210,7 +213,11 @@ pub fn delivery_report_json(batch: &str, e: &crate::events::BatchDelivered) -> s
 
 /// Runs a delivery report item: the batch's second report, with its own
 /// idempotency key (`<batch>:delivery`).
-pub async fn run_delivery(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run_delivery(
+    ctx: &Ctx,
+    lane: Priority,
+    item: &WorkItem,
+) -> Result<Outcome, OpError> {
     let Some(url) = ctx.config.report_webhook.as_deref() else {
         return Ok(Outcome::Done);
     };

@@ -42,7 +42,7 @@ async fn add_all<R: RecipientFields>(
 
 /// What a load came to.
 #[derive(Debug)]
-pub enum Load {
+pub(crate) enum Load {
     /// Added and recorded, or to be retried or dead-lettered as it says.
     Handled(Outcome),
     /// Under `everysec`: the chunk's assignment to the generation, or the
@@ -55,7 +55,7 @@ pub enum Load {
 
 /// Loads `chunk`, read in place ([`ChunkRef::decode`]), into `group_id` and
 /// records it.
-pub async fn run_ref(
+pub(crate) async fn run_ref(
     ctx: &Ctx,
     log: &BatchLog,
     chunk: &ChunkRef<'_>,
@@ -279,7 +279,7 @@ async fn record_load<R: RecipientFields>(
 /// Records `numbers` (of generation `gen`) as never sent because their
 /// batch was cancelled: a chunk the cancel stopped before it was loaded,
 /// or whose load the cancel made pointless.
-pub async fn record_cancelled<'a>(
+pub(crate) async fn record_cancelled<'a>(
     ctx: &Ctx,
     log: &BatchLog,
     gen: u32,
@@ -291,7 +291,7 @@ pub async fn record_cancelled<'a>(
 
 /// Records the same outcome `r` for each of `numbers` (one write): the
 /// recipients a cancel stopped, the copies a chunk held.
-pub async fn record_each<'a>(
+pub(crate) async fn record_each<'a>(
     ctx: &Ctx,
     log: &BatchLog,
     r: &Record,
@@ -306,7 +306,7 @@ pub async fn record_each<'a>(
 
 /// Records chunk `seq` of generation `gen` as loaded with nobody to add:
 /// every number in it was a copy of one the batch already had.
-pub async fn record_nothing_to_load(
+pub(crate) async fn record_nothing_to_load(
     log: &BatchLog,
     seq: u32,
     gen: u32,
@@ -326,7 +326,7 @@ pub async fn record_nothing_to_load(
 }
 
 /// The failure code of recipients whose chunk was given up on.
-pub const GIVEN_UP: &str = "given_up";
+pub(crate) const GIVEN_UP: &str = "given_up";
 
 /// Gives up loading a chunk (its add was refused for good, or kept failing
 /// past `--retry-for`): records it as loaded with every recipient failed
@@ -334,7 +334,7 @@ pub const GIVEN_UP: &str = "given_up";
 /// sent and the batch can report. Whether the provider registered some of
 /// them before giving up is unknown; the send's count check allows for
 /// that (`g:<gen>:unsure`). A chunk already recorded loaded stays as it is.
-pub async fn give_up(
+pub(crate) async fn give_up(
     ctx: &Ctx,
     lane: crate::keys::Priority,
     item: &crate::worker::ops::WorkItem,
@@ -396,7 +396,7 @@ async fn record_given_up(
 /// recipients fail with the reason, and the generation completes without
 /// it. Called for a chunk that finds the generation failed when it parks,
 /// and for the parked chunks the give-up released.
-pub async fn give_up_in_failed_generation(
+pub(crate) async fn give_up_in_failed_generation(
     log: &BatchLog,
     chunk: &ChunkRef<'_>,
     gen: u32,

@@ -5,14 +5,14 @@
 //! is one of these, so that one rate limiter counts them all and retries,
 //! backoff and dead letters come from one place ([`crate::worker::consumer`]).
 
-pub mod create_group;
-pub mod delete_group;
-pub mod deliver_report;
-pub mod load_chunk;
-pub mod poll_group;
-pub mod recall_send;
+pub(crate) mod create_group;
+pub(crate) mod delete_group;
+pub(crate) mod deliver_report;
+pub(crate) mod load_chunk;
+pub(crate) mod poll_group;
+pub(crate) mod recall_send;
 pub mod send_group;
-pub mod track_delivery;
+pub(crate) mod track_delivery;
 
 use std::time::Duration;
 
@@ -26,7 +26,11 @@ use crate::store::StoreError;
 /// board say "provider refused credentials" rather than only the dead
 /// letters (the next call is refused the same way until someone fixes the
 /// key or the secret).
-pub async fn provider_failed(ctx: &crate::worker::Ctx, batch: &str, e: &ProviderError) -> Outcome {
+pub(crate) async fn provider_failed(
+    ctx: &crate::worker::Ctx,
+    batch: &str,
+    e: &ProviderError,
+) -> Outcome {
     if e.refused_credentials() {
         // The dead letter still tells; only the batch's line would be missing.
         if let Err(err) = ctx
@@ -109,7 +113,7 @@ impl RetryCause {
     /// (`--retry-for`): trouble at the provider or the webhook does; waiting
     /// on our own pace (the limiter, durability) or on a group the provider
     /// is still sending does not.
-    pub fn spends_budget(self) -> bool {
+    pub(crate) fn spends_budget(self) -> bool {
         matches!(
             self,
             RetryCause::Transient | RetryCause::RateLimited | RetryCause::Webhook
@@ -119,7 +123,7 @@ impl RetryCause {
     /// Whether this wait shows the batch is alive (a heartbeat for the
     /// watchdog although no event is appended): a poll of a group still
     /// sending, a limiter or a durability wait.
-    pub fn is_heartbeat(self) -> bool {
+    pub(crate) fn is_heartbeat(self) -> bool {
         matches!(
             self,
             RetryCause::NotFinished
@@ -139,7 +143,7 @@ impl RetryCause {
 /// second consumer, which would reserve (and call) again.
 ///
 /// [`WorkerConfig::max_limiter_wait`]: crate::worker::WorkerConfig::max_limiter_wait
-pub async fn provider_slots(
+pub(crate) async fn provider_slots(
     ctx: &crate::worker::Ctx,
     lane: crate::keys::Priority,
     requests: u32,
@@ -176,7 +180,7 @@ pub enum OpError {
 
 /// What [`on_disk`] found.
 #[derive(Debug)]
-pub enum OnDisk {
+pub(crate) enum OnDisk {
     /// What the call rests on is on disk (or nothing is waited for): go.
     Yes,
     /// Not yet: the outcome that waits.
@@ -210,7 +214,7 @@ pub enum OnDisk {
 /// [`DurableWait::None`]: crate::worker::DurableWait::None
 /// [`DurableWait::Window`]: crate::worker::DurableWait::Window
 /// [`DurableWait::WaitAof`]: crate::worker::DurableWait::WaitAof
-pub async fn on_disk(
+pub(crate) async fn on_disk(
     ctx: &crate::worker::Ctx,
     log: &BatchLog,
     facts: &[(&str, &str)],
@@ -328,7 +332,7 @@ pub async fn durability_wait(
 }
 
 /// The retry for a wait until Redis has what an add or send relies on on disk.
-pub fn wait_for_disk(delay: Duration, what: String) -> Outcome {
+pub(crate) fn wait_for_disk(delay: Duration, what: String) -> Outcome {
     Outcome::Retry {
         delay: Some(delay),
         spend: false,
@@ -339,7 +343,7 @@ pub fn wait_for_disk(delay: Duration, what: String) -> Outcome {
 
 impl Outcome {
     /// The outcome a provider error calls for.
-    pub fn from_provider(e: &ProviderError) -> Outcome {
+    pub(crate) fn from_provider(e: &ProviderError) -> Outcome {
         match e.retry_decision() {
             RetryDecision::RetryWithBackoff => Outcome::Retry {
                 delay: None,

@@ -25,11 +25,15 @@ use crate::worker::Ctx;
 /// place add up to less than twice this, far below the watchdog's
 /// `--stall-after` (no heartbeat is stamped meanwhile) and a worker's drain
 /// timeout, whatever `--poll-interval` is.
-pub const IN_PLACE_MAX: Duration = Duration::from_secs(1);
+pub(crate) const IN_PLACE_MAX: Duration = Duration::from_secs(1);
 
 /// Runs a poll item. The reads made in place advance the item's
 /// `poll_delay_ms`, so that a retry goes on backing off from the last wait.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run(
+    ctx: &Ctx,
+    lane: Priority,
+    item: &mut WorkItem,
+) -> Result<Outcome, OpError> {
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     if log.appended(&event_key::done(gen)).await?.is_some() {

@@ -24,7 +24,7 @@ use crate::worker::ops::{provider_slots, Op, OpError, Outcome, WorkItem};
 use crate::worker::Ctx;
 
 /// Runs a recall item.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, OpError> {
     let Some(group_id) = item.group_id.as_deref().filter(|g| !g.is_empty()) else {
         return Ok(Outcome::Dead("recall item without a group id".into()));
     };
@@ -96,7 +96,7 @@ pub async fn run(ctx: &Ctx, lane: Priority, item: &WorkItem) -> Result<Outcome, 
 /// Gives up a send, poll or recall item for good: records it
 /// (`give_up_send.lua`) before the item is dead-lettered, so that its
 /// generation and the batch still end. Other ops: nothing to record.
-pub async fn give_up(
+pub(crate) async fn give_up(
     ctx: &Ctx,
     lane: Priority,
     op: Op,

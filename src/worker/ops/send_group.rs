@@ -198,7 +198,7 @@ struct Sendable<'a> {
     /// status, then the limiter gave the entry back before the send) books
     /// both at once: booked one by one again, each try's read could take the
     /// slot the send needs (the lane's horizon, or its owed slot), try after
-    /// try, and the send would never go (seen in tests/liveness: a claimed
+    /// try, and the send would never go (seen in rigs/tests/liveness: a claimed
     /// generation unsent for 90 s at 8/s). A booking refused reserves
     /// nothing, so one for both goes as soon as the schedule has room for
     /// two, or the lane is owed its share.
@@ -363,7 +363,7 @@ pub(crate) fn first_poll(
 /// The least of a claim's lifetime left for the provider call to start:
 /// the request's transit, so that the provider receives it before the
 /// lifetime ends (before quiet hours begin).
-pub const SEND_MARGIN: Duration = Duration::from_millis(500);
+pub(crate) const SEND_MARGIN: Duration = Duration::from_millis(500);
 
 /// A claim granted: the send may start until `deadline`.
 struct Granted {

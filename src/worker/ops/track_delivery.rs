@@ -26,12 +26,12 @@ use crate::worker::ops::{provider_slots, OpError, Outcome, RetryCause, WorkItem}
 use crate::worker::{Ctx, WorkerConfig};
 
 /// Messages asked for per page (the provider's largest).
-pub const PAGE: u32 = 500;
+pub(crate) const PAGE: u32 = 500;
 
 /// One page, as tracking counts it: its counts, the records of the
 /// messages not delivered (number → [`Record::encode`]), and how many
 /// messages have no result yet (0 once the window ended: they are unknown).
-pub fn tally(
+pub(crate) fn tally(
     gen: u32,
     messages: &[ListedMessage],
     window_ended: bool,
@@ -92,7 +92,7 @@ pub fn tally(
 }
 
 /// The wait before the next pass, after waiting `last` (zero: the first).
-pub fn next_wait(config: &WorkerConfig, last: Duration) -> Duration {
+pub(crate) fn next_wait(config: &WorkerConfig, last: Duration) -> Duration {
     if last.is_zero() {
         config.track_first_wait
     } else {
@@ -102,7 +102,11 @@ pub fn next_wait(config: &WorkerConfig, last: Duration) -> Duration {
 }
 
 /// Runs a track item.
-pub async fn run(ctx: &Ctx, lane: Priority, item: &mut WorkItem) -> Result<Outcome, OpError> {
+pub(crate) async fn run(
+    ctx: &Ctx,
+    lane: Priority,
+    item: &mut WorkItem,
+) -> Result<Outcome, OpError> {
     let log = ctx.store.batch_in(&item.batch, lane);
     let gen = item.gen;
     let Some(group_id) = item.group_id.clone() else {
