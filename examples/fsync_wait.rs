@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use groupcast::events::{BatchStalled, Event};
 use groupcast::keys::Keyspace;
-use groupcast::store::aof::{Fact, Fsync};
 use groupcast::store::batch::Appended;
+use groupcast::store::durability::aof::{Fact, Fsync};
 use groupcast::store::Store;
 use groupcast_rigs::redis_server::RedisServer;
 

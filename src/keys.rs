@@ -263,7 +263,7 @@ impl Keyspace {
         self.shard_key(shard, "reports")
     }
     /// The lost-writes stream of a shard: one entry per batch whose
-    /// acknowledged events Redis lost (see `store::witness`).
+    /// acknowledged events Redis lost (see `store::durability::witness`).
     pub(crate) fn lost_writes(&self, shard: u32) -> String {
         self.shard_key(shard, "lost")
     }
@@ -322,7 +322,7 @@ impl Keyspace {
         format!("{}:{{limiter}}:share:{}", self.prefix, lane.name())
     }
     /// The key a `WAITAOF` round writes before it waits (see
-    /// [`crate::store::aof`]); expires a minute after the last round.
+    /// [`crate::store::durability::aof`]); expires a minute after the last round.
     pub(crate) fn fsync_marker(&self) -> String {
         format!("{}:{{fsync}}:marker", self.prefix)
     }

@@ -761,7 +761,7 @@ pub async fn verify_batch(
     };
     let undecodable = raw.iter().filter(|r| r.is_err()).count();
     let events: Vec<Recorded> = raw.into_iter().filter_map(Result::ok).collect();
-    let lost = crate::store::witness::lost_records(store, batch).await?;
+    let lost = crate::store::durability::witness::lost_records(store, batch).await?;
     let diff = live.diff(&Projection::fold(&events));
     log_checks(&mut c, undecodable, events.len(), &lost, &diff);
 

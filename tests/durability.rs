@@ -12,12 +12,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use groupcast::cli::worker::{choose_wait, Durability, ServerPersistence};
 use groupcast::events::{BatchStalled, Event};
 use groupcast::keys::Keyspace;
-use groupcast::store::aof::{Fact, Fsync};
 use groupcast::store::batch::Appended;
+use groupcast::store::durability::aof::{Fact, Fsync};
 use groupcast::store::Store;
+use groupcast::worker::durability::{choose_wait, Durability, ServerPersistence};
 use groupcast::worker::{DurableWait, WorkerConfig};
 use groupcast_rigs::redis_server::{aof_args, RedisServer, ServerOptions};
 
@@ -41,7 +41,7 @@ async fn auto(server: &RedisServer, replicas: u32) -> (DurableWait, String) {
     choose_wait(Durability::Auto, replicas, &p).expect("auto always chooses")
 }
 
-const WINDOW: DurableWait = DurableWait::Window(groupcast::store::witness::WINDOW);
+const WINDOW: DurableWait = DurableWait::Window(groupcast::store::durability::witness::WINDOW);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_follows_the_servers_persistence() {
@@ -166,7 +166,7 @@ async fn waitaof_confirms_what_is_there_and_finds_what_is_gone() {
         store.aof_waiter(1).wait(vec![c]).await.expect("wait"),
         Fsync::NotYet
     );
-    assert!(started.elapsed() >= groupcast::store::aof::WAITAOF_TIMEOUT);
+    assert!(started.elapsed() >= groupcast::store::durability::aof::WAITAOF_TIMEOUT);
 }
 
 /// The measurement of how a server's `WAITAOF` confirms is made once per
@@ -449,7 +449,7 @@ async fn a_send_whose_claim_is_lost_during_the_window_claims_again() {
 /// when no retention could have expired it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reading_events_back_finds_what_is_gone_in_one_read_when_nothing_is() {
-    use groupcast::store::witness::{check, Witnesses};
+    use groupcast::store::durability::witness::{check, Witnesses};
     let server = RedisServer::start().expect("redis-server");
     let store = connect(&server).await;
     let a = event(&store, "wit-a", "stalled/1").await;
@@ -473,7 +473,7 @@ async fn reading_events_back_finds_what_is_gone_in_one_read_when_nothing_is() {
     let after = commands(store.info("commandstats").await.expect("info"));
     assert_eq!(after - before, 2, "one HMGET per batch, nothing else");
     // Another entry id under a's key: lost.
-    let other = groupcast::store::witness::Witness {
+    let other = groupcast::store::durability::witness::Witness {
         id: "1-1".into(),
         ..all[0].clone()
     };
@@ -733,7 +733,7 @@ async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
 /// `noting_appended` answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledgement_waits_on_the_last_event_its_handling_appended() {
-    use groupcast::store::witness::{noting_appended, LastAppended};
+    use groupcast::store::durability::witness::{noting_appended, LastAppended};
     let server = RedisServer::start().expect("redis-server");
     let store = connect(&server).await;
     let mut conn = store.raw_conn();

@@ -34,11 +34,10 @@ mod harness;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use groupcast::cli::worker::{
-    check_server, choose_wait, Durability as CliDurability, ServerPersistence,
-};
+use groupcast::cli::worker::check_server;
 use groupcast::provider::GroupStatus;
 use groupcast::verify::verify_batch;
+use groupcast::worker::durability::{choose_wait, Durability as CliDurability, ServerPersistence};
 use groupcast_rigs::mock::invariants;
 use harness::{Durability, Plan, Rig, Server};
 use rand::Rng;

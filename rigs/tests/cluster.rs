@@ -566,7 +566,7 @@ async fn run_every_script(store: &Store, round: u32) {
             .expect("dead_letter");
         // Waiting on an event the batch does not have: nothing written,
         // the entries stay pending (both scripts run on the batch's master).
-        let missing = groupcast::store::witness::LastAppended {
+        let missing = groupcast::store::durability::witness::LastAppended {
             state: k.state.clone(),
             key: "never".into(),
             id: "0-1".into(),
@@ -856,7 +856,8 @@ async fn a_blocking_read_neither_times_out_nor_stalls_other_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_startup_check_reads_every_master() {
-    use groupcast::cli::worker::{check_server, Durability};
+    use groupcast::cli::worker::check_server;
+    use groupcast::worker::durability::Durability;
     let cluster = cluster();
     let store = store_on(&cluster, 3).await;
     // The harness runs noeviction and appendfsync always on every node.

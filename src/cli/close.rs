@@ -57,7 +57,7 @@ pub(super) async fn confirm_on_disk(
     key: &str,
     command: &str,
 ) -> Result<(), CliError> {
-    use crate::store::witness::CommandOnDisk;
+    use crate::store::durability::witness::CommandOnDisk;
     match redis.connect().await?.command_on_disk(log, key).await? {
         CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),
         CommandOnDisk::Lost => Err(CliError::Failed(format!(

@@ -345,7 +345,7 @@ pub enum Completion {
 #[derive(Clone)]
 pub struct BatchLog {
     pub(super) conn: RedisConn,
-    witnesses: std::sync::Arc<super::witness::Witnesses>,
+    witnesses: std::sync::Arc<super::durability::witness::Witnesses>,
     pub(super) policy: BatchPolicy,
     /// The batch id.
     pub batch: String,
@@ -518,7 +518,7 @@ pub(crate) fn lane_of_opts(opts: Option<&str>) -> Priority {
 
 impl BatchLog {
     /// A script's own reply fields; the event it appended last, if any, is
-    /// remembered to be read back later (see [`super::witness`]).
+    /// remembered to be read back later (see [`super::durability::witness`]).
     pub(super) fn reply(&self, script: &Declared, v: Value) -> StoreResult<Vec<String>> {
         let (r, witness) = strings(script, v)?;
         if let Some((key, id)) = witness {

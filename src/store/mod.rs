@@ -12,17 +12,18 @@
 //!   declaration (keys, arguments, replies, events, next steps), loaded on demand.
 //! - [`overview`]: read-only queries for operators (stream health, queued
 //!   batches, dead letters and their redrive).
-//! - [`witness`]: reading acknowledged events back to detect writes Redis lost.
-//! - [`aof`]: waiting until events are on disk (`WAITAOF`, group-committed).
+//! - [`durability`]: what Redis keeps: waiting until events are on disk
+//!   (`WAITAOF`, group-committed) and reading acknowledged events back to
+//!   detect writes it lost.
 //! - [`shards`]: the deployment's shard count, recorded in Redis.
 //! - [`clock`]: the Redis clock, against which every instant Redis stamped
 //!   is compared.
 
-pub mod aof;
 pub mod batch;
 pub mod clock;
 pub mod coord;
 pub mod delivery;
+pub mod durability;
 pub(crate) mod front;
 pub(crate) mod info;
 pub(crate) mod notes;
@@ -31,7 +32,6 @@ pub mod queue;
 pub mod scripts;
 pub mod server;
 pub mod shards;
-pub mod witness;
 
 use std::time::Duration;
 
@@ -356,7 +356,7 @@ impl RedisTarget {
     /// Opens a connection of its own that never reconnects by itself (once
     /// broken, every later command fails), with `reply_timeout`: for
     /// commands whose meaning depends on the connection's own history
-    /// (`WAITAOF`, see [`aof`]). Single servers only.
+    /// (`WAITAOF`, see [`durability::aof`]). Single servers only.
     pub(crate) async fn connect_dedicated(
         &self,
         reply_timeout: Duration,
@@ -453,7 +453,7 @@ pub struct Store {
     /// Where it connects.
     pub target: RedisTarget,
     /// The events this process appended, until they are read back.
-    pub witnesses: std::sync::Arc<witness::Witnesses>,
+    pub witnesses: std::sync::Arc<durability::witness::Witnesses>,
     /// How the batches this process ends end (see [`batch::BatchPolicy`]).
     policy: batch::BatchPolicy,
 }
@@ -503,14 +503,14 @@ impl Store {
         self.conn.clone()
     }
 
-    /// The `WAITAOF` waiter of this process (see [`aof`]): `replicas`
+    /// The `WAITAOF` waiter of this process (see [`durability::aof`]): `replicas`
     /// replica acknowledgements besides the local fsync.
-    pub fn aof_waiter(&self, replicas: u32) -> aof::AofWaiter {
-        aof::AofWaiter::new(self.target.clone(), self.keys.fsync_marker(), replicas)
+    pub fn aof_waiter(&self, replicas: u32) -> durability::aof::AofWaiter {
+        durability::aof::AofWaiter::new(self.target.clone(), self.keys.fsync_marker(), replicas)
     }
 
     /// How fast this server's `WAITAOF` confirms a write (see
-    /// [`aof::confirmation_delay`]): under `everysec`, well under a second
+    /// [`durability::aof::confirmation_delay`]): under `everysec`, well under a second
     /// means it confirms writes that are not fsynced yet. Measured once per
     /// server process: the first worker to start against it measures (up to
     /// 3 s on a server that waits for the fsync) and records the answer
@@ -524,7 +524,7 @@ impl Store {
             Ok(id) => id,
             Err(e) if e.is_retryable() => return Err(e),
             // `INFO` refused (an ACL): measured every time.
-            Err(_) => return aof::confirmation_delay(&self.target, &marker, 2).await,
+            Err(_) => return durability::aof::confirmation_delay(&self.target, &marker, 2).await,
         };
         let key = self.keys.fsync_measured();
         let known: Option<u64> = redis::cmd("HGET")
@@ -535,7 +535,7 @@ impl Store {
         if let Some(ms) = known {
             return Ok(Duration::from_millis(ms));
         }
-        let measured = aof::confirmation_delay(&self.target, &marker, 2).await?;
+        let measured = durability::aof::confirmation_delay(&self.target, &marker, 2).await?;
         // Kept a week past the last measurement: a server process lives
         // long, the record is a few bytes per restart.
         redis::pipe()

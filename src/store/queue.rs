@@ -3,8 +3,8 @@
 
 use redis::Value;
 
+use super::durability::witness::LastAppended;
 use super::scripts::SCRIPTS;
-use super::witness::LastAppended;
 use super::{BlockingConn, Store, StoreResult};
 use crate::keys::Priority;
 

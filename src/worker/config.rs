@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::durability::DurableWait;
+
 /// The roles a worker process can run; `--roles` splits them across processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -64,32 +66,6 @@ impl std::fmt::Display for RateLimit {
             RateLimit::Auto => f.write_str("auto"),
             RateLimit::PerSecond(n) => write!(f, "{n}"),
         }
-    }
-}
-
-/// What an add or a send waits for before it goes out (see
-/// [`WorkerConfig::durable`] and `docs/durability.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DurableWait {
-    /// Nothing: Redis keeps every acknowledged write (`appendfsync always`),
-    /// or nothing is expected to survive a crash (no AOF).
-    None,
-    /// Until the events relied on have been in Redis this long (the entry
-    /// ids' clock): a timing argument for servers without `WAITAOF`.
-    Window(Duration),
-    /// Until `WAITAOF 1 <replicas>` confirms that they are fsynced to the
-    /// AOF (and acknowledged by that many replicas): exact, Redis/Valkey
-    /// 7.2 or newer, one call per round for every waiter of the process.
-    WaitAof {
-        /// Replicas that must have them too (`--replicas-ack`).
-        replicas: u32,
-    },
-}
-
-impl DurableWait {
-    /// Whether adds and sends wait at all.
-    pub fn waits(self) -> bool {
-        self != DurableWait::None
     }
 }
 

@@ -12,8 +12,8 @@ use tracing::Instrument;
 use crate::events::encode_payload;
 use crate::keys::Priority;
 use crate::keys::{LOADERS_GROUP, OPERATORS_GROUP};
+use crate::store::durability::witness::{self, LastAppended};
 use crate::store::queue::{read_group, Alive, DelayedEntry, Entry, LoadHolds, Rescheduled};
-use crate::store::witness::{self, LastAppended};
 use crate::store::BlockingConn;
 use crate::worker::ops::{
     create_group, load_chunk, recall_send, Op, Outcome, RetryCause, WorkItem,

@@ -43,7 +43,7 @@ pub struct Ctx {
     pub consumer: String,
     /// The `WAITAOF` waiter, when adds and sends wait with it
     /// ([`crate::worker::DurableWait::WaitAof`]).
-    pub aof: Option<crate::store::aof::AofWaiter>,
+    pub aof: Option<crate::store::durability::aof::AofWaiter>,
     /// This process's chunks waiting for their generation's group.
     pub group_waits: std::sync::Arc<crate::worker::group_wait::GroupWaits>,
     gen_hints: std::sync::Mutex<std::collections::HashMap<String, u32>>,

@@ -14,7 +14,7 @@
 pub(crate) mod config;
 pub(crate) mod consumer;
 pub(crate) mod ctx;
-pub(crate) mod durability;
+pub mod durability;
 pub(crate) mod group_wait;
 pub mod limiter;
 pub(crate) mod loader;
@@ -31,8 +31,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use config::{DurableWait, RateLimit, Role, WorkerConfig};
+pub use config::{RateLimit, Role, WorkerConfig};
 pub use ctx::{Ctx, Handled};
+pub use durability::DurableWait;
 
 use crate::keys::Priority;
 use crate::store::StoreResult;
@@ -62,7 +63,7 @@ impl Worker {
         }
         let (tx, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        tasks.spawn(durability::run(ctx.clone(), rx.clone()));
+        tasks.spawn(durability::lost_writes::run(ctx.clone(), rx.clone()));
         for role in &ctx.config.roles {
             match role {
                 Role::Load | Role::Operate => {

@@ -131,7 +131,7 @@ pub struct BenchArgs {
     /// With `--user-path`: the workers' `--durability` instead of their
     /// default (`auto`); `none` measures what the default's waits cost.
     #[arg(long, value_enum, requires = "user_path")]
-    pub worker_durability: Option<groupcast::cli::worker::Durability>,
+    pub worker_durability: Option<groupcast::worker::durability::Durability>,
     /// With `--user-path`: the workers' `--rate-limit` (provider requests
     /// a second, all workers together) instead of their default (`auto`:
     /// unpaced until the provider answers 429); 0: never paced.

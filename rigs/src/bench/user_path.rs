@@ -34,10 +34,10 @@ use super::{
     Procs, Ran, ServerKind, API_KEY, API_SECRET,
 };
 use crate::redis_server::{free_port, RedisServer};
-use groupcast::cli::worker::Durability;
 use groupcast::cli::CliError;
 use groupcast::keys::Keyspace;
 use groupcast::store::Store;
+use groupcast::worker::durability::Durability;
 use groupcast::worker::WorkerConfig;
 
 /// What a batch id is, before the file's stem: `--batch bench` and

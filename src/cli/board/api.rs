@@ -380,7 +380,7 @@ pub(crate) async fn on_disk(
     key: &str,
     command: &str,
 ) -> Result<(), ApiError> {
-    use crate::store::witness::CommandOnDisk;
+    use crate::store::durability::witness::CommandOnDisk;
     match store.command_on_disk(log, key).await? {
         CommandOnDisk::NoWait | CommandOnDisk::OnDisk => Ok(()),
         CommandOnDisk::Lost => Err(ApiError(

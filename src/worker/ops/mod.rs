@@ -206,7 +206,7 @@ pub(crate) enum OnDisk {
 ///   entry back to be read again, as below.
 /// - [`DurableWait::WaitAof`]: waits here (its consumer slot given back,
 ///   as above), with every other waiter of the
-///   process, for one `WAITAOF` round ([`crate::store::aof`]), which also
+///   process, for one `WAITAOF` round ([`crate::store::durability::aof`]), which also
 ///   checks that each fact is still there. A fact gone (Redis lost it) sends
 ///   the entry back to be read again: its handler then finds what
 ///   survived.
@@ -220,7 +220,7 @@ pub(crate) async fn on_disk(
     facts: &[(&str, &str)],
     what: impl FnOnce() -> String,
 ) -> Result<OnDisk, StoreError> {
-    use crate::store::aof::{Fact, Fsync};
+    use crate::store::durability::aof::{Fact, Fsync};
     use crate::worker::DurableWait;
     match ctx.config.durable {
         DurableWait::None => Ok(OnDisk::Yes),

@@ -1,13 +1,13 @@
 //! Reads this process's acknowledged events back once Redis must have made
 //! them durable, and reports any that are gone: Redis lost acknowledged writes
-//! (see [`crate::store::witness`]). Runs in every worker, whatever its roles.
+//! (see [`crate::store::durability::witness`]). Runs in every worker, whatever its roles.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::store::witness::{self, WINDOW};
+use crate::store::durability::witness::{self, WINDOW};
 use crate::worker::Ctx;
 
 /// How often due events are read back.

@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::{Store, StoreResult};
 use crate::projection::field;
+use crate::store::{Store, StoreResult};
 
 /// How old an acknowledged event must be before it is read back: longer than
 /// `appendfsync everysec` may take to make it durable (one second, two more
@@ -59,7 +59,7 @@ pub struct Witness {
 }
 
 /// The last event appended while one entry was handled: its
-/// acknowledgement waits on it ([`super::Store::ack_recorded`]).
+/// acknowledgement waits on it ([`crate::store::Store::ack_recorded`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastAppended {
     /// Its batch's state hash.
@@ -332,7 +332,7 @@ impl Store {
     /// settings count as `everysec`.
     pub(crate) async fn command_on_disk(
         &self,
-        log: &super::batch::BatchLog,
+        log: &crate::store::batch::BatchLog,
         key: &str,
     ) -> StoreResult<CommandOnDisk> {
         let field = crate::projection::field::key(key);

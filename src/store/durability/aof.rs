@@ -46,7 +46,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{RedisTarget, StoreError, StoreResult};
+use crate::store::{RedisTarget, StoreError, StoreResult};
 
 /// How long one `WAITAOF` waits before it answers what it has: longer than
 /// `everysec` takes to fsync, including a slow fsync's postponement.
