@@ -655,3 +655,65 @@ fn the_layouts_come_first_in_call_order() {
     assert_eq!(d.all_args()[..3], ["batch", "policy", "gen"]);
     assert!(d.bindings().contains("local PARKED = KEYS[9]\n"));
 }
+
+/// A call passes its keys and arguments by the declared names, in order;
+/// anything else is refused before it reaches Redis.
+#[test]
+fn a_call_out_of_its_declared_order_is_refused() {
+    let scripts = &*super::SCRIPTS;
+    let park = || {
+        let mut c = scripts.park.call();
+        c.key("state", "s").key("events", "e").arg("batch", "b");
+        c
+    };
+    let mut right = park();
+    right
+        .key("parked", "p")
+        .key("work", "w")
+        .arg("seq", 1)
+        .arg("gen", 0)
+        .arg("payload", "x");
+    assert_eq!(right.check(), Ok(()));
+
+    let mut swapped = park();
+    swapped
+        .key("work", "w")
+        .key("parked", "p")
+        .arg("seq", 1)
+        .arg("gen", 0)
+        .arg("payload", "x");
+    let wrong = swapped.check().expect_err("keys out of order");
+    assert!(
+        wrong.contains("`work` where `parked` is declared"),
+        "{wrong}"
+    );
+
+    let mut short = park();
+    short.key("parked", "p").key("work", "w").arg("seq", 1);
+    let wrong = short.check().expect_err("arguments missing");
+    assert!(wrong.contains("argument `gen` not given"), "{wrong}");
+
+    let mut more = park();
+    more.key("parked", "p")
+        .key("work", "w")
+        .arg("seq", 1)
+        .arg("gen", 0)
+        .arg("payload", "x")
+        .more_arg("y");
+    assert!(
+        more.check().is_err(),
+        "park takes nothing after its payload"
+    );
+
+    // Optional ones may be left out before the tail: a dead letter without
+    // a batch's state goes straight to its field/value pairs.
+    let mut letter = scripts.dead_letter.call();
+    letter
+        .key("dead_letters", "d")
+        .key("source", "s")
+        .arg("group", "g")
+        .arg("entry", "1-0")
+        .more_arg("reason")
+        .more_arg("why");
+    assert_eq!(letter.check(), Ok(()));
+}
