@@ -9,6 +9,7 @@ if first then
   return reply({'duplicate', first})
 end
 local id = emit(key, TYPE, DATA, TOUCH == '1')
+-- The triples follow the five named arguments.
 for i = 6, #ARGV, 3 do
   if ARGV[i] == 'incr' then
     redis.call('HINCRBY', STATE, ARGV[i + 1], ARGV[i + 2])

@@ -1,4 +1,4 @@
--- Prepended to every batch script (see src/store/scripts.rs).
+-- Prepended to every batch script (see src/store/scripts/mod.rs).
 --
 -- STATE is the batch's state hash (projection + idempotency keys), EVENTS
 -- its event stream, BATCH the batch id (the keys and arguments are bound to

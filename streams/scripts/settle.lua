@@ -1,6 +1,6 @@
 -- Prepended (after prelude.lua) to the scripts that can end a batch:
 -- accept, reject, close, cancel, claim_send, loaded, completed (see
--- src/store/scripts.rs).
+-- src/store/scripts/mod.rs).
 -- They share one layout (SETTLE in src/store/scripts/declarations.rs):
 -- keys STATE, EVENTS, WORK, ACTIVE, REPORTS, DEDUPE, REPORTED (tombstones),
 --      DEDUPE_MOBILE (dedupe's mobile bitmap)

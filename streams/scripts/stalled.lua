@@ -1,5 +1,5 @@
 -- The guard of `batch_stalled`, run before append.lua's body (see
--- src/store/scripts.rs): the event is appended only if the batch is still
+-- src/store/scripts/mod.rs): the event is appended only if the batch is still
 -- quiet since the heartbeat its key names (the later of `hb` and `alive`) and has no report, so a batch that
 -- reports (or wakes up) while the watchdog scans is never marked.
 -- Keys and arguments: as append.lua, with key `stalled/<hb>` and touch `0`
