@@ -94,6 +94,9 @@ pub fn full_source(d: &Declaration) -> String {
 pub struct Declared {
     /// What it and its callers agree on.
     pub declaration: &'static Declaration,
+    /// Its key and argument names in call order, worked out once.
+    keys: Vec<&'static str>,
+    args: Vec<&'static str>,
     script: Script,
 }
 
@@ -101,6 +104,8 @@ impl Declared {
     fn new(declaration: &'static Declaration) -> Self {
         Declared {
             declaration,
+            keys: declaration.all_keys(),
+            args: declaration.all_args(),
             script: Script::new(&full_source(declaration)),
         }
     }
@@ -109,8 +114,8 @@ impl Declared {
     pub fn call(&'static self) -> Call {
         Call {
             declaration: self.declaration,
-            keys: self.declaration.all_keys(),
-            args: self.declaration.all_args(),
+            keys: &self.keys,
+            args: &self.args,
             invocation: self.script.prepare_invoke(),
             keys_given: 0,
             args_given: 0,
@@ -133,8 +138,8 @@ impl Deref for Declared {
 /// [`invoke`](Call::invoke) fail without reaching Redis.
 pub struct Call {
     declaration: &'static Declaration,
-    keys: Vec<&'static str>,
-    args: Vec<&'static str>,
+    keys: &'static [&'static str],
+    args: &'static [&'static str],
     invocation: redis::ScriptInvocation<'static>,
     keys_given: usize,
     args_given: usize,
@@ -171,7 +176,7 @@ impl Call {
 
     /// Passes key `name`, the next one declared.
     pub fn key(&mut self, name: &str, value: impl ToRedisArgs) -> &mut Self {
-        let r = named(&self.keys, self.keys_given, name);
+        let r = named(self.keys, self.keys_given, name);
         self.note("key", r);
         self.keys_given += 1;
         self.invocation.key(value);
@@ -181,7 +186,7 @@ impl Call {
     /// Passes a key after the named ones (where the declaration has
     /// `more_keys`).
     pub fn more_key(&mut self, value: impl ToRedisArgs) -> &mut Self {
-        let r = more_allowed(&self.keys, self.keys_given, self.declaration.more_keys);
+        let r = more_allowed(self.keys, self.keys_given, self.declaration.more_keys);
         self.note("key", r);
         self.keys_given = self.keys_given.max(self.keys.len());
         self.invocation.key(value);
@@ -190,7 +195,7 @@ impl Call {
 
     /// Passes argument `name`, the next one declared.
     pub fn arg(&mut self, name: &str, value: impl ToRedisArgs) -> &mut Self {
-        let r = named(&self.args, self.args_given, name);
+        let r = named(self.args, self.args_given, name);
         self.note("argument", r);
         self.args_given += 1;
         self.invocation.arg(value);
@@ -200,7 +205,7 @@ impl Call {
     /// Passes an argument after the named ones (where the declaration has
     /// `more_args`).
     pub fn more_arg(&mut self, value: impl ToRedisArgs) -> &mut Self {
-        let r = more_allowed(&self.args, self.args_given, self.declaration.more_args);
+        let r = more_allowed(self.args, self.args_given, self.declaration.more_args);
         self.note("argument", r);
         self.args_given = self.args_given.max(self.args.len());
         self.invocation.arg(value);
@@ -213,8 +218,8 @@ impl Call {
             return Err(wrong.clone());
         }
         for (what, declared, given) in [
-            ("key", &self.keys, self.keys_given),
-            ("argument", &self.args, self.args_given),
+            ("key", self.keys, self.keys_given),
+            ("argument", self.args, self.args_given),
         ] {
             if let Some(d) = declared.iter().skip(given).find(|d| !d.ends_with('?')) {
                 return Err(format!("{what} `{d}` not given"));
