@@ -293,8 +293,7 @@ impl Keyspace {
             state: base.clone(),
             events: format!("{base}:events"),
             parked_prefix: format!("{base}:parked:"),
-            dedupe: format!("{base}:dedupe"),
-            dedupe_mobile: format!("{base}:dedupe:mobile"),
+            numbers: format!("{base}:numbers"),
             results: format!("{base}:results"),
             delivery: format!("{base}:delivery"),
             front: format!("{base}:front"),
@@ -356,12 +355,10 @@ pub struct BatchKeys {
     pub events: String,
     /// Prefix of the per-generation hashes of parked chunk payloads.
     pub parked_prefix: String,
-    /// The numbers given to the batch so far (batch-wide dedupe; see
-    /// `accept.lua`), until its report.
-    pub dedupe: String,
-    /// The mobile numbers given to a large batch so far, one bit each
-    /// (`accept.lua`), until its report.
-    pub dedupe_mobile: String,
+    /// The batch's number log: the numbers given to it so far, a frame per
+    /// accepted chunk (batch-wide dedupe; see `protocol::numbers`), until
+    /// its report.
+    pub numbers: String,
     /// The recipients' outcomes other than delivered, one field per number
     /// (see `track_page.lua`), until `--results-retention` after the
     /// delivery report.
@@ -426,8 +423,7 @@ mod tests {
             &k.delayed,
             &k.active,
             &k.reports,
-            &k.dedupe,
-            &k.dedupe_mobile,
+            &k.numbers,
             &k.results,
             &k.delivery,
             &k.reported,

@@ -138,6 +138,11 @@ pub const METRICS: &[Metric] = &[
         "Ingest chunks by what happened to them: accepted, duplicate, parked, loaded, rejected, refused (their batch had ended), given_up",
     ),
     counter(
+        "groupcast_accept_behind_total",
+        &[],
+        "Accepts asked again because another process had appended to the batch's number log (its dedupe) since this one read it",
+    ),
+    counter(
         "groupcast_recipients_registered_total",
         &[],
         "Recipients registered at the provider, counted once per loaded chunk",

@@ -40,7 +40,7 @@
 //! | `dl_report`, `dl_report_delivered` | `1` once the delivery report is decided; the webhook's status once it accepted it |
 //! | `origin` | the batch this one follows up (`<batch> (<filter>)`) |
 //! | `alive` | ms of the last wait that showed the batch progressing (a poll of a group still sending, a limiter or durability wait): a heartbeat without an event, **not** derived from events ([`LIVE_ONLY`]) |
-//! | `dkept` | the numbers the batch's dedupe buckets keep, once its mobile numbers went to the dedupe bitmap (`accept.lua`): bookkeeping of the dedupe keys, **not** derived from events ([`LIVE_ONLY`]) |
+//! | `dlen`, `dstamp` | the length of the batch's number log and the stamp of its last frame (`accept.lua`, [`crate::protocol::numbers`]): bookkeeping of the dedupe key, **not** derived from events ([`LIVE_ONLY`]) |
 //! | `after_end` | chunks that arrived after the batch had ended (reported, cancelled or closed), counted instead of dead-lettered (`note.lua`), **not** derived from events ([`LIVE_ONLY`]) |
 //! | `creds_refused` | the provider's last refusal of the credentials on one of the batch's calls (`note.lua`), **not** derived from events ([`LIVE_ONLY`]) |
 //!
@@ -123,9 +123,12 @@ pub mod field {
     /// Ms of the last wait that showed the batch progressing (not an event;
     /// see [`LIVE_ONLY`](super::LIVE_ONLY)).
     pub const ALIVE: &str = "alive";
-    /// The numbers the dedupe buckets keep once the batch has its dedupe
-    /// bitmap (not an event; see [`LIVE_ONLY`](super::LIVE_ONLY)).
-    pub const DEDUPE_KEPT: &str = "dkept";
+    /// The length of the batch's number log, in bytes (not an event; see
+    /// [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const NUMBERS_LEN: &str = "dlen";
+    /// The stamp of the number log's last frame (not an event; see
+    /// [`LIVE_ONLY`](super::LIVE_ONLY)).
+    pub const NUMBERS_STAMP: &str = "dstamp";
     /// Chunks that arrived after the batch had ended (reported, cancelled
     /// or closed): counted here instead of dead-lettered one by one (not an
     /// event; see [`LIVE_ONLY`](super::LIVE_ONLY)).
@@ -149,7 +152,8 @@ pub mod field {
     pub const VOCABULARY: &[&str] = &[
         HEARTBEAT,
         ALIVE,
-        DEDUPE_KEPT,
+        NUMBERS_LEN,
+        NUMBERS_STAMP,
         AFTER_END,
         CREDS_REFUSED,
         FIRST_ACCEPTED,
@@ -718,14 +722,15 @@ fn generation_delivered(e: &crate::events::GenerationDelivered) -> Vec<Update> {
 }
 
 /// State fields kept by the live copy only, not derived from events: the
-/// `alive` heartbeat (stamped by waits that append no event), `dkept`
-/// (the dedupe keys' own bookkeeping, kept in the state so that
+/// `alive` heartbeat (stamped by waits that append no event), `dlen` and
+/// `dstamp` (the number log's own bookkeeping, kept in the state so that
 /// `accept.lua`'s one read of the state finds it), and the notes of
 /// `note.lua` (`after_end`, `creds_refused`). A rebuild keeps them
 /// (`restore.lua`); a comparison with a replay ignores them.
 pub const LIVE_ONLY: &[&str] = &[
     field::ALIVE,
-    field::DEDUPE_KEPT,
+    field::NUMBERS_LEN,
+    field::NUMBERS_STAMP,
     field::AFTER_END,
     field::CREDS_REFUSED,
 ];

@@ -635,8 +635,7 @@ async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
     let keys = [
         log.keys.state.clone(),
         log.keys.events.clone(),
-        log.keys.dedupe.clone(),
-        log.keys.dedupe_mobile.clone(),
+        log.keys.numbers.clone(),
     ];
     let mut before = Vec::new();
     for key in &keys {

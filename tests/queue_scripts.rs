@@ -1280,7 +1280,7 @@ async fn folded(log: &BatchLog, live: &[(&str, &str)]) -> BTreeMap<String, Strin
 
 /// restore.lua through `BatchLog::rebuild`: the state becomes the fold of
 /// the events (fields the events do not give are dropped, wrong counts
-/// corrected, lost keys back), keeping `alive`, `dkept` and the TTL; a
+/// corrected, lost keys back), keeping `alive`, `dlen`, `dstamp` and the TTL; a
 /// state of more than 2,000 arguments is written in slices; a state that
 /// is gone is rebuilt without a TTL. And the guard itself: a rebuild that
 /// read up to an event other than the stream's last writes nothing.
@@ -1302,7 +1302,8 @@ async fn a_rebuild_replaces_the_state_only_from_every_event() {
             ("stalls", "9999"),
             ("zz-not-from-events", "1"),
             ("alive", "123"),
-            ("dkept", "7"),
+            ("dlen", "7"),
+            ("dstamp", "0123456789abcdef"),
         ],
     )
     .await;
@@ -1318,7 +1319,15 @@ async fn a_rebuild_replaces_the_state_only_from_every_event() {
         .query_async(&mut store.raw_conn())
         .await
         .expect("pexpire");
-    let want = folded(&log, &[("alive", "123"), ("dkept", "7")]).await;
+    let want = folded(
+        &log,
+        &[
+            ("alive", "123"),
+            ("dlen", "7"),
+            ("dstamp", "0123456789abcdef"),
+        ],
+    )
+    .await;
     assert!(want.len() > 1_100);
     assert_eq!(want.get("stalls").map(String::as_str), Some("1100"));
     let r = log.rebuild(3).await.expect("rebuild");

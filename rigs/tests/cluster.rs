@@ -275,9 +275,8 @@ fn script_calls(keys: &Keyspace, batch: &str) -> Vec<(&'static str, Vec<String>)
         k.work.clone(),
         k.active.clone(),
         k.reports.clone(),
-        k.dedupe.clone(),
+        k.numbers.clone(),
         k.reported.clone(),
-        k.dedupe_mobile.clone(),
     ];
     vec![
         // The scripts that can end a batch share settle.lua's keys.

@@ -1,20 +1,14 @@
 //! `accept.lua`: accept a chunk and assign it to a generation, in one step;
 //! a number gets the batch's message at most once (the batch-wide dedupe).
 
+use super::numbers::{self, RECORD};
+use super::settle::{make_ready, reject, settled, tombstoned};
+use super::{tonumber, BatchPolicy, Run};
+use crate::events::{ChunkAssigned, Event, GenerationClosed};
 use crate::projection::{
     event_key,
     field::{self, generation},
 };
-use std::collections::{BTreeMap, BTreeSet};
-
-use super::settle::{make_ready, reject, settled, tombstoned};
-use super::{tonumber, BatchPolicy, Run};
-use crate::events::{ChunkAssigned, Event, GenerationClosed};
-
-/// Bytes of one dedupe record.
-const RECORD: usize = 5;
-/// Records a dedupe bucket holds, about.
-const PER_BUCKET: i64 = 32;
 
 /// The arguments of `accept.lua` (the generation hint only saves a read, so
 /// it is not one here).
@@ -35,211 +29,96 @@ pub struct AcceptArgs<'a> {
     pub opts: &'a str,
 }
 
-/// `bucket_count(n)`: buckets for `n` records.
-fn bucket_count(n: i64) -> i64 {
-    ((n + PER_BUCKET - 1) / PER_BUCKET).max(1)
+/// What the caller found in its view of the batch's number log
+/// ([`numbers::View`]): the copies in the chunk, and where the view ends.
+/// `accept.lua` takes them only if the log still ends there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupeClaim {
+    /// The view's length: the log's bytes it read.
+    pub seen: u64,
+    /// The stamp of the view's last frame ("" before any).
+    pub stamp: String,
+    /// The positions of the chunk's numbers the view has, or that an
+    /// earlier number of the chunk repeats.
+    pub duplicates: Vec<u32>,
+    /// The chunk's frame for the log, with a new stamp.
+    pub frame: Vec<u8>,
 }
 
-/// `layout(b)`: `b = 2^i + p`, `0 <= p < 2^i`.
-fn layout(b: i64) -> (u32, i64) {
-    let i = 63 - b.leading_zeros();
-    (i, b - (1 << i))
+impl DedupeClaim {
+    /// The claim for `records` (a chunk's, in order) by `view`, its frame
+    /// stamped afresh.
+    pub fn by(view: &numbers::View, records: &[u8]) -> DedupeClaim {
+        DedupeClaim::stamped(view, records, &numbers::new_stamp())
+    }
+
+    /// [`DedupeClaim::by`] with the frame stamped `stamp` (16 hex digits,
+    /// never used before on this log: the model checker's are its length).
+    pub fn stamped(view: &numbers::View, records: &[u8], stamp: &str) -> DedupeClaim {
+        DedupeClaim {
+            seen: view.len(),
+            stamp: view.stamp().to_string(),
+            duplicates: view.duplicates(records),
+            frame: numbers::frame(records, stamp),
+        }
+    }
+
+    /// The claim for `records` by a view of the whole log (`log`): one that
+    /// `accept` takes.
+    pub fn current(log: &[u8], records: &[u8]) -> DedupeClaim {
+        DedupeClaim::current_stamped(log, records, &numbers::new_stamp())
+    }
+
+    /// [`DedupeClaim::current`] with the frame stamped `stamp`.
+    pub fn current_stamped(log: &[u8], records: &[u8], stamp: &str) -> DedupeClaim {
+        let mut view = numbers::View::default();
+        // A log the mirror wrote is whole frames; a malformed one only makes
+        // the claim stale, which `accept` answers with `behind`.
+        let _ = view.extend(log);
+        DedupeClaim::stamped(&view, records, stamp)
+    }
+
+    /// `positions`: the duplicates as `accept.lua` gets them, `1,7`.
+    pub fn positions(&self) -> String {
+        self.duplicates
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }
 
-/// `value(rec)`: the record as a big-endian integer.
-fn value(rec: &[u8]) -> i64 {
-    rec.iter().fold(0, |v, &b| v * 256 + i64::from(b))
-}
-
-/// `bucket_of(v, i, p)`: the bucket of value `v` under layout `(i, p)`.
-fn bucket_of(v: i64, i: u32, p: i64) -> i64 {
-    let b = v % (1 << i);
-    if b < p {
-        v % (1 << (i + 1))
-    } else {
-        b
+/// The dedupe step: whether the claim is on the log's end (then its frame is
+/// appended, and the state says where the log ends now). Returns the
+/// copies' positions and the chunk's new recipients, or None: `behind`.
+fn dedupe(r: &mut Run, count: i64, claim: &DedupeClaim) -> Option<(Vec<u32>, i64)> {
+    let len = r.num(field::NUMBERS_LEN);
+    let stamp = r.get(field::NUMBERS_STAMP).unwrap_or_default();
+    if claim.seen as i64 != len || claim.stamp != stamp {
+        return None;
     }
-}
-
-/// The split sequence from `b0` buckets to `to` buckets: each bucket split,
-/// with the level it is split at (`p` becomes `p` and `p + 2^i`).
-fn splits(b0: i64, to: i64) -> Vec<(u32, i64)> {
-    let (mut i, mut p) = layout(b0);
-    let mut out = Vec::new();
-    for _ in b0..to {
-        out.push((i, p));
-        p += 1;
-        if p == 1 << i {
-            (i, p) = (i + 1, 0);
-        }
-    }
-    out
-}
-
-/// The values of mobile numbers (010-XXXX-XXXX) as dedupe records: a large
-/// batch keeps them in its bitmap, one bit each.
-const MOBILE: std::ops::Range<i64> = 101_000_000_000..101_100_000_000;
-
-/// `value` back to its record.
-fn record(v: i64) -> [u8; RECORD] {
-    let b = v.to_be_bytes();
-    [b[3], b[4], b[5], b[6], b[7]]
-}
-
-/// The dedupe step: a large batch's mobile numbers go to its bitmap; the
-/// others are looked up in the batch's buckets, the new ones added and
-/// buckets split for them (HMGET then HSET of the dedupe hash). The chunk
-/// that finds the batch at `policy.bitmap_from` numbers first moves the
-/// mobile records to the bitmap and rebuilds the buckets. Returns the
-/// positions of the records the batch already had, and how many were added.
-fn dedupe(r: &mut Run, policy: &BatchPolicy, recipients: i64, records: &[u8]) -> (Vec<u32>, i64) {
-    let kept_was = r
-        .get(field::DEDUPE_KEPT)
-        .and_then(|v| v.parse::<i64>().ok());
-    let mut bucketed = kept_was;
-    if bucketed.is_none() && recipients >= policy.bitmap_from as i64 {
-        let old =
-            r.db.batch(&r.batch)
-                .map(|b| b.dedupe.clone())
-                .unwrap_or_default();
-        let (mut offsets, mut rest) = (Vec::new(), Vec::new());
-        for bk in 0..bucket_count(recipients) {
-            for rec in old
-                .get(&(bk as u64))
-                .into_iter()
-                .flat_map(|s| s.chunks(RECORD))
-            {
-                let v = value(rec);
-                if MOBILE.contains(&v) {
-                    offsets.push((v - MOBILE.start) as u64);
-                } else {
-                    rest.push(v);
-                }
-            }
-        }
-        let b = r.b();
-        b.dedupe_mobile.extend(offsets);
-        b.dedupe.clear();
-        let (i, p) = layout(bucket_count(rest.len() as i64));
-        for &v in &rest {
-            b.dedupe
-                .entry(bucket_of(v, i, p) as u64)
-                .or_default()
-                .extend_from_slice(&record(v));
-        }
-        bucketed = Some(rest.len() as i64);
-    }
-    let (mut in_buckets, mut in_bitmap) = (Vec::new(), Vec::new());
-    for (k, rec) in records.chunks(RECORD).enumerate() {
-        let v = value(rec);
-        if bucketed.is_some() && MOBILE.contains(&v) {
-            in_bitmap.push((k as u32, (v - MOBILE.start) as u64));
-        } else {
-            in_buckets.push((k as u32, rec));
-        }
-    }
-    let (mut dups, added) = buckets(r, bucketed.unwrap_or(recipients), &in_buckets);
-    if !in_bitmap.is_empty() {
-        let set = &mut r.b().dedupe_mobile;
-        dups.extend(
-            in_bitmap
-                .iter()
-                .filter(|(_, o)| !set.insert(*o))
-                .map(|(k, _)| *k),
-        );
-        dups.sort_unstable();
-    }
-    // `dkept` (in the state) is written when it changes.
-    if let Some(b) = bucketed {
-        if Some(b + added) != kept_was {
-            r.put(field::DEDUPE_KEPT, b + added);
-        }
-    }
-    let count = (records.len() / RECORD) as i64;
-    let fresh = count - dups.len() as i64;
-    (dups, fresh)
-}
-
-/// The buckets' part of the dedupe step, for `recs` (position, record) of a
-/// hash that keeps `kept` records. Returns the positions of copies and how
-/// many records were added.
-fn buckets(r: &mut Run, kept: i64, recs: &[(u32, &[u8])]) -> (Vec<u32>, i64) {
-    let count = recs.len() as i64;
-    let b0 = bucket_count(kept);
-    let (i0, p0) = layout(b0);
-    let where_: Vec<i64> = recs
-        .iter()
-        .map(|(_, rec)| bucket_of(value(rec), i0, p0))
-        .collect();
-    // The buckets read: each record's, then the existing ones that growing
-    // by `count` records could split.
-    let mut wanted: BTreeSet<i64> = where_.iter().copied().collect();
-    for (_, p) in splits(b0, bucket_count(kept + count)) {
-        if p < b0 {
-            wanted.insert(p);
-        }
-    }
-    let mut content: BTreeMap<i64, Vec<u8>> = BTreeMap::new();
-    if kept > 0 {
-        let held = r.db.batch(&r.batch).map(|b| &b.dedupe);
-        for &b in &wanted {
-            let got = held.and_then(|d| d.get(&(b as u64))).cloned();
-            content.insert(b, got.unwrap_or_default());
-        }
-    }
-    let mut dirty: BTreeSet<i64> = BTreeSet::new();
-    let mut fresh: BTreeSet<&[u8]> = BTreeSet::new();
-    let mut pending: BTreeMap<i64, Vec<u8>> = BTreeMap::new();
-    let (mut dups, mut added) = (Vec::new(), 0);
-    for (j, (k, rec)) in recs.iter().enumerate() {
-        let b = where_[j];
-        let held = content
-            .get(&b)
-            .is_some_and(|s| s.chunks(RECORD).any(|x| x == *rec));
-        if fresh.contains(rec) || held {
-            dups.push(*k);
-        } else {
-            fresh.insert(rec);
-            pending.entry(b).or_default().extend_from_slice(rec);
-            added += 1;
-        }
-    }
-    for (b, list) in pending {
-        content.entry(b).or_default().extend_from_slice(&list);
-        dirty.insert(b);
-    }
-    for (i, p) in splits(b0, bucket_count(kept + added)) {
-        let s = content.get(&p).cloned().unwrap_or_default();
-        let (mut stay, mut moved) = (Vec::new(), Vec::new());
-        for rec in s.chunks(RECORD) {
-            if value(rec) % (1 << (i + 1)) == p {
-                stay.extend_from_slice(rec);
-            } else {
-                moved.extend_from_slice(rec);
-            }
-        }
-        let high = p + (1 << i);
-        content.insert(p, stay);
-        content.insert(high, moved);
-        dirty.insert(p);
-        dirty.insert(high);
-    }
-    if !dirty.is_empty() {
-        let d = &mut r.b().dedupe;
-        for b in dirty {
-            d.insert(b as u64, content.remove(&b).unwrap_or_default());
-        }
-    }
-    (dups, added)
+    r.b().numbers.extend_from_slice(&claim.frame);
+    r.put(field::NUMBERS_LEN, len + claim.frame.len() as i64);
+    let new_stamp = &claim.frame[claim.frame.len() - numbers::STAMP..];
+    r.put(
+        field::NUMBERS_STAMP,
+        String::from_utf8_lossy(new_stamp).into_owned(),
+    );
+    Some((
+        claim.duplicates.clone(),
+        count - claim.duplicates.len() as i64,
+    ))
 }
 
 /// `accept.lua`. Returns its reply: `assigned|duplicate, gen, group or '',
-/// loaded 0|1, duplicate positions` or `conflict|rejected|refused, reason`.
+/// loaded 0|1, duplicate positions` or `conflict|rejected|refused, reason`
+/// or `behind, the log's length` (the claim is not on the log's end).
 pub fn accept(
     db: &mut super::Db,
     batch: &str,
     policy: &BatchPolicy,
     a: &AcceptArgs,
+    claim: &DedupeClaim,
 ) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let ends = Ends::read(&r);
@@ -259,7 +138,10 @@ pub fn accept(
             may_hole,
         } => return rejected(&mut r, policy, a, kind, why, may_hole),
     }
-    let (dups, count) = dedupe(&mut r, policy, seen.recipients, a.records);
+    let count = (a.records.len() / RECORD) as i64;
+    let Some((dups, count)) = dedupe(&mut r, count, claim) else {
+        return vec!["behind".into(), r.num(field::NUMBERS_LEN).to_string()];
+    };
     let open = generation_for(&mut r, count, a.cap as i64);
     assign(&mut r, a, &seen, open, dups, count)
 }
@@ -657,19 +539,6 @@ fn assign(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_bucket_layout_is_linear_hashing() {
-        assert_eq!(layout(1), (0, 0));
-        assert_eq!(layout(5), (2, 1));
-        assert_eq!(splits(1, 4), vec![(0, 0), (1, 0), (1, 1)]);
-        // Under 5 buckets (level 2, bucket 0 split): 4 → bucket 4, 8 → 0.
-        assert_eq!(bucket_of(4, 2, 1), 4);
-        assert_eq!(bucket_of(8, 2, 1), 0);
-        assert_eq!(bucket_of(7, 2, 1), 3);
-        assert_eq!(bucket_count(0), 1);
-        assert_eq!(bucket_count(33), 2);
-    }
 
     fn seen() -> Seen {
         Seen {

@@ -11,7 +11,8 @@
 //!
 //! What is modelled exactly: every field a script reads or writes, every
 //! event it appends (type, key, content), every work item it enqueues, the
-//! parked hashes, the dedupe hash (its buckets and their records), the
+//! parked hashes, the number log (its frames; stamps are random, so the
+//! test compares the records), the
 //! active set, the reports stream, the delayed set and the tombstones
 //! (entries, not scores) and the expiry a report sets. Entry ids are
 //! counters (`<n>-0`, one clock for every stream) rather than server times:
@@ -26,6 +27,7 @@ pub mod completed;
 pub mod fail_generation;
 pub mod give_up_send;
 pub mod loaded;
+pub mod numbers;
 pub mod park;
 pub mod record_group;
 pub mod reject;
@@ -49,11 +51,6 @@ pub struct BatchPolicy {
     /// Whether a decided report gets a `report` work item (a webhook is
     /// configured).
     pub deliver: bool,
-    /// The recipients a batch has from which its mobile numbers
-    /// (010-XXXX-XXXX) are deduped in a bitmap (up to 12.5 MB of Redis
-    /// memory, a few times less Redis CPU per number than the buckets); see
-    /// `accept.lua`.
-    pub bitmap_from: u64,
     /// Whether a group the provider finished gets a `track` work item that
     /// reads its messages' delivery results (`completed.lua`).
     pub track: bool,
@@ -62,9 +59,6 @@ pub struct BatchPolicy {
 impl BatchPolicy {
     /// Default of [`BatchPolicy::retention`]: 7 days.
     pub const RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
-    /// Default of [`BatchPolicy::bitmap_from`]: 100,000 recipients (their
-    /// buckets hold ~0.7 MB; the bitmap is at most 12.5 MB).
-    pub const BITMAP_FROM: u64 = 100_000;
 
     /// The policy of an operator's command that can end a batch (`close`,
     /// `cancel`, the board's): it does not know the workers' flags, so the
@@ -76,18 +70,16 @@ impl BatchPolicy {
             retention,
             deliver: true,
             track: true,
-            ..BatchPolicy::default()
         }
     }
 
     /// The scripts' policy argument:
-    /// `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`.
+    /// `<retention s>|<deliver 0|1>|<track 0|1>`.
     pub(crate) fn script_arg(&self) -> String {
         format!(
-            "{}|{}|{}|{}",
+            "{}|{}|{}",
             self.retention.as_secs(),
             u8::from(self.deliver),
-            self.bitmap_from,
             u8::from(self.track)
         )
     }
@@ -98,7 +90,6 @@ impl Default for BatchPolicy {
         BatchPolicy {
             retention: Self::RETENTION,
             deliver: false,
-            bitmap_from: Self::BITMAP_FROM,
             track: false,
         }
     }
@@ -143,12 +134,9 @@ pub struct BatchDb {
     /// The parked hashes, by generation: (seq, chunk payload) in insertion
     /// order, which is the order Redis answers HGETALL of a small hash in.
     pub parked: BTreeMap<u32, Vec<(String, Vec<u8>)>>,
-    /// The dedupe hash's buckets (`accept.lua`): bucket number → its 5-byte
-    /// records, concatenated (a bucket may be written empty).
-    pub dedupe: BTreeMap<u64, Vec<u8>>,
-    /// The dedupe bitmap of a large batch's mobile numbers (`accept.lua`):
-    /// the offsets of its bits set.
-    pub dedupe_mobile: BTreeSet<u64>,
+    /// The number log (`accept.lua`, [`numbers`]): a frame per accepted
+    /// chunk.
+    pub numbers: Vec<u8>,
     /// Whether the state and events carry a retention TTL.
     pub expiring: bool,
 }

@@ -156,8 +156,7 @@ pub(crate) fn try_report(r: &mut Run, policy: &BatchPolicy) -> bool {
     // The numbers seen are no longer needed (DEL); the batch id is
     // remembered (ZADD of the tombstone).
     if let Some(b) = r.db.batches.get_mut(&batch) {
-        b.dedupe.clear();
-        b.dedupe_mobile.clear();
+        b.numbers.clear();
     }
     r.db.reported.insert(batch);
     true

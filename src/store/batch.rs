@@ -2,8 +2,9 @@
 //! and events.
 
 use crate::events::options::SendWindow;
-use crate::protocol::accept::AcceptArgs;
+use crate::protocol::accept::{AcceptArgs, DedupeClaim};
 pub use crate::protocol::claim_send::{ClaimArgs, ClaimMode};
+use crate::protocol::numbers::View;
 use redis::{AsyncCommands, Value};
 
 use super::scripts::{Call, Declared, SCRIPTS};
@@ -15,8 +16,11 @@ use crate::projection::{self, event_key, field, Projection, Update};
 
 pub use crate::protocol::BatchPolicy;
 
-/// Bytes per number in `accept.lua`'s dedupe records.
-const RECORD: usize = 5;
+use crate::protocol::numbers::RECORD;
+
+/// How many times a chunk's accept reads on after `behind` before its
+/// entry is left for later ([`StoreError::Behind`]).
+const BEHIND_ROUNDS: u32 = 16;
 
 /// A recipient number as `accept.lua`'s dedupe record, 5 bytes big-endian.
 /// Up to 11 ASCII digits (every number the provider accepts: see
@@ -346,6 +350,8 @@ pub enum Completion {
 pub struct BatchLog {
     pub(super) conn: RedisConn,
     witnesses: std::sync::Arc<super::durability::witness::Witnesses>,
+    /// This process's views of the batches' number logs.
+    numbers: std::sync::Arc<super::numbers::NumberViews>,
     pub(super) policy: BatchPolicy,
     /// The batch id.
     pub batch: String,
@@ -429,6 +435,7 @@ impl Store {
         BatchLog {
             conn: self.conn.clone(),
             witnesses: self.witnesses.clone(),
+            numbers: self.numbers.clone(),
             policy: self.policy,
             batch: batch.to_string(),
             keys: self.keys.batch_in(batch, lane),
@@ -546,9 +553,8 @@ impl BatchLog {
         call.key("work", &k.work)
             .key("active", &k.active)
             .key("reports", &k.reports)
-            .key("dedupe", &k.dedupe)
+            .key("numbers", &k.numbers)
             .key("reported", &k.reported)
-            .key("dedupe_mobile", &k.dedupe_mobile)
             .arg("policy", self.policy.script_arg());
         call
     }
@@ -602,7 +608,62 @@ impl BatchLog {
     /// [`accept_with_hint`](Self::accept_with_hint), with the chunk's batch
     /// options (canonical): a chunk whose options differ from the batch's is
     /// refused as a conflict.
+    ///
+    /// The copies are found in this process's view of the batch's number
+    /// log ([`crate::protocol::numbers`]), read on to the log's end first;
+    /// should another process append meanwhile (`accept.lua` answers
+    /// `behind`), the view reads on and the chunk is asked again.
     pub async fn accept_chunk(&self, a: &AcceptArgs<'_>, hint: u32) -> StoreResult<Accepted> {
+        let shared = self.numbers.of(&self.keys.numbers);
+        let mut view = shared.lock().await;
+        for _ in 0..BEHIND_ROUNDS {
+            self.read_on(&mut view).await?;
+            let claim = DedupeClaim::by(&view, a.records);
+            if let Some(accepted) = self.accept_claimed(a, &claim, hint).await? {
+                if matches!(accepted, Accepted::Assigned { .. }) {
+                    view.appended(&claim.frame);
+                }
+                return Ok(accepted);
+            }
+            metrics::counter!("groupcast_accept_behind_total").increment(1);
+        }
+        Err(StoreError::Behind {
+            batch: self.batch.clone(),
+            rounds: BEHIND_ROUNDS,
+        })
+    }
+
+    /// Reads the batch's number log on from where `view` ends (one
+    /// `GETRANGE`); a log that no longer ends the view's way (it lost
+    /// writes, or the batch ended) is read again from its start.
+    async fn read_on(&self, view: &mut View) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        let key = &self.keys.numbers;
+        let got: Vec<u8> = conn.getrange(key, view.read_from() as isize, -1).await?;
+        let malformed = |source| StoreError::NumberLog {
+            batch: self.batch.clone(),
+            key: key.clone(),
+            source,
+        };
+        if view.extend(&got).map_err(malformed)? {
+            return Ok(());
+        }
+        *view = View::default();
+        let all: Vec<u8> = conn.getrange(key, 0, -1).await?;
+        view.extend(&all).map_err(malformed)?;
+        Ok(())
+    }
+
+    /// One call of `accept.lua` with the caller's own `claim` on the batch's
+    /// number log (what [`accept_chunk`](Self::accept_chunk) makes from this
+    /// process's view). None: `behind`, the log does not end where the
+    /// claim's view does (nothing recorded).
+    pub async fn accept_claimed(
+        &self,
+        a: &AcceptArgs<'_>,
+        claim: &DedupeClaim,
+        hint: u32,
+    ) -> StoreResult<Option<Accepted>> {
         let v: Value = self
             .settling(&SCRIPTS.accept)
             .arg("seq", a.seq)
@@ -611,30 +672,34 @@ impl BatchLog {
             .arg("digest", a.digest)
             .arg("cap", a.cap)
             .arg("hint", hint)
-            .arg("numbers", a.records)
+            .arg("seen", claim.seen)
+            .arg("stamp", &claim.stamp)
+            .arg("duplicates", claim.positions())
+            .arg("frame", &claim.frame)
             .arg("opts", a.opts)
             .invoke(&mut self.conn.clone())
             .await?;
         let r = self.reply(&SCRIPTS.accept, v)?;
         let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
         let dups = |s: &str| positions(s).ok_or_else(|| unexpected("accept", &r));
-        match r.as_slice() {
-            [t, g, group, _, d] if t == "assigned" => Ok(Accepted::Assigned {
+        Ok(Some(match r.as_slice() {
+            [t, g, group, _, d] if t == "assigned" => Accepted::Assigned {
                 gen: gen(g)?,
                 group: opt(group),
                 duplicates: dups(d)?,
-            }),
-            [t, g, group, l, d] if t == "duplicate" => Ok(Accepted::Duplicate {
+            },
+            [t, g, group, l, d] if t == "duplicate" => Accepted::Duplicate {
                 gen: gen(g)?,
                 group: opt(group),
                 loaded: l == "1",
                 duplicates: dups(d)?,
-            }),
-            [t, why] if t == "conflict" => Ok(Accepted::Conflict(why.clone())),
-            [t, why] if t == "rejected" => Ok(Accepted::Rejected(why.clone())),
-            [t, why] if t == "refused" => Ok(Accepted::Refused(why.clone())),
-            _ => Err(unexpected("accept", &r)),
-        }
+            },
+            [t, why] if t == "conflict" => Accepted::Conflict(why.clone()),
+            [t, why] if t == "rejected" => Accepted::Rejected(why.clone()),
+            [t, why] if t == "refused" => Accepted::Refused(why.clone()),
+            [t, _] if t == "behind" => return Ok(None),
+            _ => return Err(unexpected("accept", &r)),
+        }))
     }
 
     /// Records chunk `seq` (content `digest`) as refused before it could be
@@ -1104,11 +1169,11 @@ impl BatchLog {
 
     /// The keys of this batch holding recipient data outside its events
     /// that exist now: the parked chunks of generations `0..gens` and the
-    /// batch-wide dedupe hash and bitmap. None once the batch has reported.
+    /// batch's number log (its dedupe). None once the batch has reported.
     pub(crate) async fn recipient_data_left(&self, gens: u32) -> StoreResult<Vec<String>> {
         let keys: Vec<String> = (0..gens)
             .map(|gen| self.keys.parked(gen))
-            .chain([self.keys.dedupe.clone(), self.keys.dedupe_mobile.clone()])
+            .chain([self.keys.numbers.clone()])
             .collect();
         // One round trip, however many generations.
         let mut pipe = redis::pipe();

@@ -27,6 +27,7 @@ pub mod durability;
 pub(crate) mod front;
 pub(crate) mod info;
 pub(crate) mod notes;
+pub(crate) mod numbers;
 pub(crate) mod overview;
 pub mod queue;
 pub mod scripts;
@@ -71,6 +72,29 @@ pub enum StoreError {
         /// What does not match.
         detail: String,
     },
+    /// A batch's number log (its batch-wide dedupe) is not a sequence of
+    /// frames: something other than `accept.lua` wrote its key.
+    #[error("batch {batch}: {source}; delete the key {key} only if the batch has ended")]
+    NumberLog {
+        /// The batch.
+        batch: String,
+        /// The log's key.
+        key: String,
+        /// Where it is malformed.
+        source: crate::protocol::numbers::Malformed,
+    },
+    /// A batch's number log moved on each time this process read up to its
+    /// end (other processes accepting the batch's chunks just then): the
+    /// chunk is tried again later.
+    #[error(
+        "batch {batch}: its number log moved on {rounds} times in a row while a chunk was accepted"
+    )]
+    Behind {
+        /// The batch.
+        batch: String,
+        /// How many times.
+        rounds: u32,
+    },
     /// The deployment's recorded shard count cannot be used as asked (see
     /// [`shards`]): the text says what to do.
     #[error("{0}")]
@@ -101,6 +125,7 @@ impl StoreError {
                         Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "BUSY")
                     )
             }
+            StoreError::Behind { .. } => true,
             _ => false,
         }
     }
@@ -454,6 +479,8 @@ pub struct Store {
     pub target: RedisTarget,
     /// The events this process appended, until they are read back.
     pub witnesses: std::sync::Arc<durability::witness::Witnesses>,
+    /// This process's views of the batches' number logs.
+    numbers: std::sync::Arc<numbers::NumberViews>,
     /// How the batches this process ends end (see [`batch::BatchPolicy`]).
     policy: batch::BatchPolicy,
 }
@@ -468,6 +495,7 @@ impl Store {
             keys,
             target,
             witnesses: Default::default(),
+            numbers: Default::default(),
             policy: Default::default(),
         })
     }
@@ -485,6 +513,7 @@ impl Store {
             keys,
             target,
             witnesses: Default::default(),
+            numbers: Default::default(),
             policy: Default::default(),
         })
     }

@@ -315,7 +315,6 @@ impl WorkerConfig {
             retention: self.retention,
             deliver: self.report_webhook.is_some(),
             track: !self.delivery_window.is_zero(),
-            ..Default::default()
         }
     }
 

@@ -16,9 +16,10 @@ if id ~= READ_UP_TO then
 end
 local ttl = redis.call('PTTL', STATE)
 -- The fields not derived from events (projection::LIVE_ONLY) are kept:
--- `alive`, a heartbeat without an event, `dkept`, the dedupe's count, and
+-- `alive`, a heartbeat without an event, `dlen` and `dstamp`, the number
+-- log's length and last stamp, and
 -- what note.lua records (`after_end`, `creds_refused`).
-local LIVE_ONLY = {'alive', 'dkept', 'after_end', 'creds_refused'}
+local LIVE_ONLY = {'alive', 'dlen', 'dstamp', 'after_end', 'creds_refused'}
 local live = redis.call('HMGET', STATE, unpack(LIVE_ONLY))
 redis.call('DEL', STATE)
 -- In slices: Lua's unpack has a limit on how many values it returns.

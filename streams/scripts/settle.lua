@@ -2,20 +2,19 @@
 -- accept, reject, close, cancel, claim_send, loaded, completed (see
 -- src/store/scripts/mod.rs).
 -- They share one layout (SETTLE in src/store/scripts/declarations.rs):
--- keys STATE, EVENTS, WORK, ACTIVE, REPORTS, DEDUPE, REPORTED (tombstones),
---      DEDUPE_MOBILE (dedupe's mobile bitmap)
--- arguments BATCH, POLICY `<retention s>|<deliver 0|1>|<bitmap from>|<track 0|1>`
---       (the recipients from which a batch's mobile numbers are deduped in
---       the bitmap, see accept.lua; whether a sent group's delivery results
---       are tracked, see completed.lua), then their own.
+-- keys STATE, EVENTS, WORK, ACTIVE, REPORTS, NUMBERS (the number log:
+--      batch-wide dedupe), REPORTED (tombstones)
+-- arguments BATCH, POLICY `<retention s>|<deliver 0|1>|<track 0|1>`
+--       (whether a sent group's delivery results are tracked, see
+--       completed.lua), then their own.
 --
 -- A batch ends (its report is decided, once) when it takes no more chunks
 -- and every generation is done. It takes no more chunks when every seq
 -- 0..last is assigned or refused for good (a *hole*: counted in `holes`,
 -- marked `r:<seq>` = 1), or when an operator closed it (`closed`) or
 -- cancelled it (`cancelled`).
-local RETENTION, DELIVER, BITMAP_FROM, TRACK = string.match(POLICY, '^(%d+)|([01])|(%d+)|([01])$')
-RETENTION, BITMAP_FROM = tonumber(RETENTION), tonumber(BITMAP_FROM)
+local RETENTION, DELIVER, TRACK = string.match(POLICY, '^(%d+)|([01])|([01])$')
+RETENTION = tonumber(RETENTION)
 
 -- Whether the batch takes no more chunks, from its fields.
 -- (Fields read with HMGET are `false` when absent.)
@@ -151,7 +150,7 @@ local function report_from(f)
   -- tombstone, scored by the report's time) after its events expire, so that
   -- a late copy of its chunks is refused rather than sent again. Workers
   -- trim tombstones older than `--remember`.
-  redis.call('DEL', DEDUPE, DEDUPE_MOBILE)
+  redis.call('DEL', NUMBERS)
   redis.call('ZADD', REPORTED, string.match(id, '^(%d+)'), BATCH)
   return true
 end

@@ -378,7 +378,7 @@ const DEDUPE_PROBE_MAX: usize = 1_000_000;
 /// Redis memory the batch-wide dedupe keeps per recipient while a batch is
 /// in flight: a probe batch of the workload's batch size (at most
 /// [`DEDUPE_PROBE_MAX`]) is accepted chunk by chunk, as the loaders do, and
-/// its dedupe hash and bitmap measured before a report would delete them.
+/// its number log measured before a report would delete it.
 async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
     let n = plan.recipients.clamp(1, DEDUPE_PROBE_MAX);
     let log = store.batch("bench-dedupe-probe");
@@ -399,10 +399,10 @@ async fn dedupe_probe(store: &Store, plan: &Plan) -> Result<f64, CliError> {
         };
         log.accept_chunk(&args, 0).await?;
     }
-    let mut bytes = 0;
-    for key in [&log.keys.dedupe, &log.keys.dedupe_mobile] {
-        bytes += store.memory_usage(key, true).await?.unwrap_or(0);
-    }
+    let bytes = store
+        .memory_usage(&log.keys.numbers, true)
+        .await?
+        .unwrap_or(0);
     Ok(bytes as f64 / n as f64)
 }
 

@@ -141,11 +141,11 @@ async fn a_number_in_several_chunks_is_sent_once_and_counted_as_a_duplicate() {
     rig.verify(&[batch.to_string()]).await;
     // The numbers are released at the report.
     let dedupe: bool = redis::cmd("EXISTS")
-        .arg(&rig.store.batch(batch).keys.dedupe)
+        .arg(&rig.store.batch(batch).keys.numbers)
         .query_async(&mut rig.store.raw_conn())
         .await
         .expect("exists");
-    assert!(!dedupe, "the batch's dedupe hash is deleted at its report");
+    assert!(!dedupe, "the batch's number log is deleted at its report");
     rig.stop().await;
 }
 
@@ -451,7 +451,7 @@ async fn verify_finds_recipient_data_left_after_the_report() {
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    for key in [keys.dedupe.clone(), keys.parked(0)] {
+    for key in [keys.numbers.clone(), keys.parked(0)] {
         let _: i64 = redis::cmd("HSET")
             .arg(&key)
             .arg("0")
@@ -601,15 +601,15 @@ async fn every_state_changing_script_answers_the_same_when_run_again() {
     );
 }
 
-/// A batch large enough that one chunk touches thousands of dedupe buckets
-/// (sequential numbers fall in distinct buckets): every copy is still
-/// found, and the numbers kept cost at most 32 bytes each in Redis.
+/// A batch of 200,000 numbers: copies spread over the whole batch are still
+/// found, and the numbers kept cost at most 32 bytes each in Redis (the
+/// number log: 5 bytes a number and 20 a chunk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_batch_is_deduplicated_across_thousands_of_buckets() {
+async fn a_large_batch_is_deduplicated_in_a_few_bytes_a_number() {
     let (_server, store) = store(1).await;
     let log = store.batch("large");
-    // 070 numbers: a batch past 100,000 numbers dedupes its mobile (010)
-    // numbers in a bitmap, and keeps the others in the buckets.
+    // 070 numbers: a view of the log keeps them in its set (mobile ones go
+    // to its bitmap past 100,000).
     let number = |i: usize| format!("070{:08}", 20_000_000 + i);
     let size = 5_000;
     let chunks = 40;
@@ -644,10 +644,10 @@ async fn a_large_batch_is_deduplicated_across_thousands_of_buckets() {
     assert_eq!(st.int("recipients"), (kept + size - 10) as i64);
     assert_eq!(st.int("duplicates"), 10);
     let bytes = store
-        .memory_usage(&log.keys.dedupe, true)
+        .memory_usage(&log.keys.numbers, true)
         .await
         .expect("memory usage")
-        .expect("the dedupe hash exists");
+        .expect("the number log exists");
     let per = bytes as f64 / (kept + size - 10) as f64;
     assert!(per <= 32.0, "{per:.1} bytes per number kept");
 }

@@ -118,14 +118,7 @@ pub const PRELUDE: Declaration = Declaration {
 /// `settle.lua`: the part every script that can end a batch shares.
 pub const SETTLE: Declaration = Declaration {
     name: "settle",
-    keys: &[
-        "work",
-        "active",
-        "reports",
-        "dedupe",
-        "reported",
-        "dedupe_mobile",
-    ],
+    keys: &["work", "active", "reports", "numbers", "reported"],
     args: &["policy"],
     appends: &[
         appends("close/<gen>", "generation_closed"),
@@ -143,15 +136,33 @@ pub const SETTLE: Declaration = Declaration {
     ..PLAIN
 };
 
-/// `accept.lua`: accept a chunk and assign it to a generation, deduping its
-/// numbers batch-wide.
+/// `accept.lua`: accept a chunk and assign it to a generation, with the
+/// copies the caller found in its view of the batch's number log
+/// (`protocol::numbers`), if the log still ends where the view does.
 pub const ACCEPT: Declaration = Declaration {
     name: "accept",
     layout: Layout::Settling,
     args: &[
-        "seq", "last", "count", "digest", "cap", "hint", "numbers", "opts",
+        "seq",
+        "last",
+        "count",
+        "digest",
+        "cap",
+        "hint",
+        "seen",
+        "stamp",
+        "duplicates",
+        "frame",
+        "opts",
     ],
-    replies: &["assigned", "duplicate", "conflict", "rejected", "refused"],
+    replies: &[
+        "assigned",
+        "duplicate",
+        "conflict",
+        "rejected",
+        "refused",
+        "behind",
+    ],
     appends: &[
         appends("assign/<seq>", "chunk_assigned"),
         appends("close/<gen>", "generation_closed"),

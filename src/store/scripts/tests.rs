@@ -651,9 +651,9 @@ fn the_layouts_come_first_in_call_order() {
     let keys = d.all_keys();
     assert_eq!(keys.first(), Some(&"state"));
     assert_eq!(keys.last(), Some(&"parked"));
-    assert_eq!(keys.len(), 9);
+    assert_eq!(keys.len(), 8);
     assert_eq!(d.all_args()[..3], ["batch", "policy", "gen"]);
-    assert!(d.bindings().contains("local PARKED = KEYS[9]\n"));
+    assert!(d.bindings().contains("local PARKED = KEYS[8]\n"));
 }
 
 /// A call passes its keys and arguments by the declared names, in order;

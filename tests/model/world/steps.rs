@@ -5,7 +5,12 @@ use groupcast::events::{
     ChunkLoaded, Event, GroupDiscarded, RegistrationFailure, ReportDelivered, SendRefused,
 };
 use groupcast::protocol::claim_send::ClaimMode;
-use groupcast::protocol::{self, accept::AcceptArgs, completed::CompletedArgs, GivenUp};
+use groupcast::protocol::{
+    self,
+    accept::{AcceptArgs, DedupeClaim},
+    completed::CompletedArgs,
+    GivenUp,
+};
 
 use super::{Answer, Group, GroupStatus, Held, Job, Mutant, World, ACK, BATCH, CHUNK_OPS, DEAD};
 
@@ -83,6 +88,18 @@ impl World {
                         return;
                     }
                 }
+                let records = Self::records(&c.to);
+                // The loader's view of the number log is the whole log (a
+                // stale view only costs a `behind`: the conformance test
+                // draws those); stamped by the log's length, so that equal
+                // worlds stay equal.
+                let log = self
+                    .redis
+                    .db
+                    .batch(BATCH)
+                    .map_or(&[][..], |b| &b.numbers[..]);
+                let stamp = format!("{:016x}", log.len());
+                let claim = DedupeClaim::current_stamped(log, &records, &stamp);
                 let r = protocol::accept(
                     &mut self.redis.db,
                     BATCH,
@@ -90,13 +107,14 @@ impl World {
                     &AcceptArgs {
                         seq: c.seq,
                         last: c.last,
-                        records: &Self::records(&c.to),
+                        records: &records,
                         digest: &digest,
                         cap,
                         // The model's batches have no options (every chunk
                         // agrees); the conformance test draws conflicts.
                         opts: "|normal|",
                     },
+                    &claim,
                 );
                 self.sync_work();
                 match r[0].as_str() {

@@ -231,7 +231,7 @@ impl Model for World {
                     seqs.sort();
                     put(h, &seqs);
                 }
-                put(h, &b.dedupe);
+                put(h, &b.numbers);
                 put(h, &b.expiring);
             }
             put(h, &r.db.reported);
