@@ -1924,6 +1924,7 @@ async fn a_claim_past_its_end_after_a_cancel_stops_its_generation() {
         kinds,
         [
             "assign/0",
+            "create/0",
             "close/0",
             "group/0",
             "loaded/0/0",
@@ -2001,6 +2002,7 @@ async fn a_claim_given_back_after_a_cancel_stops_its_generation() {
         kinds,
         [
             "assign/0",
+            "create/0",
             "close/0",
             "group/0",
             "loaded/0/0",

@@ -4,7 +4,7 @@
 use super::numbers::{self, RECORD};
 use super::settle::{make_ready, reject, settled, tombstoned};
 use super::{tonumber, BatchPolicy, Run};
-use crate::events::{ChunkAssigned, Event, GenerationClosed};
+use crate::events::{ChunkAssigned, Event, GenerationClosed, GroupRequested};
 use crate::projection::{
     event_key,
     field::{self, generation},
@@ -397,6 +397,8 @@ struct Open {
     c: i64,
     /// Its provider group, once created.
     group: Option<String>,
+    /// Whether its group was asked for (`k:create/<gen>`).
+    requested: bool,
 }
 
 /// A field of generation `gen` in the state: `g:<gen>:<f>`.
@@ -417,6 +419,7 @@ fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
     let group = r.get(&gk(gen, generation::GROUP));
     let gen_closed = r.get(&gk(gen, generation::CLOSED)).is_some();
     let reg = r.num(&gk(gen, generation::REGISTERED));
+    let requested = r.get(&field::key(&event_key::create(gen))).is_some();
 
     // Approving this chunk would pass the cap (or the generation takes no
     // more): this script is the one closer. Approval counters are never given back.
@@ -432,9 +435,16 @@ fn generation_for(r: &mut Run, count: i64, cap: i64) -> Open {
             n: 0,
             c: 0,
             group: None,
+            requested: false,
         };
     }
-    Open { gen, n, c, group }
+    Open {
+        gen,
+        n,
+        c,
+        group,
+        requested,
+    }
 }
 
 /// Closes generation `gen` for `reason` (`full` or `final`), with its
@@ -465,7 +475,13 @@ fn assign(
     count: i64,
 ) -> Vec<String> {
     let seq = i64::from(a.seq);
-    let Open { gen, n, c, group } = open;
+    let Open {
+        gen,
+        n,
+        c,
+        group,
+        requested,
+    } = open;
     let (n, c, seqs, recipients) = (n + count, c + 1, seen.seqs + 1, seen.recipients + count);
     let mut holes = seen.holes;
     let positions = dups
@@ -496,6 +512,17 @@ fn assign(
         }),
         true,
     );
+    if group.is_none() && !requested && count > 0 {
+        // The generation's first chunk with numbers to add asks for its
+        // group now, so that it can wait for it in its worker rather than park.
+        r.emit(
+            &event_key::create(gen),
+            Event::GroupRequested(GroupRequested { gen: gen as u32 }),
+            true,
+        );
+        let item = super::work_item(&r.batch, gen as u32, None, None);
+        r.db.add_work("create", item, None);
+    }
     r.put(
         field::assignment(seq),
         format!("{gen}|{count}|{}", a.digest),

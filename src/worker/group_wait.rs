@@ -4,14 +4,15 @@
 //! A batch's first chunks usually arrive together, before its first
 //! generation has a group. Parked, each costs about seven Redis commands
 //! (`park.lua` with its event and the parked hash, then a `load` work item
-//! with the chunk copied into it, its read and its acknowledgement). So the
-//! first chunk of a generation that finds no group in this process is parked
-//! as before (`park.lua` also asks for the group), and the next ones wait
-//! here for at most [`hold_for`]: one watcher per generation reads the group
-//! from the batch's state a few times (or hears it from this process's own
-//! `create`), and the waiting chunks then load as chunks that found their
-//! group at once. A chunk whose wait runs out, or whose watcher ended
-//! without a group, is parked after all.
+//! with the chunk copied into it, its read and its acknowledgement). The
+//! group is asked for when the generation's first chunk with numbers is
+//! accepted (`accept.lua`), so no chunk needs to park for that: each waits
+//! here for at most [`hold_for`]. The first one in this process leads: a
+//! watcher reads the group from the batch's state a few times (or hears it
+//! from this process's own `create`), and the waiting chunks, the lead's
+//! among them, then load as chunks that found their group at once. A chunk
+//! whose wait runs out, or whose watcher ended without a group, is parked
+//! after all.
 //!
 //! Nothing depends on the wait: it only delays a chunk's park, and a chunk
 //! may be handled at any time while its ingest entry is pending (a crash
@@ -46,8 +47,8 @@ type News = watch::Sender<Option<String>>;
 
 /// What a chunk that found no group does.
 pub enum Role {
-    /// It is the generation's first in this process: park it, then
-    /// [`Lead::watch`] (or [`Lead::found`] when the park found the group).
+    /// It is the generation's first in this process: [`Lead::watch`], then
+    /// wait with the others.
     Lead(Lead),
     /// Another chunk leads: wait for the group with [`wait`].
     Wait(watch::Receiver<Option<String>>),
@@ -99,8 +100,7 @@ impl GroupWaits {
 }
 
 /// The lead of a generation's waiting chunks in this process. Dropped
-/// without [`Lead::found`] or [`Lead::watch`] (its park failed), it lets the
-/// waiting chunks park.
+/// without [`Lead::watch`], it lets the waiting chunks park.
 pub struct Lead {
     waits: Arc<GroupWaits>,
     /// Its place in [`GroupWaits`] (None: nobody waits with it).
@@ -108,24 +108,21 @@ pub struct Lead {
 }
 
 impl Lead {
-    /// The park found the group (`Some`), or left nothing to wait for
-    /// (`None`): the waiting chunks go on with it, or park themselves.
-    pub fn found(mut self, group: Option<&str>) {
-        if let Some((key, tx)) = self.place.take() {
-            self.waits.end(&key);
-            if let Some(g) = group {
-                tx.send_replace(Some(g.to_string()));
-            }
-        }
-    }
-
-    /// The lead chunk is parked: watch for the group in the background for
-    /// up to `hold`, then let the waiting chunks go on (with the group, or
-    /// to park themselves).
-    pub fn watch(mut self, hold: Duration, log: BatchLog, gen: u32) {
+    /// Watches for the group in the background for up to `hold`, then lets
+    /// the waiting chunks go on (with the group, or to park themselves).
+    /// Returns where the lead chunk itself waits for it, as the others do.
+    pub fn watch(
+        mut self,
+        hold: Duration,
+        log: BatchLog,
+        gen: u32,
+    ) -> watch::Receiver<Option<String>> {
         let Some((key, tx)) = self.place.take() else {
-            return;
+            // Nobody waits with it (the map was poisoned): nothing to watch.
+            let (_, rx) = watch::channel(None);
+            return rx;
         };
+        let rx = tx.subscribe();
         let waits = self.waits.clone();
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
@@ -154,6 +151,7 @@ impl Lead {
             // Dropping the sender tells the waiters still without a group
             // to park.
         });
+        rx
     }
 }
 
@@ -212,10 +210,11 @@ mod tests {
         // Another generation, another batch: their own leads.
         let _other_gen = lead(&waits, "b", 1);
         let _other_batch = lead(&waits, "c", 0);
-        first.found(Some("G1"));
+        waits.found("b", 0, "G1");
         assert_eq!(wait(a, LONG).await.as_deref(), Some("G1"));
         assert_eq!(wait(b, LONG).await.as_deref(), Some("G1"));
         // Done: a later chunk that finds no group leads again.
+        drop(first);
         let _again = lead(&waits, "b", 0);
     }
 
@@ -230,17 +229,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_lead_that_fails_or_finds_nothing_lets_the_waiting_chunks_park_at_once() {
+    async fn a_lead_dropped_lets_the_waiting_chunks_park_at_once() {
         let waits = Arc::new(GroupWaits::default());
         let dropped = lead(&waits, "b", 0);
         let rx = waiter(&waits, "b", 0);
         drop(dropped);
         // Not the 60 s hold: the closed channel ends the wait.
-        let got = tokio::time::timeout(Duration::from_secs(5), wait(rx, LONG)).await;
-        assert_eq!(got, Ok(None));
-        let nothing = lead(&waits, "b", 0);
-        let rx = waiter(&waits, "b", 0);
-        nothing.found(None);
         let got = tokio::time::timeout(Duration::from_secs(5), wait(rx, LONG)).await;
         assert_eq!(got, Ok(None));
     }

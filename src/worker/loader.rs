@@ -331,7 +331,7 @@ enum Grouped {
 }
 
 /// A chunk of generation `gen`, which has no group on record: waits for it,
-/// or parks the chunk (and asks for the group).
+/// or parks the chunk.
 async fn wait_or_park(
     ctx: &Ctx,
     log: &BatchLog,
@@ -339,30 +339,25 @@ async fn wait_or_park(
     gen: u32,
     payload: &[u8],
 ) -> Result<Grouped, OpError> {
-    // The generation's first chunk here parks (and asks for the
-    // group); the next ones wait here for it (group_wait.rs), and
-    // park only if it does not come.
+    // The group was asked for when the generation's first chunk with
+    // numbers was accepted (accept.lua): every chunk waits here for it, the
+    // first one here watching the batch's state (group_wait.rs), and parks
+    // only if it does not come in time.
     let hold = group_wait::hold_for(&ctx.config);
-    let (lead, found) = match ctx.group_waits.join(chunk.batch, gen) {
-        Role::Lead(lead) => (Some(lead), None),
-        Role::Wait(rx) => (None, group_wait::wait(rx, hold).await),
+    let rx = match ctx.group_waits.join(chunk.batch, gen) {
+        Role::Lead(lead) => lead.watch(hold, log.clone(), gen),
+        Role::Wait(rx) => rx,
     };
-    if let Some(g) = found {
+    if let Some(g) = group_wait::wait(rx, hold).await {
         return Ok(Grouped::Group(g));
     }
     Ok(match log.park(chunk.seq, gen, payload).await? {
         Parked::Parked => {
             metrics::counter!("groupcast_chunks_total", "outcome" => "parked").increment(1);
-            if let Some(lead) = lead {
-                lead.watch(hold, log.clone(), gen);
-            }
             Grouped::Done
         }
         Parked::AlreadyLoaded => Grouped::Done,
         Parked::Ended => {
-            if let Some(lead) = lead {
-                lead.found(None);
-            }
             // Cancelled (not reported: an assigned chunk not
             // loaded holds its batch's report back): never sent.
             let p = log.read(&[field::CANCELLED.to_string()]).await?;
@@ -375,18 +370,10 @@ async fn wait_or_park(
         }
         Parked::Unassigned => Grouped::Unassigned,
         Parked::Failed => {
-            if let Some(lead) = lead {
-                lead.found(None);
-            }
             load_chunk::give_up_in_failed_generation(log, chunk, gen).await?;
             Grouped::Done
         }
-        Parked::Group(g) => {
-            if let Some(lead) = lead {
-                lead.found(Some(&g));
-            }
-            Grouped::Group(g)
-        }
+        Parked::Group(g) => Grouped::Group(g),
     })
 }
 

@@ -27,7 +27,7 @@ local hk = 'g:' .. hint .. ':'
 local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
   hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
   'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled', 'opts',
-  'dlen', 'dstamp')
+  'dlen', 'dstamp', 'k:create/' .. hint)
 
 local function refused(why)
   return reply({'refused', 'batch ' .. BATCH .. ' ' .. why})
@@ -118,11 +118,12 @@ local gen = num(f[4])
 local gk = 'g:' .. gen .. ':'
 local g
 if gen == hint then
-  g = {f[7], f[8], f[9], f[10], f[11], f[12]}
+  g = {f[7], f[8], f[9], f[10], f[11], f[12], f[25]}
 else
-  g = redis.call('HMGET', STATE, gk .. 'n', gk .. 'c', gk .. 'l', gk .. 'group', gk .. 'closed', gk .. 'reg')
+  g = redis.call('HMGET', STATE, gk .. 'n', gk .. 'c', gk .. 'l', gk .. 'group', gk .. 'closed', gk .. 'reg',
+    'k:create/' .. gen)
 end
-local n, c, l, group = num(g[1]), num(g[2]), num(g[3]), g[4]
+local n, c, l, group, requested = num(g[1]), num(g[2]), num(g[3]), g[4], g[7]
 
 -- Approving this chunk would pass the cap (or the generation takes no more):
 -- this script is the one closer; loading goes on in the next generation.
@@ -135,7 +136,7 @@ if g[5] or (n > 0 and n + count > cap) then
       make_ready(gen, c, num(g[6]))
     end
   end
-  gen, n, c, l, group = gen + 1, 0, 0, 0, false
+  gen, n, c, l, group, requested = gen + 1, 0, 0, 0, false, false
   gk = 'g:' .. gen .. ':'
 end
 
@@ -157,6 +158,12 @@ if f[18] == '1' then
   put('holes', holes)
 end
 local assigned_id = emit('assign/' .. seq, 'chunk_assigned', cmsgpack.pack(assigned))
+if not group and not requested and count > 0 then
+  -- The generation's first chunk with numbers to add asks for its group
+  -- now, so that it can wait for it in its worker rather than park.
+  emit('create/' .. gen, 'group_requested', cmsgpack.pack({gen = gen}))
+  redis.call('XADD', WORK, '*', 'op', 'create', 'd', cmsgpack.pack({batch = BATCH, gen = gen, attempt = 0}))
+end
 put('s:' .. seq, gen .. '|' .. count .. '|' .. digest)
 put(gk .. 'n', n)
 put(gk .. 'c', c)

@@ -165,8 +165,10 @@ pub const ACCEPT: Declaration = Declaration {
     ],
     appends: &[
         appends("assign/<seq>", "chunk_assigned"),
+        appends("create/<gen>", "group_requested"),
         appends("close/<gen>", "generation_closed"),
     ],
+    next: &[Next::Enqueues(Op::Create)],
     ..PLAIN
 };
 
