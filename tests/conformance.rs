@@ -27,8 +27,8 @@ use groupcast::protocol::{
 };
 use groupcast::store::batch::{
     dedupe_records, Accepted, Appended, BatchLog, BatchPolicy, Cancelling, Claim, ClaimArgs,
-    ClaimMode, Closing, Completion, GenerationFailure, GroupRecord, Loading, Parked, Rejection,
-    Sealing, SendGiveUp, SendRecord,
+    ClaimMode, Claimed, Closing, Completion, GenerationFailure, GroupRecord, Loading, Parked,
+    Rejection, Sealing, SendGiveUp, SendRecord,
 };
 use groupcast::store::queue::parse_entries;
 use groupcast::store::Store;
@@ -663,9 +663,15 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
                 },
                 claim.as_ref().expect("a claim (with_claim)"),
             );
-            // The store's answer to `behind` carries no length.
+            // The store answers `behind` with what the view missed (the
+            // log from its stamp on) rather than the log's length.
             if got[0] == "behind" {
-                vec![s("behind")]
+                let log = db.batch(batch).map_or(&[][..], |b| &b.numbers[..]);
+                let from = (claim.as_ref().map_or(0, |c| c.seen) as usize).saturating_sub(16);
+                vec![
+                    s("behind"),
+                    hex::encode(log.get(from..).unwrap_or_default()),
+                ]
             } else {
                 got
             }
@@ -763,8 +769,8 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             .await
             .expect(fail)
         {
-            None => vec![s("behind")],
-            Some(Accepted::Assigned {
+            Claimed::Behind { missed } => vec![s("behind"), hex::encode(missed)],
+            Claimed::Took(Accepted::Assigned {
                 gen,
                 group,
                 duplicates,
@@ -775,7 +781,7 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 s("0"),
                 positions(duplicates),
             ],
-            Some(Accepted::Duplicate {
+            Claimed::Took(Accepted::Duplicate {
                 gen,
                 group,
                 loaded,
@@ -787,9 +793,9 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 s(if loaded { "1" } else { "0" }),
                 positions(duplicates),
             ],
-            Some(Accepted::Conflict(r)) => vec![s("conflict"), r],
-            Some(Accepted::Rejected(r)) => vec![s("rejected"), r],
-            Some(Accepted::Refused(r)) => vec![s("refused"), r],
+            Claimed::Took(Accepted::Conflict(r)) => vec![s("conflict"), r],
+            Claimed::Took(Accepted::Rejected(r)) => vec![s("rejected"), r],
+            Claimed::Took(Accepted::Refused(r)) => vec![s("refused"), r],
         },
         Call::Reject {
             seq,

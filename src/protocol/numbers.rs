@@ -164,7 +164,8 @@ impl View {
     /// The positions of `records` (a chunk's, in order) whose number the
     /// view holds, or an earlier record of the chunk has.
     pub fn duplicates(&self, records: &[u8]) -> Vec<u32> {
-        let mut chunk = NumberSet::default();
+        let mut chunk =
+            NumberSet::with_capacity_and_hasher(records.len() / RECORD, Default::default());
         let mut dups = Vec::new();
         for (k, rec) in records.chunks_exact(RECORD).enumerate() {
             let v = value(rec);
@@ -186,6 +187,9 @@ impl View {
     }
 
     fn add(&mut self, records: &[u8]) {
+        if self.mobile.is_none() {
+            self.set.reserve(records.len() / RECORD);
+        }
         for rec in records.chunks_exact(RECORD) {
             let v = value(rec);
             match &mut self.mobile {

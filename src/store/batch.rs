@@ -51,6 +51,24 @@ pub fn dedupe_records<'a>(numbers: impl IntoIterator<Item = &'a str>) -> Vec<u8>
     numbers.into_iter().flat_map(dedupe_record).collect()
 }
 
+/// What `accept.lua` made of a caller's claim on the batch's number log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The claim was on the log's end: the script decided.
+    Took(Accepted),
+    /// The log had moved on (nothing recorded): what the claim's view
+    /// missed, read from its stamp on ([`View::extend`] takes it).
+    Behind {
+        /// The log from the view's length less a stamp, to its end.
+        missed: Vec<u8>,
+    },
+}
+
+/// Whether `v` is the bulk string `s`.
+fn is_bulk(v: Option<&Value>, s: &str) -> bool {
+    matches!(v, Some(Value::BulkString(b)) if b == s.as_bytes())
+}
+
 /// What `accept` decided for a chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
@@ -616,16 +634,25 @@ impl BatchLog {
     pub async fn accept_chunk(&self, a: &AcceptArgs<'_>, hint: u32) -> StoreResult<Accepted> {
         let shared = self.numbers.of(&self.keys.numbers);
         let mut view = shared.lock().await;
+        let mut conn = self.conn.clone();
+        let got: Vec<u8> = conn
+            .getrange(&self.keys.numbers, view.read_from() as isize, -1)
+            .await?;
+        self.read_on(&mut view, &got).await?;
         for _ in 0..BEHIND_ROUNDS {
-            self.read_on(&mut view).await?;
             let claim = DedupeClaim::by(&view, a.records);
-            if let Some(accepted) = self.accept_claimed(a, &claim, hint).await? {
-                if matches!(accepted, Accepted::Assigned { .. }) {
-                    view.appended(&claim.frame);
+            match self.accept_claimed(a, &claim, hint).await? {
+                Claimed::Took(accepted) => {
+                    if matches!(accepted, Accepted::Assigned { .. }) {
+                        view.appended(&claim.frame);
+                    }
+                    return Ok(accepted);
                 }
-                return Ok(accepted);
+                Claimed::Behind { missed } => {
+                    metrics::counter!("groupcast_accept_behind_total").increment(1);
+                    self.read_on(&mut view, &missed).await?;
+                }
             }
-            metrics::counter!("groupcast_accept_behind_total").increment(1);
         }
         Err(StoreError::Behind {
             batch: self.batch.clone(),
@@ -633,38 +660,35 @@ impl BatchLog {
         })
     }
 
-    /// Reads the batch's number log on from where `view` ends (one
-    /// `GETRANGE`); a log that no longer ends the view's way (it lost
-    /// writes, or the batch ended) is read again from its start.
-    async fn read_on(&self, view: &mut View) -> StoreResult<()> {
-        let mut conn = self.conn.clone();
+    /// Extends `view` by `got`, the batch's number log read from
+    /// [`View::read_from`] on; a log that no longer ends the view's way (it
+    /// lost writes, or the batch ended) is read again from its start.
+    async fn read_on(&self, view: &mut View, got: &[u8]) -> StoreResult<()> {
         let key = &self.keys.numbers;
-        let got: Vec<u8> = conn.getrange(key, view.read_from() as isize, -1).await?;
         let malformed = |source| StoreError::NumberLog {
             batch: self.batch.clone(),
             key: key.clone(),
             source,
         };
-        if view.extend(&got).map_err(malformed)? {
+        if view.extend(got).map_err(malformed)? {
             return Ok(());
         }
         *view = View::default();
-        let all: Vec<u8> = conn.getrange(key, 0, -1).await?;
+        let all: Vec<u8> = self.conn.clone().getrange(key, 0, -1).await?;
         view.extend(&all).map_err(malformed)?;
         Ok(())
     }
 
     /// One call of `accept.lua` with the caller's own `claim` on the batch's
     /// number log (what [`accept_chunk`](Self::accept_chunk) makes from this
-    /// process's view). None: `behind`, the log does not end where the
-    /// claim's view does (nothing recorded).
+    /// process's view).
     pub async fn accept_claimed(
         &self,
         a: &AcceptArgs<'_>,
         claim: &DedupeClaim,
         hint: u32,
-    ) -> StoreResult<Option<Accepted>> {
-        let v: Value = self
+    ) -> StoreResult<Claimed> {
+        let mut v: Value = self
             .settling(&SCRIPTS.accept)
             .arg("seq", a.seq)
             .arg("last", if a.last { "1" } else { "0" })
@@ -679,10 +703,21 @@ impl BatchLog {
             .arg("opts", a.opts)
             .invoke(&mut self.conn.clone())
             .await?;
+        // `behind` carries the log's bytes the view missed: taken out before
+        // the reply is read as text.
+        let missed = match &mut v {
+            Value::Array(items) if is_bulk(items.first(), "behind") && items.len() > 2 => {
+                match items.remove(2) {
+                    Value::BulkString(b) => Some(b),
+                    _ => return Err(unexpected("accept", &["behind".to_string()])),
+                }
+            }
+            _ => None,
+        };
         let r = self.reply(&SCRIPTS.accept, v)?;
         let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
         let dups = |s: &str| positions(s).ok_or_else(|| unexpected("accept", &r));
-        Ok(Some(match r.as_slice() {
+        Ok(Claimed::Took(match r.as_slice() {
             [t, g, group, _, d] if t == "assigned" => Accepted::Assigned {
                 gen: gen(g)?,
                 group: opt(group),
@@ -697,7 +732,11 @@ impl BatchLog {
             [t, why] if t == "conflict" => Accepted::Conflict(why.clone()),
             [t, why] if t == "rejected" => Accepted::Rejected(why.clone()),
             [t, why] if t == "refused" => Accepted::Refused(why.clone()),
-            [t, _] if t == "behind" => return Ok(None),
+            [t, _] if t == "behind" => {
+                return Ok(Claimed::Behind {
+                    missed: missed.unwrap_or_default(),
+                })
+            }
             _ => return Err(unexpected("accept", &r)),
         }))
     }

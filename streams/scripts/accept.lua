@@ -15,8 +15,9 @@
 -- Returns {'assigned'|'duplicate', gen, group id or '', loaded 0|1,
 --          positions of recipients already given to the batch ('1,7')}
 --      or {'conflict'|'rejected'|'refused', reason}
---      or {'behind', the log's length}: the caller's view of the number log
---         is not the log's end; nothing recorded
+--      or {'behind', the log's length, the log from SEEN - 16 on}: the
+--         caller's view of the number log is not the log's end; nothing
+--         recorded
 --  (rejected and conflict are recorded as input_rejected; refused, for a
 --   batch that has ended or takes no more chunks, records nothing)
 local seq, is_last, count, digest, cap, hint = tonumber(SEQ), LAST == '1', tonumber(COUNT),
@@ -99,7 +100,10 @@ end
 -- FRAME is appended in this same step. If not, nothing is written and the
 -- caller reads on and asks again. Redis does nothing per number.
 if tonumber(SEEN) ~= num(f[23]) or STAMP ~= (f[24] or '') then
-  return reply({'behind', tostring(num(f[23]))})
+  -- What the caller missed, from its view's stamp on (so that it can check
+  -- its view still ends there) to the log's end.
+  local missed = redis.call('GETRANGE', NUMBERS, math.max(tonumber(SEEN) - 16, 0), -1)
+  return reply({'behind', tostring(num(f[23])), missed})
 end
 if #FRAME ~= 4 + 5 * count + 16 then
   return redis.error_reply('accept: a frame of ' .. #FRAME .. ' bytes for ' .. count .. ' numbers')
