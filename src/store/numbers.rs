@@ -8,14 +8,20 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::protocol::numbers::View;
 
 /// Views kept at most; the least recently used goes first. A view past
 /// 100,000 mobile numbers holds a 12.5 MB bitmap, so this bounds a worker's
-/// memory for them to about 800 MB in the worst case; a dropped view is read
-/// again whole (one `GETRANGE`) when its batch comes back.
-const KEEP: usize = 64;
+/// memory for them to about 400 MB when 32 large batches are in flight at
+/// once; a dropped view is read again whole (one `GETRANGE`) when its batch
+/// comes back.
+const KEEP: usize = 32;
+/// A view not used for this long is dropped: its batch has most likely
+/// ended (its log is deleted at the report), and it would otherwise hold
+/// its memory until 32 newer batches push it out.
+const IDLE: Duration = Duration::from_secs(300);
 
 /// A shared view of one batch's log.
 pub(crate) type SharedView = Arc<tokio::sync::Mutex<View>>;
@@ -23,13 +29,20 @@ pub(crate) type SharedView = Arc<tokio::sync::Mutex<View>>;
 /// The views, by number-log key.
 #[derive(Default)]
 pub(crate) struct NumberViews {
-    views: Mutex<HashMap<String, (SharedView, u64)>>,
+    /// By key: the view, when it was last asked for, and a use counter (the
+    /// order of uses, which `Instant` may not tell apart).
+    views: Mutex<HashMap<String, (SharedView, Instant, u64)>>,
     uses: std::sync::atomic::AtomicU64,
 }
 
 impl NumberViews {
     /// The view of the log at `key` (empty the first time).
     pub(crate) fn of(&self, key: &str) -> SharedView {
+        self.of_at(key, Instant::now())
+    }
+
+    /// [`NumberViews::of`] at `now`.
+    fn of_at(&self, key: &str, now: Instant) -> SharedView {
         let used = self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A poisoned map only loses the views: they are read again.
         let mut views = match self.views.lock() {
@@ -40,21 +53,22 @@ impl NumberViews {
                 v
             }
         };
-        if let Some((view, at)) = views.get_mut(key) {
-            *at = used;
+        views.retain(|k, (_, at, _)| k == key || now.saturating_duration_since(*at) < IDLE);
+        if let Some((view, at, n)) = views.get_mut(key) {
+            (*at, *n) = (now, used);
             return view.clone();
         }
         if views.len() >= KEEP {
             let oldest = views
                 .iter()
-                .min_by_key(|(_, (_, at))| *at)
+                .min_by_key(|(_, (_, _, n))| *n)
                 .map(|(k, _)| k.clone());
             if let Some(k) = oldest {
                 views.remove(&k);
             }
         }
         let view = SharedView::default();
-        views.insert(key.to_string(), (view.clone(), used));
+        views.insert(key.to_string(), (view.clone(), now, used));
         view
     }
 }
@@ -76,5 +90,19 @@ mod tests {
         views.of("b:new");
         assert!(Arc::ptr_eq(&first, &views.of("b:0")));
         assert!(!Arc::ptr_eq(&one, &views.of("b:1")), "b:1 was kept");
+    }
+
+    #[test]
+    fn a_view_idle_for_long_is_dropped() {
+        let views = NumberViews::default();
+        let start = Instant::now();
+        let idle = views.of_at("b:idle", start);
+        let busy = views.of_at("b:busy", start);
+        let later = start + IDLE - Duration::from_secs(1);
+        assert!(Arc::ptr_eq(&busy, &views.of_at("b:busy", later)));
+        // Past IDLE since its last use, b:idle is gone; b:busy is not.
+        let after = start + IDLE + Duration::from_secs(1);
+        assert!(Arc::ptr_eq(&busy, &views.of_at("b:busy", after)));
+        assert!(!Arc::ptr_eq(&idle, &views.of_at("b:idle", after)));
     }
 }
