@@ -111,7 +111,7 @@ const ACL_COMMANDS: &str = "+ping +time \
     +hget +hmget +hgetall +hset +hmset +hincrby +hexists \
     +sadd +srem +smembers +scard \
     +zadd +zrange +zrangebyscore +zrem +zcard +zscore +zremrangebyscore +exists \
-    +get +set +del +expire +pexpire +pttl +bitfield \
+    +get +getrange +set +append +del +expire +pexpire +pttl \
     +evalsha +script|load +scan +multi +exec";
 
 fn acl_user_args(user: &str, password: &str, prefix: &str) -> Vec<String> {
