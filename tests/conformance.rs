@@ -1862,6 +1862,86 @@ async fn two_processes_name_every_copy_of_a_large_batch() {
     assert_eq!(duplicates, expected, "copies after the loss");
 }
 
+/// Two processes, each accepting many chunks of one batch at once (the
+/// chunks waiting for a process's view are asked together, in one round
+/// trip, each claimed as if those before it were taken): every number is
+/// new in exactly one chunk, and each chunk's copies are exactly those of
+/// the chunks the log holds before it. The chunks overlap by half, so most
+/// of a round's claims depend on the ones before them in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_accepted_together_by_two_processes_name_every_copy() {
+    let server = common::redis();
+    let connect = || async {
+        Store::connect(&server.url(), Keyspace::new("together", 1))
+            .await
+            .expect("connect to the private redis-server")
+    };
+    let (one, two) = (connect().await, connect().await);
+    let batch = "together";
+    let logs = [one.batch(batch), two.batch(batch)];
+    let (chunks, per_chunk) = (40u32, 1_000u64);
+    // Chunk c: numbers c·500 .. c·500 + 1,000 (half the next chunk's), a
+    // few of its own twice.
+    let numbers = move |c: u32| -> Vec<String> {
+        let from = u64::from(c) * per_chunk / 2;
+        (from..from + per_chunk)
+            .chain(from..from + 3)
+            .map(|i| format!("010{:08}", i * 7_919 % 100_000_000))
+            .collect()
+    };
+    let mut tasks = Vec::new();
+    for seq in 0..chunks {
+        let log = logs[seq as usize % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let records = dedupe_records(numbers(seq).iter().map(String::as_str));
+            let args = AcceptArgs {
+                seq,
+                last: false,
+                records: &records,
+                digest: &format!("d{seq}"),
+                cap: 1_000_000,
+                opts: "|normal|",
+            };
+            (seq, log.accept_chunk(&args, 0).await)
+        }));
+    }
+    let mut copies_of: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for t in tasks {
+        let (seq, got) = t.await.expect("task");
+        let Ok(Accepted::Assigned { duplicates, .. }) = got else {
+            panic!("seq {seq}: {got:?}");
+        };
+        copies_of.insert(seq, duplicates);
+    }
+    // The log's frames, in order, each matched to its chunk by its numbers.
+    let mut conn = one.raw_conn();
+    let log: Vec<u8> = conn.get(&logs[0].keys.numbers).await.expect("GET");
+    let by_records: BTreeMap<Vec<u8>, u32> = (0..chunks)
+        .map(|c| (dedupe_records(numbers(c).iter().map(String::as_str)), c))
+        .collect();
+    let mut order = Vec::new();
+    let mut at = 0;
+    while at < log.len() {
+        let n = u32::from_be_bytes(log[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let records = log[at + 4..at + 4 + 5 * n].to_vec();
+        order.push(*by_records.get(&records).expect("a frame is a chunk's"));
+        at += 4 + 5 * n + 16;
+    }
+    assert_eq!(order.len(), chunks as usize, "one frame a chunk: {order:?}");
+    let mut given = std::collections::HashSet::new();
+    for seq in &order {
+        let expected: Vec<u32> = numbers(*seq)
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| !given.insert(n.to_string()))
+            .map(|(k, _)| k as u32)
+            .collect();
+        assert_eq!(copies_of[seq], expected, "seq {seq}: copies");
+    }
+    let all: std::collections::HashSet<String> = (0..chunks).flat_map(numbers).collect();
+    assert_eq!(given, all, "every number is new in exactly one chunk");
+}
+
 /// The idempotency keys of a batch's events in the model, in order.
 fn event_keys<'a>(db: &'a Db, batch: &str) -> Vec<&'a str> {
     let events = db.batch(batch).map_or(&[][..], |b| b.events.as_slice());

@@ -63,6 +63,30 @@ impl DedupeClaim {
         }
     }
 
+    /// The claims for several chunks of a batch (`chunks`, each its
+    /// records in order) to be asked in this order: each as if those before
+    /// it were appended, so that each holds only if every one before it
+    /// was taken ([`View::chain_duplicates`](numbers::View::chain_duplicates)).
+    pub fn chain(view: &numbers::View, chunks: &[&[u8]]) -> Vec<DedupeClaim> {
+        let mut seen = view.len();
+        let mut stamp = view.stamp().to_string();
+        view.chain_duplicates(chunks)
+            .into_iter()
+            .zip(chunks)
+            .map(|(duplicates, records)| {
+                let next = numbers::new_stamp();
+                let claim = DedupeClaim {
+                    seen,
+                    stamp: std::mem::replace(&mut stamp, next.clone()),
+                    duplicates,
+                    frame: numbers::frame(records, &next),
+                };
+                seen += claim.frame.len() as u64;
+                claim
+            })
+            .collect()
+    }
+
     /// The claim for `records` by a view of the whole log (`log`): one that
     /// `accept` takes.
     pub fn current(log: &[u8], records: &[u8]) -> DedupeClaim {

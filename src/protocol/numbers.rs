@@ -164,16 +164,30 @@ impl View {
     /// The positions of `records` (a chunk's, in order) whose number the
     /// view holds, or an earlier record of the chunk has.
     pub fn duplicates(&self, records: &[u8]) -> Vec<u32> {
-        let mut chunk =
-            NumberSet::with_capacity_and_hasher(records.len() / RECORD, Default::default());
-        let mut dups = Vec::new();
-        for (k, rec) in records.chunks_exact(RECORD).enumerate() {
-            let v = value(rec);
-            if self.holds(v) || !chunk.insert(v) {
-                dups.push(k as u32);
-            }
-        }
-        dups
+        self.chain_duplicates(&[records]).pop().unwrap_or_default()
+    }
+
+    /// [`View::duplicates`] for several chunks in a row, each as if those
+    /// before it had been appended: a chunk's copies are also the numbers
+    /// an earlier chunk of `chunks` has. (A process accepts the chunks of a
+    /// batch that wait for its view together: `accept.lua` takes each one
+    /// only after those before it.)
+    pub fn chain_duplicates(&self, chunks: &[&[u8]]) -> Vec<Vec<u32>> {
+        let total = chunks.iter().map(|c| c.len() / RECORD).sum();
+        let mut earlier = NumberSet::with_capacity_and_hasher(total, Default::default());
+        chunks
+            .iter()
+            .map(|records| {
+                let mut dups = Vec::new();
+                for (k, rec) in records.chunks_exact(RECORD).enumerate() {
+                    let v = value(rec);
+                    if self.holds(v) || !earlier.insert(v) {
+                        dups.push(k as u32);
+                    }
+                }
+                dups
+            })
+            .collect()
     }
 
     fn holds(&self, v: u64) -> bool {
@@ -249,6 +263,23 @@ mod tests {
         assert_eq!(v.extend(&tail), Ok(true));
         assert_eq!(v.duplicates(&records(&[10])), vec![0]);
         assert_eq!(v.len(), (log.len() + next.len()) as u64);
+    }
+
+    #[test]
+    fn chained_chunks_name_the_copies_of_those_before_them() {
+        let mut v = View::default();
+        v.extend(&frame(&records(&[7]), "aaaaaaaaaaaaaaaa"))
+            .unwrap();
+        let (a, b, c) = (records(&[8, 7, 8]), records(&[9, 8]), records(&[10, 9, 7]));
+        let chained = v.chain_duplicates(&[&a, &b, &c]);
+        assert_eq!(chained, vec![vec![1, 2], vec![1], vec![1, 2]]);
+        // The first is the view's own answer; each later one is the answer
+        // of a view that appended those before it.
+        assert_eq!(chained[0], v.duplicates(&a));
+        v.appended(&frame(&a, "bbbbbbbbbbbbbbbb"));
+        assert_eq!(chained[1], v.duplicates(&b));
+        v.appended(&frame(&b, "cccccccccccccccc"));
+        assert_eq!(chained[2], v.duplicates(&c));
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub use crate::protocol::claim_send::{ClaimArgs, ClaimMode};
 use crate::protocol::numbers::View;
 use redis::{AsyncCommands, Value};
 
+use super::numbers::{Waiting, WaitingChunk};
 use super::scripts::{Call, Declared, SCRIPTS};
 use super::{RedisConn, Store, StoreError, StoreResult};
 use crate::events::{ChunkLoaded, Event, Recorded};
@@ -62,6 +63,11 @@ pub enum Claimed {
         /// The log from the view's length less a stamp, to its end.
         missed: Vec<u8>,
     },
+}
+
+/// Whether `e` is a server's `NOSCRIPT`: it does not have the script (yet).
+fn no_script(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// Whether `v` is the bulk string `s`.
@@ -630,34 +636,188 @@ impl BatchLog {
     /// The copies are found in this process's view of the batch's number
     /// log ([`crate::protocol::numbers`]), read on to the log's end first;
     /// should another process append meanwhile (`accept.lua` answers
-    /// `behind`), the view reads on and the chunk is asked again.
+    /// `behind`), the view reads on and the chunk is asked again. Chunks of
+    /// the batch that this process accepts at the same time wait in the
+    /// view's line, and are asked together ([`accept_waiting`](Self::accept_waiting)).
     pub async fn accept_chunk(&self, a: &AcceptArgs<'_>, hint: u32) -> StoreResult<Accepted> {
         let shared = self.numbers.of(&self.keys.numbers);
-        let mut view = shared.lock().await;
-        let mut conn = self.conn.clone();
-        let got: Vec<u8> = conn
-            .getrange(&self.keys.numbers, view.read_from() as isize, -1)
-            .await?;
-        self.read_on(&mut view, &got).await?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        shared.wait(Waiting {
+            chunk: WaitingChunk {
+                seq: a.seq,
+                last: a.last,
+                records: a.records.to_vec(),
+                digest: a.digest.to_string(),
+                cap: a.cap,
+                opts: a.opts.to_string(),
+            },
+            hint,
+            answer,
+        });
+        let mut view = shared.view.lock().await;
+        // Whoever held the view before took this chunk along if it came in
+        // time (then its answer is already sent, and the line is empty).
+        let waiting = shared.take_waiting();
+        if !waiting.is_empty() {
+            self.accept_waiting(&mut view, waiting).await;
+        }
+        drop(view);
+        answered.await.unwrap_or_else(|_| {
+            Err(StoreError::AcceptAbandoned {
+                batch: self.batch.clone(),
+            })
+        })
+    }
+
+    /// Accepts the chunks `waiting` for `view`, in their order, and sends
+    /// each its answer: one read of the log, then one round trip for all of
+    /// them, each claimed as if those before it were taken. A chunk behind
+    /// the log's end (another process appended, or one before it was not
+    /// taken: a repeat, a refusal) is asked again in the next round, up to
+    /// [`BEHIND_ROUNDS`].
+    async fn accept_waiting(&self, view: &mut View, mut waiting: Vec<Waiting>) {
+        let mut read = self.read_to_end(view).await;
         for _ in 0..BEHIND_ROUNDS {
-            let claim = DedupeClaim::by(&view, a.records);
-            match self.accept_claimed(a, &claim, hint).await? {
-                Claimed::Took(accepted) => {
-                    if matches!(accepted, Accepted::Assigned { .. }) {
-                        view.appended(&claim.frame);
-                    }
-                    return Ok(accepted);
+            if let Err(e) = read {
+                for w in waiting {
+                    let _ = w.answer.send(Err(e.clone()));
                 }
-                Claimed::Behind { missed } => {
-                    metrics::counter!("groupcast_accept_behind_total").increment(1);
-                    self.read_on(&mut view, &missed).await?;
+                return;
+            }
+            let records: Vec<&[u8]> = waiting.iter().map(|w| &w.chunk.records[..]).collect();
+            let claims = DedupeClaim::chain(view, &records);
+            let replies = self.accept_claimed_all(&waiting, &claims).await;
+            let mut again = Vec::new();
+            let mut missed_at_end = None;
+            for ((w, claim), reply) in waiting.into_iter().zip(&claims).zip(replies) {
+                match reply {
+                    Ok(Claimed::Took(accepted)) => {
+                        if matches!(accepted, Accepted::Assigned { .. }) {
+                            view.appended(&claim.frame);
+                        }
+                        let _ = w.answer.send(Ok(accepted));
+                    }
+                    Ok(Claimed::Behind { missed }) => {
+                        metrics::counter!("groupcast_accept_behind_total").increment(1);
+                        // What the first one behind missed reads the view on
+                        // when its claim was the view's end (otherwise one
+                        // before it was not taken, and the view may be at
+                        // the log's end still).
+                        if again.is_empty() && claim.seen == view.len() {
+                            missed_at_end = Some(missed);
+                        }
+                        again.push(w);
+                    }
+                    Err(StoreError::Redis(e)) if no_script(&e) => again.push(w),
+                    Err(e) => {
+                        let _ = w.answer.send(Err(e));
+                    }
                 }
             }
+            if again.is_empty() {
+                return;
+            }
+            waiting = again;
+            read = match missed_at_end {
+                Some(missed) => self.read_on(view, &missed).await,
+                None => self.read_to_end(view).await,
+            };
         }
-        Err(StoreError::Behind {
-            batch: self.batch.clone(),
-            rounds: BEHIND_ROUNDS,
-        })
+        for w in waiting {
+            let _ = w.answer.send(Err(StoreError::Behind {
+                batch: self.batch.clone(),
+                rounds: BEHIND_ROUNDS,
+            }));
+        }
+    }
+
+    /// Reads `view` on to the log's end (one `GETRANGE` from where it ends).
+    async fn read_to_end(&self, view: &mut View) -> StoreResult<()> {
+        let got: Vec<u8> = self
+            .conn
+            .clone()
+            .getrange(&self.keys.numbers, view.read_from() as isize, -1)
+            .await?;
+        self.read_on(view, &got).await
+    }
+
+    /// Asks `accept.lua` for each of `waiting` with its claim, in order: one
+    /// call, or a pipeline of them. A server without the script answers
+    /// every call of the pipeline `NOSCRIPT`; it is loaded for the next
+    /// round.
+    async fn accept_claimed_all(
+        &self,
+        waiting: &[Waiting],
+        claims: &[DedupeClaim],
+    ) -> Vec<StoreResult<Claimed>> {
+        if let ([w], [claim]) = (waiting, claims) {
+            return vec![self.accept_claimed(&w.chunk.args(), claim, w.hint).await];
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut conn = self.conn.clone();
+        for (w, claim) in waiting.iter().zip(claims) {
+            if let Err(e) = self
+                .accept_call(&w.chunk.args(), claim, w.hint)
+                .pipe_into(&mut pipe)
+            {
+                return waiting.iter().map(|_| Err(e.clone())).collect();
+            }
+        }
+        let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
+            Ok(r) => r,
+            Err(e) => return waiting.iter().map(|_| Err(e.clone().into())).collect(),
+        };
+        if replies.len() != waiting.len() {
+            let e = unexpected(
+                "accept",
+                &[format!(
+                    "{} replies for {} calls",
+                    replies.len(),
+                    waiting.len()
+                )],
+            );
+            return waiting.iter().map(|_| Err(e.clone())).collect();
+        }
+        if replies.iter().any(|r| matches!(r, Err(e) if no_script(e))) {
+            if let Err(e) = SCRIPTS.accept.load(&mut conn).await {
+                return waiting.iter().map(|_| Err(e.clone())).collect();
+            }
+        }
+        replies.into_iter().map(|r| self.accept_reply(r?)).collect()
+    }
+
+    /// One call of `accept.lua` with the caller's own `claim` on the batch's
+    /// number log (what [`accept_chunk`](Self::accept_chunk) makes from this
+    /// process's view).
+    pub async fn accept_claimed(
+        &self,
+        a: &AcceptArgs<'_>,
+        claim: &DedupeClaim,
+        hint: u32,
+    ) -> StoreResult<Claimed> {
+        let v: Value = self
+            .accept_call(a, claim, hint)
+            .invoke(&mut self.conn.clone())
+            .await?;
+        self.accept_reply(v)
+    }
+
+    /// The call of `accept.lua` for chunk `a` with `claim`.
+    fn accept_call(&self, a: &AcceptArgs<'_>, claim: &DedupeClaim, hint: u32) -> Call {
+        let mut call = self.settling(&SCRIPTS.accept);
+        call.arg("seq", a.seq)
+            .arg("last", if a.last { "1" } else { "0" })
+            .arg("count", a.records.len() / RECORD)
+            .arg("digest", a.digest)
+            .arg("cap", a.cap)
+            .arg("hint", hint)
+            .arg("seen", claim.seen)
+            .arg("stamp", &claim.stamp)
+            .arg("duplicates", claim.positions())
+            .arg("frame", &claim.frame)
+            .arg("opts", a.opts);
+        call
     }
 
     /// Extends `view` by `got`, the batch's number log read from
@@ -679,30 +839,8 @@ impl BatchLog {
         Ok(())
     }
 
-    /// One call of `accept.lua` with the caller's own `claim` on the batch's
-    /// number log (what [`accept_chunk`](Self::accept_chunk) makes from this
-    /// process's view).
-    pub async fn accept_claimed(
-        &self,
-        a: &AcceptArgs<'_>,
-        claim: &DedupeClaim,
-        hint: u32,
-    ) -> StoreResult<Claimed> {
-        let mut v: Value = self
-            .settling(&SCRIPTS.accept)
-            .arg("seq", a.seq)
-            .arg("last", if a.last { "1" } else { "0" })
-            .arg("count", a.records.len() / RECORD)
-            .arg("digest", a.digest)
-            .arg("cap", a.cap)
-            .arg("hint", hint)
-            .arg("seen", claim.seen)
-            .arg("stamp", &claim.stamp)
-            .arg("duplicates", claim.positions())
-            .arg("frame", &claim.frame)
-            .arg("opts", a.opts)
-            .invoke(&mut self.conn.clone())
-            .await?;
+    /// Reads `accept.lua`'s reply.
+    fn accept_reply(&self, mut v: Value) -> StoreResult<Claimed> {
         // `behind` carries the log's bytes the view missed: taken out before
         // the reply is read as text.
         let missed = match &mut v {

@@ -95,6 +95,14 @@ pub enum StoreError {
         /// How many times.
         rounds: u32,
     },
+    /// The task that was accepting a chunk along with this one, for the
+    /// same batch, stopped midway (its worker is stopping): the chunk may or
+    /// may not be accepted, and is tried again later.
+    #[error("batch {batch}: the accept this chunk waited for stopped midway")]
+    AcceptAbandoned {
+        /// The batch.
+        batch: String,
+    },
     /// The deployment's recorded shard count cannot be used as asked (see
     /// [`shards`]): the text says what to do.
     #[error("{0}")]
@@ -125,7 +133,7 @@ impl StoreError {
                         Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "BUSY")
                     )
             }
-            StoreError::Behind { .. } => true,
+            StoreError::Behind { .. } | StoreError::AcceptAbandoned { .. } => true,
             _ => false,
         }
     }

@@ -2,14 +2,24 @@
 //! [`crate::protocol::numbers`]), kept between chunks so that each accept
 //! reads only the frames other processes appended since this one's last.
 //!
-//! A view is behind a lock of its own: chunks of one batch accepted in this
-//! process at the same time take turns, so they never race each other to
-//! the log's end (a race with another process costs a `behind` and a read).
+//! A view is behind a lock of its own, and chunks of one batch accepted in
+//! this process at the same time do not each take it in turn: they wait in
+//! the view's line, and whoever holds the lock asks `accept.lua` for all
+//! those waiting at once, in one round trip (one read of the log and a
+//! pipeline of accepts, each claimed as if those before it were appended).
+//! So they never race each other to the log's end, and race another
+//! process's appends (a `behind`, and a read) once a round rather than once
+//! a chunk.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
+
+use super::batch::Accepted;
+use super::StoreResult;
+use crate::protocol::accept::AcceptArgs;
 use crate::protocol::numbers::View;
 
 /// Views kept at most; the least recently used goes first. A view past
@@ -24,7 +34,67 @@ const KEEP: usize = 32;
 const IDLE: Duration = Duration::from_secs(300);
 
 /// A shared view of one batch's log.
-pub(crate) type SharedView = Arc<tokio::sync::Mutex<View>>;
+pub(crate) type SharedView = Arc<Shared>;
+
+/// One batch's view, and the chunks waiting to be accepted through it.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// The view; whoever holds it accepts every chunk waiting.
+    pub(crate) view: tokio::sync::Mutex<View>,
+    waiting: Mutex<Vec<Waiting>>,
+}
+
+/// A chunk waiting to be accepted, with where its answer goes.
+pub(crate) struct Waiting {
+    /// The chunk.
+    pub(crate) chunk: WaitingChunk,
+    /// The generation its caller last saw for the batch.
+    pub(crate) hint: u32,
+    /// Its answer (the caller may have gone: then nobody reads it).
+    pub(crate) answer: oneshot::Sender<StoreResult<Accepted>>,
+}
+
+/// [`crate::protocol::accept::AcceptArgs`], owned: it waits for another
+/// task to ask for it.
+pub(crate) struct WaitingChunk {
+    pub(crate) seq: u32,
+    pub(crate) last: bool,
+    pub(crate) records: Vec<u8>,
+    pub(crate) digest: String,
+    pub(crate) cap: u64,
+    pub(crate) opts: String,
+}
+
+impl WaitingChunk {
+    /// The chunk as `accept.lua`'s arguments.
+    pub(crate) fn args(&self) -> AcceptArgs<'_> {
+        AcceptArgs {
+            seq: self.seq,
+            last: self.last,
+            records: &self.records,
+            digest: &self.digest,
+            cap: self.cap,
+            opts: &self.opts,
+        }
+    }
+}
+
+impl Shared {
+    /// Puts `w` in line for the view.
+    pub(crate) fn wait(&self, w: Waiting) {
+        self.line().push(w);
+    }
+
+    /// Everyone in line, in the order they came; the line is empty after.
+    pub(crate) fn take_waiting(&self) -> Vec<Waiting> {
+        std::mem::take(&mut *self.line())
+    }
+
+    fn line(&self) -> std::sync::MutexGuard<'_, Vec<Waiting>> {
+        // Nothing panics while the line is held: a poisoned one is whole.
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// The views, by number-log key.
 #[derive(Default)]
