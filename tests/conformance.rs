@@ -1940,6 +1940,23 @@ async fn chunks_accepted_together_by_two_processes_name_every_copy() {
     }
     let all: std::collections::HashSet<String> = (0..chunks).flat_map(numbers).collect();
     assert_eq!(given, all, "every number is new in exactly one chunk");
+    // Asked together: fewer calls of accept.lua than chunks (one a round,
+    // and one more after each race with the other process).
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let calls = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    assert!(
+        (1..chunks / 2).contains(&calls),
+        "{calls} calls of accept.lua for {chunks} chunks"
+    );
 }
 
 /// The idempotency keys of a batch's events in the model, in order.

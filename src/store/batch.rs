@@ -65,9 +65,47 @@ pub enum Claimed {
     },
 }
 
-/// Whether `e` is a server's `NOSCRIPT`: it does not have the script (yet).
-fn no_script(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+/// `behind` carries the log's bytes the view missed (its third element):
+/// taken out of `v` before the reply is read as text.
+fn take_missed(v: &mut Value) -> StoreResult<Option<Vec<u8>>> {
+    match v {
+        Value::Array(items) if is_bulk(items.first(), "behind") && items.len() > 2 => {
+            match items.remove(2) {
+                Value::BulkString(b) => Ok(Some(b)),
+                _ => Err(unexpected("accept", &["behind".to_string()])),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// One chunk's answer from `accept.lua`, `r` (its text) and `missed` (what
+/// a `behind` carries).
+fn claimed(r: &[String], missed: Option<Vec<u8>>) -> StoreResult<Claimed> {
+    let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", r));
+    let dups = |s: &str| positions(s).ok_or_else(|| unexpected("accept", r));
+    Ok(Claimed::Took(match r {
+        [t, g, group, _, d] if t == "assigned" => Accepted::Assigned {
+            gen: gen(g)?,
+            group: opt(group),
+            duplicates: dups(d)?,
+        },
+        [t, g, group, l, d] if t == "duplicate" => Accepted::Duplicate {
+            gen: gen(g)?,
+            group: opt(group),
+            loaded: l == "1",
+            duplicates: dups(d)?,
+        },
+        [t, why] if t == "conflict" => Accepted::Conflict(why.clone()),
+        [t, why] if t == "rejected" => Accepted::Rejected(why.clone()),
+        [t, why] if t == "refused" => Accepted::Refused(why.clone()),
+        [t, _] if t == "behind" => {
+            return Ok(Claimed::Behind {
+                missed: missed.unwrap_or_default(),
+            })
+        }
+        _ => return Err(unexpected("accept", r)),
+    }))
 }
 
 /// Whether `v` is the bulk string `s`.
@@ -670,14 +708,16 @@ impl BatchLog {
     }
 
     /// Accepts the chunks `waiting` for `view`, in their order, and sends
-    /// each its answer: one read of the log, then one round trip for all of
-    /// them, each claimed as if those before it were taken. A chunk behind
-    /// the log's end (another process appended, or one before it was not
-    /// taken: a repeat, a refusal) is asked again in the next round, up to
-    /// [`BEHIND_ROUNDS`].
+    /// each its answer: one read of the log, then one call of `accept.lua`
+    /// for all of them, each claimed as if those before it were taken. The
+    /// script asks them in turn while each is assigned; those it did not
+    /// ask (after a repeat, a refusal) are asked in the next round, and so
+    /// are those behind the log's end (another process appended), up to
+    /// [`BEHIND_ROUNDS`] rounds behind.
     async fn accept_waiting(&self, view: &mut View, mut waiting: Vec<Waiting>) {
         let mut read = self.read_to_end(view).await;
-        for _ in 0..BEHIND_ROUNDS {
+        let mut behind_rounds = 0;
+        loop {
             if let Err(e) = read {
                 for w in waiting {
                     let _ = w.answer.send(Err(e.clone()));
@@ -688,28 +728,28 @@ impl BatchLog {
             let claims = DedupeClaim::chain(view, &records);
             let replies = self.accept_claimed_all(&waiting, &claims).await;
             let mut again = Vec::new();
-            let mut missed_at_end = None;
+            let (mut behind, mut missed_at_end) = (false, None);
             for ((w, claim), reply) in waiting.into_iter().zip(&claims).zip(replies) {
                 match reply {
-                    Ok(Claimed::Took(accepted)) => {
+                    // Not asked: one before it was not assigned.
+                    None => again.push(w),
+                    Some(Ok(Claimed::Took(accepted))) => {
                         if matches!(accepted, Accepted::Assigned { .. }) {
                             view.appended(&claim.frame);
                         }
                         let _ = w.answer.send(Ok(accepted));
                     }
-                    Ok(Claimed::Behind { missed }) => {
+                    Some(Ok(Claimed::Behind { missed })) => {
                         metrics::counter!("groupcast_accept_behind_total").increment(1);
-                        // What the first one behind missed reads the view on
-                        // when its claim was the view's end (otherwise one
-                        // before it was not taken, and the view may be at
-                        // the log's end still).
-                        if again.is_empty() && claim.seen == view.len() {
+                        // What it missed reads the view on if its claim was
+                        // the view's end.
+                        if !behind && claim.seen == view.len() {
                             missed_at_end = Some(missed);
                         }
+                        behind = true;
                         again.push(w);
                     }
-                    Err(StoreError::Redis(e)) if no_script(&e) => again.push(w),
-                    Err(e) => {
+                    Some(Err(e)) => {
                         let _ = w.answer.send(Err(e));
                     }
                 }
@@ -718,10 +758,18 @@ impl BatchLog {
                 return;
             }
             waiting = again;
-            read = match missed_at_end {
-                Some(missed) => self.read_on(view, &missed).await,
-                None => self.read_to_end(view).await,
+            // A round that was not behind answered its first chunk at
+            // least, and left the view at the log's end: the next one needs
+            // no read. Rounds behind are bounded.
+            read = match (behind, missed_at_end) {
+                (false, _) => Ok(()),
+                (true, _) if behind_rounds + 1 >= BEHIND_ROUNDS => break,
+                (true, Some(missed)) => self.read_on(view, &missed).await,
+                (true, None) => self.read_to_end(view).await,
             };
+            if behind {
+                behind_rounds += 1;
+            }
         }
         for w in waiting {
             let _ = w.answer.send(Err(StoreError::Behind {
@@ -741,50 +789,49 @@ impl BatchLog {
         self.read_on(view, &got).await
     }
 
-    /// Asks `accept.lua` for each of `waiting` with its claim, in order: one
-    /// call, or a pipeline of them. A server without the script answers
-    /// every call of the pipeline `NOSCRIPT`; it is loaded for the next
-    /// round.
+    /// Asks `accept.lua` for `waiting` with their claims, in order, in one
+    /// call: the script asks each in turn while each is assigned. One
+    /// answer a chunk; None for those it did not ask (one before them was
+    /// not assigned), which are asked again.
     async fn accept_claimed_all(
         &self,
         waiting: &[Waiting],
         claims: &[DedupeClaim],
-    ) -> Vec<StoreResult<Claimed>> {
-        if let ([w], [claim]) = (waiting, claims) {
-            return vec![self.accept_claimed(&w.chunk.args(), claim, w.hint).await];
-        }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        let mut conn = self.conn.clone();
-        for (w, claim) in waiting.iter().zip(claims) {
-            if let Err(e) = self
-                .accept_call(&w.chunk.args(), claim, w.hint)
-                .pipe_into(&mut pipe)
-            {
-                return waiting.iter().map(|_| Err(e.clone())).collect();
-            }
-        }
-        let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(&mut conn).await {
-            Ok(r) => r,
-            Err(e) => return waiting.iter().map(|_| Err(e.clone().into())).collect(),
+    ) -> Vec<Option<StoreResult<Claimed>>> {
+        let (Some(first), Some(first_claim)) = (waiting.first(), claims.first()) else {
+            return Vec::new();
         };
-        if replies.len() != waiting.len() {
-            let e = unexpected(
-                "accept",
-                &[format!(
-                    "{} replies for {} calls",
-                    replies.len(),
-                    waiting.len()
-                )],
-            );
-            return waiting.iter().map(|_| Err(e.clone())).collect();
+        let mut call = self.accept_call(&first.chunk.args(), first_claim, first.hint);
+        for (w, claim) in waiting.iter().zip(claims).skip(1) {
+            let c = &w.chunk;
+            call.more_arg(c.seq)
+                .more_arg(if c.last { "1" } else { "0" })
+                .more_arg(c.records.len() / RECORD)
+                .more_arg(&c.digest)
+                .more_arg(claim.seen)
+                .more_arg(&claim.stamp)
+                .more_arg(claim.positions())
+                .more_arg(&claim.frame);
         }
-        if replies.iter().any(|r| matches!(r, Err(e) if no_script(e))) {
-            if let Err(e) = SCRIPTS.accept.load(&mut conn).await {
-                return waiting.iter().map(|_| Err(e.clone())).collect();
+        let answers = match call.invoke(&mut self.conn.clone()).await {
+            Ok(v) => self.accept_replies(v),
+            Err(e) => Err(e),
+        };
+        match answers {
+            Ok(mut answers) if answers.len() <= waiting.len() => {
+                let mut out: Vec<_> = answers.drain(..).map(|a| Some(Ok(a))).collect();
+                out.resize_with(waiting.len(), || None);
+                out
             }
+            Ok(answers) => {
+                let e = unexpected(
+                    "accept",
+                    &[format!("{} replies for {} chunks", answers.len(), waiting.len())],
+                );
+                waiting.iter().map(|_| Some(Err(e.clone()))).collect()
+            }
+            Err(e) => waiting.iter().map(|_| Some(Err(e.clone()))).collect(),
         }
-        replies.into_iter().map(|r| self.accept_reply(r?)).collect()
     }
 
     /// One call of `accept.lua` with the caller's own `claim` on the batch's
@@ -801,6 +848,25 @@ impl BatchLog {
             .invoke(&mut self.conn.clone())
             .await?;
         self.accept_reply(v)
+    }
+
+    /// Reads the reply of `accept.lua` called with several chunks: the
+    /// first chunk's answer, with each further one's as a list of its own.
+    fn accept_replies(&self, v: Value) -> StoreResult<Vec<Claimed>> {
+        let Value::Array(items) = v else {
+            return Ok(vec![self.accept_reply(v)?]);
+        };
+        let (further, own): (Vec<Value>, Vec<Value>) = items
+            .into_iter()
+            .partition(|x| matches!(x, Value::Array(_)));
+        let mut out = vec![self.accept_reply(Value::Array(own))?];
+        for mut part in further {
+            let missed = take_missed(&mut part)?;
+            let r = redis::from_redis_value::<Vec<String>>(part.clone())
+                .map_err(|_| unexpected("accept", &[format!("{part:?}")]))?;
+            out.push(claimed(&r, missed)?);
+        }
+        Ok(out)
     }
 
     /// The call of `accept.lua` for chunk `a` with `claim`.
@@ -839,44 +905,11 @@ impl BatchLog {
         Ok(())
     }
 
-    /// Reads `accept.lua`'s reply.
+    /// Reads `accept.lua`'s reply (for one chunk).
     fn accept_reply(&self, mut v: Value) -> StoreResult<Claimed> {
-        // `behind` carries the log's bytes the view missed: taken out before
-        // the reply is read as text.
-        let missed = match &mut v {
-            Value::Array(items) if is_bulk(items.first(), "behind") && items.len() > 2 => {
-                match items.remove(2) {
-                    Value::BulkString(b) => Some(b),
-                    _ => return Err(unexpected("accept", &["behind".to_string()])),
-                }
-            }
-            _ => None,
-        };
+        let missed = take_missed(&mut v)?;
         let r = self.reply(&SCRIPTS.accept, v)?;
-        let gen = |s: &str| s.parse::<u32>().map_err(|_| unexpected("accept", &r));
-        let dups = |s: &str| positions(s).ok_or_else(|| unexpected("accept", &r));
-        Ok(Claimed::Took(match r.as_slice() {
-            [t, g, group, _, d] if t == "assigned" => Accepted::Assigned {
-                gen: gen(g)?,
-                group: opt(group),
-                duplicates: dups(d)?,
-            },
-            [t, g, group, l, d] if t == "duplicate" => Accepted::Duplicate {
-                gen: gen(g)?,
-                group: opt(group),
-                loaded: l == "1",
-                duplicates: dups(d)?,
-            },
-            [t, why] if t == "conflict" => Accepted::Conflict(why.clone()),
-            [t, why] if t == "rejected" => Accepted::Rejected(why.clone()),
-            [t, why] if t == "refused" => Accepted::Refused(why.clone()),
-            [t, _] if t == "behind" => {
-                return Ok(Claimed::Behind {
-                    missed: missed.unwrap_or_default(),
-                })
-            }
-            _ => return Err(unexpected("accept", &r)),
-        }))
+        claimed(&r, missed)
     }
 
     /// Records chunk `seq` (content `digest`) as refused before it could be

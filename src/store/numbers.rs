@@ -4,12 +4,11 @@
 //!
 //! A view is behind a lock of its own, and chunks of one batch accepted in
 //! this process at the same time do not each take it in turn: they wait in
-//! the view's line, and whoever holds the lock asks `accept.lua` for all
-//! those waiting at once, in one round trip (one read of the log and a
-//! pipeline of accepts, each claimed as if those before it were appended).
-//! So they never race each other to the log's end, and race another
-//! process's appends (a `behind`, and a read) once a round rather than once
-//! a chunk.
+//! the view's line, and whoever holds the lock accepts all those waiting at
+//! once (one read of the log, then one call of `accept.lua` with every
+//! chunk, each claimed as if those before it were appended). So they never
+//! race each other to the log's end, and race another process's appends (a
+//! `behind`, and a read) once a round rather than once a chunk.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

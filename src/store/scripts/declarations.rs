@@ -136,9 +136,10 @@ pub const SETTLE: Declaration = Declaration {
     ..PLAIN
 };
 
-/// `accept.lua`: accept a chunk and assign it to a generation, with the
-/// copies the caller found in its view of the batch's number log
-/// (`protocol::numbers`), if the log still ends where the view does.
+/// `accept.lua`: accept a chunk (or several of one batch, in turn, while
+/// each is assigned) and assign it to a generation, with the copies the
+/// caller found in its view of the batch's number log (`protocol::numbers`),
+/// if the log still ends where the view does.
 pub const ACCEPT: Declaration = Declaration {
     name: "accept",
     layout: Layout::Settling,
@@ -155,6 +156,9 @@ pub const ACCEPT: Declaration = Declaration {
         "frame",
         "opts",
     ],
+    more_args: Some(
+        "for each further chunk of the batch: seq, last, count, digest, seen, stamp, duplicates, frame",
+    ),
     replies: &[
         "assigned",
         "duplicate",
@@ -562,6 +566,10 @@ impl Declaration {
             for (i, name) in names.iter().enumerate() {
                 lua.push_str(&format!("local {} = {table}[{}]\n", lua_name(name), i + 1));
             }
+        }
+        if self.more_args.is_some() {
+            // Where the arguments after the named ones start.
+            lua.push_str(&format!("local NAMED_ARGS = {}\n", self.all_args().len()));
         }
         lua
     }

@@ -110,16 +110,6 @@ impl Declared {
         }
     }
 
-    /// Loads the script into the server of `conn` (`SCRIPT LOAD`), for
-    /// calls made in a pipeline ([`Call::pipe_into`]).
-    pub async fn load(
-        &self,
-        conn: &mut (impl redis::aio::ConnectionLike + Send),
-    ) -> StoreResult<()> {
-        self.script.load_async(conn).await?;
-        Ok(())
-    }
-
     /// A call of the script, its keys and arguments to be given in order.
     pub fn call(&'static self) -> Call {
         Call {
@@ -235,18 +225,6 @@ impl Call {
                 return Err(format!("{what} `{d}` not given"));
             }
         }
-        Ok(())
-    }
-
-    /// Adds the call to `pipe` as a plain `EVALSHA`: unlike
-    /// [`invoke`](Call::invoke), a server that does not have the script
-    /// answers `NOSCRIPT` ([`Declared::load`] loads it).
-    pub fn pipe_into(&self, pipe: &mut redis::Pipeline) -> StoreResult<()> {
-        self.check().map_err(|detail| StoreError::ScriptCall {
-            script: self.declaration.name,
-            detail,
-        })?;
-        pipe.invoke_script(&self.invocation);
         Ok(())
     }
 
