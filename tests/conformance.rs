@@ -129,6 +129,10 @@ enum Call {
         /// ([`with_claim`]).
         claim: Option<DedupeClaim>,
     },
+    /// Several chunks of the batch in one call of `accept.lua` (each a
+    /// `Call::Accept`, the first one's hint for all): the script asks them in
+    /// turn while each is assigned; the model accepts them one by one.
+    AcceptTogether(Vec<Call>),
     Reject {
         seq: u32,
         digest: String,
@@ -309,14 +313,42 @@ fn policy(rng: &mut StdRng) -> BatchPolicy {
 /// which the test keeps equal to Redis's).
 fn with_claim(db: &Db, batch: &str, call: &Call) -> Call {
     let mut call = call.clone();
-    if let Call::Accept { records, claim, .. } = &mut call {
-        if claim.is_none() {
-            let log = db.batch(batch).map_or(&[][..], |b| &b.numbers[..]);
+    let log = db.batch(batch).map_or(&[][..], |b| &b.numbers[..]);
+    match &mut call {
+        Call::Accept { records, claim, .. } if claim.is_none() => {
             *claim = Some(DedupeClaim::current(log, records));
         }
+        Call::AcceptTogether(chunks) => {
+            // Chained on a view of the whole log; the first keeps a stale
+            // claim it was given (then the others are never asked).
+            let mut view = groupcast::protocol::numbers::View::default();
+            let _ = view.extend(log);
+            let records: Vec<Vec<u8>> = chunks.iter().map(accept_records).collect();
+            let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+            let chain = DedupeClaim::chain(&view, &refs);
+            for (k, (c, made)) in chunks.iter_mut().zip(chain).enumerate() {
+                if let Call::Accept { claim, .. } = c {
+                    if k > 0 || claim.is_none() {
+                        *claim = Some(made);
+                    }
+                }
+            }
+        }
+        _ => {}
     }
     call
 }
+
+/// An accept's records (none for another call).
+fn accept_records(call: &Call) -> Vec<u8> {
+    match call {
+        Call::Accept { records, .. } => records.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Between the answers of the chunks of an `AcceptTogether`, in a reply.
+const THEN: &str = "then";
 
 /// A claim by a view that is behind the log's end: the log without its
 /// last frame, or with its stamp wrong. None when the log is empty.
@@ -343,6 +375,46 @@ fn stale_claim(db: &Db, batch: &str, records: &[u8], rng: &mut StdRng) -> Option
         claim = DedupeClaim::by(&view, records);
     }
     Some(claim)
+}
+
+/// A plausible accept of one chunk (a stale claim now and then).
+fn pick_accept(
+    rng: &mut StdRng,
+    db: &Db,
+    batch: &str,
+    chunks: &Chunks,
+    top: u32,
+    gen: u32,
+) -> Call {
+    let seq = rng.random_range(0..SEQS);
+    let usual = chunks.clean || rng.random_bool(0.9);
+    Call::Accept {
+        seq,
+        last: if chunks.clean {
+            seq == SEQS - 1
+        } else {
+            rng.random_bool(0.25)
+        },
+        records: chunks.records(seq, usual),
+        digest: if usual {
+            format!("d{seq}")
+        } else {
+            "other".into()
+        },
+        // Now and then a chunk whose options disagree with the batch's.
+        opts: if usual || rng.random_bool(0.5) {
+            "|normal|".into()
+        } else {
+            "1764579600000|bulk|".into()
+        },
+        // Now and then a caller behind the log's end.
+        claim: if rng.random_bool(0.15) {
+            stale_claim(db, batch, &chunks.records(seq, usual), rng)
+        } else {
+            None
+        },
+        hint: if rng.random_bool(0.7) { top } else { gen },
+    }
 }
 
 /// A plausible call most of the time (the state guides the arguments), an
@@ -380,37 +452,19 @@ fn pick(rng: &mut StdRng, db: &Db, batch: &str, chunks: &Chunks) -> Call {
         n => n,
     };
     match choice {
-        0..=29 => {
-            let seq = rng.random_range(0..SEQS);
-            let usual = chunks.clean || rng.random_bool(0.9);
-            Call::Accept {
-                seq,
-                last: if chunks.clean {
-                    seq == SEQS - 1
-                } else {
-                    rng.random_bool(0.25)
-                },
-                records: chunks.records(seq, usual),
-                digest: if usual {
-                    format!("d{seq}")
-                } else {
-                    "other".into()
-                },
-                // Now and then a chunk whose options disagree with the batch's.
-                opts: if usual || rng.random_bool(0.5) {
-                    "|normal|".into()
-                } else {
-                    "1764579600000|bulk|".into()
-                },
-                // Now and then a caller behind the log's end.
-                claim: if rng.random_bool(0.15) {
-                    stale_claim(db, batch, &chunks.records(seq, usual), rng)
-                } else {
-                    None
-                },
-                hint: if rng.random_bool(0.7) { top } else { gen },
+        0..=5 => {
+            let n = rng.random_range(2..=4);
+            let mut chunks: Vec<Call> = (0..n)
+                .map(|_| pick_accept(rng, db, batch, chunks, top, gen))
+                .collect();
+            for c in chunks.iter_mut().skip(1) {
+                if let Call::Accept { claim, .. } = c {
+                    *claim = None;
+                }
             }
+            Call::AcceptTogether(chunks)
         }
+        6..=29 => pick_accept(rng, db, batch, chunks, top, gen),
         100..=102 => {
             let seq = rng.random_range(0..SEQS + 1);
             Call::Reject {
@@ -676,6 +730,21 @@ fn model(db: &mut Db, batch: &str, p: &BatchPolicy, cap: u64, call: &Call) -> Ve
                 got
             }
         }
+        Call::AcceptTogether(chunks) => {
+            let mut out = Vec::new();
+            for (k, c) in chunks.iter().enumerate() {
+                if k > 0 {
+                    out.push(s(THEN));
+                }
+                let got = model(db, batch, p, cap, c);
+                let went_on = got[0] == "assigned";
+                out.extend(got);
+                if !went_on {
+                    break;
+                }
+            }
+            out
+        }
         Call::Reject {
             seq,
             digest,
@@ -739,11 +808,44 @@ fn s(v: impl ToString) -> String {
     v.to_string()
 }
 
+/// An accept's answer spelt as the script's reply (a `behind`'s bytes in hex).
+fn spell(claimed: Claimed) -> Vec<String> {
+    let positions = |d: Vec<u32>| d.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    match claimed {
+        Claimed::Behind { missed } => vec![s("behind"), hex::encode(missed)],
+        Claimed::Took(Accepted::Assigned {
+            gen,
+            group,
+            duplicates,
+        }) => vec![
+            s("assigned"),
+            s(gen),
+            group.unwrap_or_default(),
+            s("0"),
+            positions(duplicates),
+        ],
+        Claimed::Took(Accepted::Duplicate {
+            gen,
+            group,
+            loaded,
+            duplicates,
+        }) => vec![
+            s("duplicate"),
+            s(gen),
+            group.unwrap_or_default(),
+            s(if loaded { "1" } else { "0" }),
+            positions(duplicates),
+        ],
+        Claimed::Took(Accepted::Conflict(r)) => vec![s("conflict"), r],
+        Claimed::Took(Accepted::Rejected(r)) => vec![s("rejected"), r],
+        Claimed::Took(Accepted::Refused(r)) => vec![s("refused"), r],
+    }
+}
+
 /// Runs a call through the real scripts (the worker's own calls), its
 /// answer spelt as the script's reply.
 async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<String> {
     let fail = "a script call on the private redis-server";
-    let positions = |d: Vec<u32>| d.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     match call {
         Call::Accept {
             seq,
@@ -753,8 +855,8 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             opts,
             hint,
             claim,
-        } => match log
-            .accept_claimed(
+        } => spell(
+            log.accept_claimed(
                 &AcceptArgs {
                     seq: *seq,
                     last: *last,
@@ -767,36 +869,48 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
                 *hint,
             )
             .await
-            .expect(fail)
-        {
-            Claimed::Behind { missed } => vec![s("behind"), hex::encode(missed)],
-            Claimed::Took(Accepted::Assigned {
-                gen,
-                group,
-                duplicates,
-            }) => vec![
-                s("assigned"),
-                s(gen),
-                group.unwrap_or_default(),
-                s("0"),
-                positions(duplicates),
-            ],
-            Claimed::Took(Accepted::Duplicate {
-                gen,
-                group,
-                loaded,
-                duplicates,
-            }) => vec![
-                s("duplicate"),
-                s(gen),
-                group.unwrap_or_default(),
-                s(if loaded { "1" } else { "0" }),
-                positions(duplicates),
-            ],
-            Claimed::Took(Accepted::Conflict(r)) => vec![s("conflict"), r],
-            Claimed::Took(Accepted::Rejected(r)) => vec![s("rejected"), r],
-            Claimed::Took(Accepted::Refused(r)) => vec![s("refused"), r],
-        },
+            .expect(fail),
+        ),
+        Call::AcceptTogether(chunks) => {
+            let args: Vec<(AcceptArgs, &DedupeClaim)> = chunks
+                .iter()
+                .filter_map(|c| match c {
+                    Call::Accept {
+                        seq,
+                        last,
+                        records,
+                        digest,
+                        opts,
+                        claim,
+                        ..
+                    } => Some((
+                        AcceptArgs {
+                            seq: *seq,
+                            last: *last,
+                            records,
+                            digest,
+                            cap,
+                            opts,
+                        },
+                        claim.as_ref().expect("a claim (with_claim)"),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            let hint = match chunks.first() {
+                Some(Call::Accept { hint, .. }) => *hint,
+                _ => 0,
+            };
+            let answers = log.accept_together(&args, hint).await.expect(fail);
+            let mut out = Vec::new();
+            for (k, claimed) in answers.into_iter().enumerate() {
+                if k > 0 {
+                    out.push(s(THEN));
+                }
+                out.extend(spell(claimed));
+            }
+            out
+        }
         Call::Reject {
             seq,
             digest,
@@ -1294,7 +1408,21 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
             if want_cmp != got {
                 diffs.push(format!("reply: model {want_cmp:?}, redis {got:?}"));
             }
-            if let (Call::Accept { records, .. }, "assigned") = (&call, got[0].as_str()) {
+            // Each chunk assigned, with its answer (an AcceptTogether's are
+            // between THENs, for the chunks asked).
+            let answered: Vec<(&Call, &[String])> = match &call {
+                Call::Accept { .. } => vec![(&call, &got[..])],
+                Call::AcceptTogether(chunks) => {
+                    chunks.iter().zip(got.split(|g| g == THEN)).collect()
+                }
+                _ => Vec::new(),
+            };
+            for (c, answer) in answered {
+                let (Call::Accept { records, .. }, Some("assigned")) =
+                    (c, answer.first().map(String::as_str))
+                else {
+                    continue;
+                };
                 let seen = given.entry(batch.clone()).or_default();
                 let expected: Vec<String> = records
                     .chunks(5)
@@ -1303,10 +1431,10 @@ async fn the_pure_functions_decide_as_the_scripts_do() {
                     .map(|(k, _)| k.to_string())
                     .collect();
                 copies += expected.len();
-                if got.get(4).map(String::as_str) != Some(expected.join(",").as_str()) {
+                if answer.get(4).map(String::as_str) != Some(expected.join(",").as_str()) {
                     diffs.push(format!(
                         "dedupe: copies at {:?}, the batch's numbers say {expected:?}",
-                        got.get(4)
+                        answer.get(4)
                     ));
                 }
             }

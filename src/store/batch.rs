@@ -790,48 +790,67 @@ impl BatchLog {
     }
 
     /// Asks `accept.lua` for `waiting` with their claims, in order, in one
-    /// call: the script asks each in turn while each is assigned. One
-    /// answer a chunk; None for those it did not ask (one before them was
-    /// not assigned), which are asked again.
+    /// call ([`accept_together`](Self::accept_together)). One answer a
+    /// chunk; None for those the script did not ask.
     async fn accept_claimed_all(
         &self,
         waiting: &[Waiting],
         claims: &[DedupeClaim],
     ) -> Vec<Option<StoreResult<Claimed>>> {
-        let (Some(first), Some(first_claim)) = (waiting.first(), claims.first()) else {
-            return Vec::new();
-        };
-        let mut call = self.accept_call(&first.chunk.args(), first_claim, first.hint);
-        for (w, claim) in waiting.iter().zip(claims).skip(1) {
-            let c = &w.chunk;
-            call.more_arg(c.seq)
-                .more_arg(if c.last { "1" } else { "0" })
-                .more_arg(c.records.len() / RECORD)
-                .more_arg(&c.digest)
-                .more_arg(claim.seen)
-                .more_arg(&claim.stamp)
-                .more_arg(claim.positions())
-                .more_arg(&claim.frame);
-        }
-        let answers = match call.invoke(&mut self.conn.clone()).await {
-            Ok(v) => self.accept_replies(v),
-            Err(e) => Err(e),
-        };
-        match answers {
-            Ok(mut answers) if answers.len() <= waiting.len() => {
-                let mut out: Vec<_> = answers.drain(..).map(|a| Some(Ok(a))).collect();
+        let hint = waiting.first().map_or(0, |w| w.hint);
+        let chunks: Vec<_> = waiting
+            .iter()
+            .zip(claims)
+            .map(|(w, claim)| (w.chunk.args(), claim))
+            .collect();
+        match self.accept_together(&chunks, hint).await {
+            Ok(answers) => {
+                let mut out: Vec<_> = answers.into_iter().map(|a| Some(Ok(a))).collect();
                 out.resize_with(waiting.len(), || None);
                 out
             }
-            Ok(answers) => {
-                let e = unexpected(
-                    "accept",
-                    &[format!("{} replies for {} chunks", answers.len(), waiting.len())],
-                );
-                waiting.iter().map(|_| Some(Err(e.clone()))).collect()
-            }
             Err(e) => waiting.iter().map(|_| Some(Err(e.clone()))).collect(),
         }
+    }
+
+    /// One call of `accept.lua` for several chunks of the batch, each with
+    /// its claim made as if those before it were appended
+    /// ([`DedupeClaim::chain`]): the script asks them in turn while each is
+    /// assigned, so the answers are those of the chunks it asked, in order
+    /// (at least the first). The first chunk's `cap` is every chunk's.
+    pub async fn accept_together(
+        &self,
+        chunks: &[(AcceptArgs<'_>, &DedupeClaim)],
+        hint: u32,
+    ) -> StoreResult<Vec<Claimed>> {
+        let Some(((first, first_claim), further)) = chunks.split_first() else {
+            return Ok(Vec::new());
+        };
+        let mut call = self.accept_call(first, first_claim, hint);
+        for (a, claim) in further {
+            call.more_arg(a.seq)
+                .more_arg(if a.last { "1" } else { "0" })
+                .more_arg(a.records.len() / RECORD)
+                .more_arg(a.digest)
+                .more_arg(claim.seen)
+                .more_arg(&claim.stamp)
+                .more_arg(claim.positions())
+                .more_arg(&claim.frame)
+                .more_arg(a.opts);
+        }
+        let v: Value = call.invoke(&mut self.conn.clone()).await?;
+        let answers = self.accept_replies(v)?;
+        if answers.len() > chunks.len() {
+            return Err(unexpected(
+                "accept",
+                &[format!(
+                    "{} answers for {} chunks",
+                    answers.len(),
+                    chunks.len()
+                )],
+            ));
+        }
+        Ok(answers)
     }
 
     /// One call of `accept.lua` with the caller's own `claim` on the batch's

@@ -10,8 +10,9 @@
 --       every chunk of a batch must carry the same; the first accepted sets
 --       them (field `opts`),
 --       then, for each further chunk of the batch to accept in the same
---       step: SEQ, LAST, COUNT, DIGEST, SEEN, STAMP, DUPLICATES, FRAME
---       (its claim made as if the chunks before it were appended)
+--       step: SEQ, LAST, COUNT, DIGEST, SEEN, STAMP, DUPLICATES, FRAME, OPTS
+--       (its claim made as if the chunks before it were appended; CAP and
+--       HINT are the first's)
 -- The hint is the generation the caller last saw for this batch: its fields
 -- are read in the same HMGET, which saves a second read on the common path
 -- (a wrong hint only costs that second read).
@@ -27,11 +28,11 @@
 --  reply, and the caller asks them again.
 --  (rejected and conflict are recorded as input_rejected; refused, for a
 --   batch that has ended or takes no more chunks, records nothing)
-local cap, hint, opts = tonumber(CAP), tonumber(HINT) or 0, OPTS
+local cap, hint = tonumber(CAP), tonumber(HINT) or 0
 
 -- One chunk's accept: its reply (without the trailing elements `reply`
 -- adds). Its state changes are written before it returns.
-local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, FRAME)
+local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, FRAME, opts)
   local hk = 'g:' .. hint .. ':'
   local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
     hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
@@ -210,14 +211,14 @@ end
 -- assigned (a chunk after one that was not would be behind: its claim
 -- counts on the frame that was not appended).
 local replies = accept_one(tonumber(SEQ), LAST == '1', tonumber(COUNT), DIGEST, SEEN, STAMP,
-  DUPLICATES, FRAME)
+  DUPLICATES, FRAME, OPTS)
 local went_on = replies[1] == 'assigned'
 local i = NAMED_ARGS + 1
-while went_on and i + 7 <= #ARGV do
+while went_on and i + 8 <= #ARGV do
   local r = accept_one(tonumber(ARGV[i]), ARGV[i + 1] == '1', tonumber(ARGV[i + 2]), ARGV[i + 3],
-    ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
   replies[#replies + 1] = r
   went_on = r[1] == 'assigned'
-  i = i + 8
+  i = i + 9
 end
 return reply(replies)

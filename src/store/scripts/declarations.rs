@@ -157,7 +157,7 @@ pub const ACCEPT: Declaration = Declaration {
         "opts",
     ],
     more_args: Some(
-        "for each further chunk of the batch: seq, last, count, digest, seen, stamp, duplicates, frame",
+        "for each further chunk of the batch: seq, last, count, digest, seen, stamp, duplicates, frame, opts",
     ),
     replies: &[
         "assigned",
