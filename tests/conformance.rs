@@ -363,15 +363,9 @@ fn stale_claim(db: &Db, batch: &str, records: &[u8], rng: &mut StdRng) -> Option
     } else {
         // The frames but the last: read them one by one.
         let mut view = groupcast::protocol::numbers::View::default();
-        let mut ends = vec![0];
-        let mut at = 0;
-        while at < log.len() {
-            let n = u32::from_be_bytes(log[at..at + 4].try_into().expect("4 bytes")) as usize;
-            at += 4 + 5 * n + 16;
-            ends.push(at);
-        }
-        view.extend(&log[..ends[ends.len() - 2]])
-            .expect("whole frames");
+        let frames = frames_of(log);
+        let last = frames.last().map_or(0, |f| 4 + f.len() + 16);
+        view.extend(&log[..log.len() - last]).expect("whole frames");
         claim = DedupeClaim::by(&view, records);
     }
     Some(claim)
@@ -1843,6 +1837,43 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
     assert!(db.reported.contains(unseen));
 }
 
+/// The records of each frame of a number log, in order.
+fn frames_of(log: &[u8]) -> Vec<&[u8]> {
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < log.len() {
+        let n = u32::from_be_bytes(log[at..at + 4].try_into().expect("4 bytes")) as usize;
+        frames.push(&log[at + 4..at + 4 + 5 * n]);
+        at += 4 + 5 * n + 16;
+    }
+    frames
+}
+
+/// The positions of `numbers` that `given` has, or an earlier one of
+/// `numbers`: the copies the dedupe must name. `given` takes them all.
+fn copies_in(numbers: &[String], given: &mut std::collections::HashSet<String>) -> Vec<u32> {
+    numbers
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !given.insert(n.to_string()))
+        .map(|(k, _)| k as u32)
+        .collect()
+}
+
+/// Two stores on `server` in keyspace `name`: two processes, each with
+/// its own views of the number logs.
+async fn two_processes(
+    server: &groupcast_rigs::redis_server::RedisServer,
+    name: &str,
+) -> (Store, Store) {
+    let connect = || async {
+        Store::connect(&server.url(), Keyspace::new(name, 1))
+            .await
+            .expect("connect to the private redis-server")
+    };
+    (connect().await, connect().await)
+}
+
 /// A large batch whose chunks two processes accept in turn, each through
 /// its own view of the number log (`BatchLog::accept_chunk`): past 100,000
 /// mobile numbers a view keeps them in a bitmap; copies given before and
@@ -1853,12 +1884,7 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_name_every_copy_of_a_large_batch() {
     let server = common::redis();
-    let connect = || async {
-        Store::connect(&server.url(), Keyspace::new("large", 1))
-            .await
-            .expect("connect to the private redis-server")
-    };
-    let (one, two) = (connect().await, connect().await);
+    let (one, two) = two_processes(&server, "large").await;
     let batch = "large";
     let logs = [one.batch(batch), two.batch(batch)];
     // Number i: mobile (spread over the range) four times in five, else 070.
@@ -1912,12 +1938,7 @@ async fn two_processes_name_every_copy_of_a_large_batch() {
         let Accepted::Assigned { duplicates, .. } = got else {
             panic!("seq {seq}: {got:?}");
         };
-        let expected: Vec<u32> = numbers
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| !given.insert(n.to_string()))
-            .map(|(k, _)| k as u32)
-            .collect();
+        let expected = copies_in(numbers, &mut given);
         copies += expected.len();
         assert_eq!(duplicates, expected, "seq {seq}: copies");
         log_records.extend_from_slice(&records);
@@ -1928,14 +1949,7 @@ async fn two_processes_name_every_copy_of_a_large_batch() {
     let mut conn = one.raw_conn();
     let key = &logs[0].keys.numbers;
     let log: Vec<u8> = conn.get(key).await.expect("GET");
-    let mut records = Vec::new();
-    let mut at = 0;
-    while at < log.len() {
-        let n = u32::from_be_bytes(log[at..at + 4].try_into().expect("4 bytes")) as usize;
-        records.extend_from_slice(&log[at + 4..at + 4 + 5 * n]);
-        at += 4 + 5 * n + 16;
-    }
-    assert_eq!(records, log_records);
+    assert_eq!(frames_of(&log).concat(), log_records);
 
     // Redis loses the last frame (and the state its writes): the process
     // that appended it still holds it in its view.
@@ -1981,12 +1995,7 @@ async fn two_processes_name_every_copy_of_a_large_batch() {
     for n in chunks[..chunks.len() - 1].iter().flatten() {
         kept_numbers.insert(n.clone());
     }
-    let expected: Vec<u32> = lost
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| !kept_numbers.insert(n.to_string()))
-        .map(|(k, _)| k as u32)
-        .collect();
+    let expected = copies_in(lost, &mut kept_numbers);
     assert_eq!(duplicates, expected, "copies after the loss");
 }
 
@@ -1999,12 +2008,7 @@ async fn two_processes_name_every_copy_of_a_large_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_accepted_together_by_two_processes_name_every_copy() {
     let server = common::redis();
-    let connect = || async {
-        Store::connect(&server.url(), Keyspace::new("together", 1))
-            .await
-            .expect("connect to the private redis-server")
-    };
-    let (one, two) = (connect().await, connect().await);
+    let (one, two) = two_processes(&server, "together").await;
     let batch = "together";
     let logs = [one.batch(batch), two.batch(batch)];
     let (chunks, per_chunk) = (40u32, 1_000u64);
@@ -2047,23 +2051,14 @@ async fn chunks_accepted_together_by_two_processes_name_every_copy() {
     let by_records: BTreeMap<Vec<u8>, u32> = (0..chunks)
         .map(|c| (dedupe_records(numbers(c).iter().map(String::as_str)), c))
         .collect();
-    let mut order = Vec::new();
-    let mut at = 0;
-    while at < log.len() {
-        let n = u32::from_be_bytes(log[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let records = log[at + 4..at + 4 + 5 * n].to_vec();
-        order.push(*by_records.get(&records).expect("a frame is a chunk's"));
-        at += 4 + 5 * n + 16;
-    }
+    let order: Vec<u32> = frames_of(&log)
+        .into_iter()
+        .map(|f| *by_records.get(f).expect("a frame is a chunk's"))
+        .collect();
     assert_eq!(order.len(), chunks as usize, "one frame a chunk: {order:?}");
     let mut given = std::collections::HashSet::new();
     for seq in &order {
-        let expected: Vec<u32> = numbers(*seq)
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| !given.insert(n.to_string()))
-            .map(|(k, _)| k as u32)
-            .collect();
+        let expected = copies_in(&numbers(*seq), &mut given);
         assert_eq!(copies_of[seq], expected, "seq {seq}: copies");
     }
     let all: std::collections::HashSet<String> = (0..chunks).flat_map(numbers).collect();

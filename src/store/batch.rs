@@ -7,7 +7,6 @@ pub use crate::protocol::claim_send::{ClaimArgs, ClaimMode};
 use crate::protocol::numbers::View;
 use redis::{AsyncCommands, Value};
 
-use super::numbers::{Waiting, WaitingChunk};
 use super::scripts::{Call, Declared, SCRIPTS};
 use super::{RedisConn, Store, StoreError, StoreResult};
 use crate::events::{ChunkLoaded, Event, Recorded};
@@ -63,6 +62,41 @@ pub enum Claimed {
         /// The log from the view's length less a stamp, to its end.
         missed: Vec<u8>,
     },
+}
+
+/// A chunk waiting in its batch's line to be accepted
+/// ([`BatchLog::accept_chunk`]), with where its answer goes.
+pub(crate) struct Waiting {
+    /// The chunk.
+    chunk: WaitingChunk,
+    /// The generation its caller last saw for the batch.
+    hint: u32,
+    /// Its answer (the caller may have gone: then nobody reads it).
+    answer: tokio::sync::oneshot::Sender<StoreResult<Accepted>>,
+}
+
+/// [`AcceptArgs`], owned: it waits for another task to ask for it.
+struct WaitingChunk {
+    seq: u32,
+    last: bool,
+    records: Vec<u8>,
+    digest: String,
+    cap: u64,
+    opts: String,
+}
+
+impl WaitingChunk {
+    /// The chunk as `accept.lua`'s arguments.
+    fn args(&self) -> AcceptArgs<'_> {
+        AcceptArgs {
+            seq: self.seq,
+            last: self.last,
+            records: &self.records,
+            digest: &self.digest,
+            cap: self.cap,
+            opts: &self.opts,
+        }
+    }
 }
 
 /// `behind` carries the log's bytes the view missed (its third element):
@@ -413,7 +447,7 @@ pub struct BatchLog {
     pub(super) conn: RedisConn,
     witnesses: std::sync::Arc<super::durability::witness::Witnesses>,
     /// This process's views of the batches' number logs.
-    numbers: std::sync::Arc<super::numbers::NumberViews>,
+    numbers: std::sync::Arc<super::numbers::NumberViews<Waiting>>,
     pub(super) policy: BatchPolicy,
     /// The batch id.
     pub batch: String,
@@ -881,7 +915,7 @@ impl BatchLog {
         let mut out = vec![self.accept_reply(Value::Array(own))?];
         for mut part in further {
             let missed = take_missed(&mut part)?;
-            let r = redis::from_redis_value::<Vec<String>>(part.clone())
+            let r = <Vec<String> as redis::FromRedisValue>::from_redis_value_ref(&part)
                 .map_err(|_| unexpected("accept", &[format!("{part:?}")]))?;
             out.push(claimed(&r, missed)?);
         }

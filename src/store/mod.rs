@@ -488,7 +488,7 @@ pub struct Store {
     /// The events this process appended, until they are read back.
     pub witnesses: std::sync::Arc<durability::witness::Witnesses>,
     /// This process's views of the batches' number logs.
-    numbers: std::sync::Arc<numbers::NumberViews>,
+    numbers: std::sync::Arc<numbers::NumberViews<batch::Waiting>>,
     /// How the batches this process ends end (see [`batch::BatchPolicy`]).
     policy: batch::BatchPolicy,
 }

@@ -14,11 +14,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
-
-use super::batch::Accepted;
-use super::StoreResult;
-use crate::protocol::accept::AcceptArgs;
 use crate::protocol::numbers::View;
 
 /// Views kept at most; the least recently used goes first. A view past
@@ -32,86 +27,71 @@ const KEEP: usize = 32;
 /// its memory until 32 newer batches push it out.
 const IDLE: Duration = Duration::from_secs(300);
 
-/// A shared view of one batch's log.
-pub(crate) type SharedView = Arc<Shared>;
+/// A shared view of one batch's log, with its line of `W`s (the chunks
+/// waiting to be accepted through it: [`super::batch::Waiting`]).
+pub(crate) type SharedView<W> = Arc<Shared<W>>;
 
-/// One batch's view, and the chunks waiting to be accepted through it.
-#[derive(Default)]
-pub(crate) struct Shared {
-    /// The view; whoever holds it accepts every chunk waiting.
+/// One batch's view, and what waits to go through it.
+pub(crate) struct Shared<W> {
+    /// The view; whoever holds it takes everyone in line.
     pub(crate) view: tokio::sync::Mutex<View>,
-    waiting: Mutex<Vec<Waiting>>,
+    waiting: Mutex<Vec<W>>,
 }
 
-/// A chunk waiting to be accepted, with where its answer goes.
-pub(crate) struct Waiting {
-    /// The chunk.
-    pub(crate) chunk: WaitingChunk,
-    /// The generation its caller last saw for the batch.
-    pub(crate) hint: u32,
-    /// Its answer (the caller may have gone: then nobody reads it).
-    pub(crate) answer: oneshot::Sender<StoreResult<Accepted>>,
-}
-
-/// [`crate::protocol::accept::AcceptArgs`], owned: it waits for another
-/// task to ask for it.
-pub(crate) struct WaitingChunk {
-    pub(crate) seq: u32,
-    pub(crate) last: bool,
-    pub(crate) records: Vec<u8>,
-    pub(crate) digest: String,
-    pub(crate) cap: u64,
-    pub(crate) opts: String,
-}
-
-impl WaitingChunk {
-    /// The chunk as `accept.lua`'s arguments.
-    pub(crate) fn args(&self) -> AcceptArgs<'_> {
-        AcceptArgs {
-            seq: self.seq,
-            last: self.last,
-            records: &self.records,
-            digest: &self.digest,
-            cap: self.cap,
-            opts: &self.opts,
+impl<W> Default for Shared<W> {
+    fn default() -> Self {
+        Shared {
+            view: Default::default(),
+            waiting: Mutex::new(Vec::new()),
         }
     }
 }
 
-impl Shared {
+impl<W> Shared<W> {
     /// Puts `w` in line for the view.
-    pub(crate) fn wait(&self, w: Waiting) {
+    pub(crate) fn wait(&self, w: W) {
         self.line().push(w);
     }
 
     /// Everyone in line, in the order they came; the line is empty after.
-    pub(crate) fn take_waiting(&self) -> Vec<Waiting> {
+    pub(crate) fn take_waiting(&self) -> Vec<W> {
         std::mem::take(&mut *self.line())
     }
 
-    fn line(&self) -> std::sync::MutexGuard<'_, Vec<Waiting>> {
+    fn line(&self) -> std::sync::MutexGuard<'_, Vec<W>> {
         // Nothing panics while the line is held: a poisoned one is whole.
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
+/// A view kept: when it was last asked for, and its use number.
+type Kept<W> = (SharedView<W>, Instant, u64);
+
 /// The views, by number-log key.
-#[derive(Default)]
-pub(crate) struct NumberViews {
+pub(crate) struct NumberViews<W> {
     /// By key: the view, when it was last asked for, and a use counter (the
     /// order of uses, which `Instant` may not tell apart).
-    views: Mutex<HashMap<String, (SharedView, Instant, u64)>>,
+    views: Mutex<HashMap<String, Kept<W>>>,
     uses: std::sync::atomic::AtomicU64,
 }
 
-impl NumberViews {
+impl<W> Default for NumberViews<W> {
+    fn default() -> Self {
+        NumberViews {
+            views: Mutex::new(HashMap::new()),
+            uses: Default::default(),
+        }
+    }
+}
+
+impl<W> NumberViews<W> {
     /// The view of the log at `key` (empty the first time).
-    pub(crate) fn of(&self, key: &str) -> SharedView {
+    pub(crate) fn of(&self, key: &str) -> SharedView<W> {
         self.of_at(key, Instant::now())
     }
 
     /// [`NumberViews::of`] at `now`.
-    fn of_at(&self, key: &str, now: Instant) -> SharedView {
+    fn of_at(&self, key: &str, now: Instant) -> SharedView<W> {
         let used = self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A poisoned map only loses the views: they are read again.
         let mut views = match self.views.lock() {
@@ -148,7 +128,7 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_view_goes_first() {
-        let views = NumberViews::default();
+        let views = NumberViews::<()>::default();
         let first = views.of("b:0");
         let one = views.of("b:1");
         for k in 2..KEEP {
@@ -163,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_view_idle_for_long_is_dropped() {
-        let views = NumberViews::default();
+        let views = NumberViews::<()>::default();
         let start = Instant::now();
         let idle = views.of_at("b:idle", start);
         let busy = views.of_at("b:busy", start);

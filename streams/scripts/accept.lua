@@ -11,8 +11,8 @@
 --       them (field `opts`),
 --       then, for each further chunk of the batch to accept in the same
 --       step: SEQ, LAST, COUNT, DIGEST, SEEN, STAMP, DUPLICATES, FRAME, OPTS
---       (its claim made as if the chunks before it were appended; CAP and
---       HINT are the first's)
+--       (its claim made as if the chunks before it were appended; CAP is
+--       the first's, and its HINT the generation of the chunk before it)
 -- The hint is the generation the caller last saw for this batch: its fields
 -- are read in the same HMGET, which saves a second read on the common path
 -- (a wrong hint only costs that second read).
@@ -204,6 +204,9 @@ local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, 
     put(gk .. 'closed', 'final')
   end
   flush()
+  -- The next chunk of this call most likely goes to the same generation:
+  -- its fields are read with its first HMGET.
+  hint = gen
   return {'assigned', tostring(gen), group or '', '0', positions}
 end
 
