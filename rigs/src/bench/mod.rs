@@ -9,8 +9,9 @@
 //! throughput (`--durability none`, no rate limit, short poll and backoff);
 //! `--user-path` (`user_path`) runs what a user runs instead: CSV files
 //! through `groupcast submit`, workers with their default settings, on a
-//! server of the kind `--server` names. `--lanes` (`lanes`) is a race of
-//! its own.
+//! server of the kind `--server` names; with `--against bullmq` (`bullmq`)
+//! the same files then go through the BullMQ flow the project grew from,
+//! and the two are compared. `--lanes` (`lanes`) is a race of its own.
 //!
 //! [`run`] is the I/O: it starts the processes, produces, waits, and
 //! `conclude` reads the counters and verifies (both modes). The rest is
@@ -21,6 +22,7 @@
 //! - `summary`: the counters read (`/proc`, `INFO`), the latencies in a
 //!   batch's events, the broken rules, and the result line.
 
+mod bullmq;
 mod ingest;
 mod lanes;
 mod summary;
@@ -142,6 +144,20 @@ pub struct BenchArgs {
     /// submit` of the directory of files (each file its own batch).
     #[arg(long, requires = "user_path")]
     pub submit_each: bool,
+    /// With `--user-path`: after the groupcast run, in the same invocation,
+    /// run the same files through another flow on a fresh server of the
+    /// same kind, and print its line and the ratios of the two.
+    #[arg(long, value_enum, requires = "user_path")]
+    pub against: Option<Against>,
+}
+
+/// What `--against` compares groupcast with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Against {
+    /// The BullMQ flow in `rigs/bullmq` (needs Node.js 20 and npm): one
+    /// job per chunk, `group.create` as a waiting child, `group.send` by
+    /// jobId, every provider call behind the queue's limiter.
+    Bullmq,
 }
 
 /// The private server of a `--user-path` run.
@@ -540,7 +556,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), CliError> {
     }
     let plan = args.plan()?;
     if args.user_path {
-        return user_path::run(&args, &plan).await;
+        // Before the groupcast run: a missing Node.js says so at once.
+        let flow = match args.against {
+            Some(Against::Bullmq) => Some(bullmq::prepare(&plan)?),
+            None => None,
+        };
+        return user_path::run(&args, &plan, flow.as_ref()).await;
     }
     if args.ingest {
         return ingest::run(&args, &plan).await;
@@ -585,7 +606,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), CliError> {
         submitted: BTreeMap::new(),
         kind: RunKind::in_process(),
     };
-    conclude(&plan, ran).await
+    conclude(&plan, ran).await.map(drop)
 }
 
 /// The binary running now: the workers, the mock and `submit` are it too.
@@ -625,8 +646,8 @@ struct Ran {
 }
 
 /// Reads the counters a run leaves (commands, memory, keys), verifies every
-/// batch, and prints the JSON line; fails if a check broke.
-async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
+/// batch, and prints the JSON line (and returns it); fails if a check broke.
+async fn conclude(plan: &Plan, ran: Ran) -> Result<serde_json::Value, CliError> {
     let Ran {
         store,
         server,
@@ -685,10 +706,11 @@ async fn conclude(plan: &Plan, ran: Ran) -> Result<(), CliError> {
         verified: violations.is_empty(),
         kind,
     };
-    println!("{}", result_line(plan, &measured));
+    let line = result_line(plan, &measured);
+    println!("{line}");
     drop(server);
     if violations.is_empty() {
-        Ok(())
+        Ok(line)
     } else {
         Err(CliError::Failed(format!(
             "verification failed:\n  {}",
@@ -723,15 +745,20 @@ async fn verify_run(
         "verifying the batches",
         failed_checks(store, &provider, batches, plan.group_cap).await,
     )?;
-    let summary: LedgerSummary = reqwest::get(format!("{base_url}/_mock/ledger/summary"))
+    let summary = ledger_summary(base_url).await?;
+    let ledger = crate::mock::invariants::check(&summary, plan.group_cap);
+    let violations = violations(&failed, &ledger, plan.total_recipients());
+    Ok((latencies, violations))
+}
+
+/// The mock provider's ledger, counted (`GET /_mock/ledger/summary`).
+async fn ledger_summary(base_url: &str) -> Result<LedgerSummary, CliError> {
+    reqwest::get(format!("{base_url}/_mock/ledger/summary"))
         .await
         .map_err(|e| CliError::Failed(format!("ledger: {e}")))?
         .json()
         .await
-        .map_err(|e| CliError::Failed(format!("ledger: {e}")))?;
-    let ledger = crate::mock::invariants::check(&summary, plan.group_cap);
-    let violations = violations(&failed, &ledger, plan.total_recipients());
-    Ok((latencies, violations))
+        .map_err(|e| CliError::Failed(format!("ledger: {e}")))
 }
 
 /// Redis memory once the run's parties are gone, and the probes' bytes per

@@ -85,19 +85,19 @@ impl Drop for TempDir {
 }
 
 /// An I/O failure on `path`, as an error.
-fn io(path: &Path) -> impl Fn(std::io::Error) -> CliError + '_ {
+pub(super) fn io(path: &Path) -> impl Fn(std::io::Error) -> CliError + '_ {
     move |e| CliError::Failed(format!("{}: {e}", path.display()))
 }
 
 /// `--server`'s value, as the result line names it.
-fn server_name(kind: ServerKind) -> String {
+pub(super) fn server_name(kind: ServerKind) -> String {
     kind.to_possible_value()
         .map_or_else(String::new, |v| v.get_name().to_string())
 }
 
 /// Starts the private server of `kind`. Without Valkey, the error says to
 /// run `scripts/ensure-deps --tests`.
-fn start_server(kind: ServerKind) -> Result<RedisServer, CliError> {
+pub(super) fn start_server(kind: ServerKind) -> Result<RedisServer, CliError> {
     match kind {
         ServerKind::Redis => RedisServer::start(),
         ServerKind::ValkeyEverysec => RedisServer::start_valkey("everysec", &[]),
@@ -108,10 +108,10 @@ fn start_server(kind: ServerKind) -> Result<RedisServer, CliError> {
 }
 
 /// The workload's files: the template, and each batch's CSV file.
-struct Files {
-    template: PathBuf,
+pub(super) struct Files {
+    pub(super) template: PathBuf,
     /// The directory of the CSV files (and of nothing else).
-    recipients: PathBuf,
+    pub(super) recipients: PathBuf,
     /// Batch id and its recipients file, in batch order.
     batches: Vec<(String, PathBuf)>,
 }
@@ -175,7 +175,7 @@ fn log_messages(path: &Path) -> Vec<String> {
 }
 
 /// The last lines of a log file, for an error message.
-fn log_tail(path: &Path) -> String {
+pub(super) fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(5)..].join("\n")
@@ -272,18 +272,18 @@ async fn start_default_workers(
 }
 
 /// What one exited child used, from `wait4`.
-struct Reaped {
-    status: ExitStatus,
+pub(super) struct Reaped {
+    pub(super) status: ExitStatus,
     /// Peak resident set, bytes.
-    max_rss_bytes: u64,
+    pub(super) max_rss_bytes: u64,
     /// User + system seconds.
-    cpu_seconds: f64,
+    pub(super) cpu_seconds: f64,
     /// When it was reaped.
-    at: Instant,
+    pub(super) at: Instant,
 }
 
 /// Waits for child `pid` to exit, and reads what it used.
-fn reap(pid: u32) -> std::io::Result<Reaped> {
+pub(super) fn reap(pid: u32) -> std::io::Result<Reaped> {
     let pid = libc::pid_t::try_from(pid)
         .map_err(|_| std::io::Error::other(format!("pid {pid} out of range")))?;
     let mut status: libc::c_int = 0;
@@ -427,7 +427,13 @@ async fn submit(
 }
 
 /// Runs the workload through `submit` and default workers; prints its line.
-pub(super) async fn run(args: &BenchArgs, plan: &Plan) -> Result<(), CliError> {
+/// With `against`, then runs the same files through that flow too
+/// (`--against`), and prints its line and the comparison.
+pub(super) async fn run(
+    args: &BenchArgs,
+    plan: &Plan,
+    against: Option<&super::bullmq::Flow>,
+) -> Result<(), CliError> {
     let exe = own_exe()?;
     let dir = TempDir::new()?;
     let files = write_workload(&dir.0, plan)?;
@@ -519,6 +525,12 @@ pub(super) async fn run(args: &BenchArgs, plan: &Plan) -> Result<(), CliError> {
         },
     };
     let result = conclude(plan, ran).await;
+    let result = match (result, against) {
+        (Ok(line), Some(flow)) => {
+            super::bullmq::run(args, plan, flow, (&dir.0, &files), &line).await
+        }
+        (r, _) => r.map(drop),
+    };
     drop(dir);
     result
 }
