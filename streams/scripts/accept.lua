@@ -30,19 +30,65 @@
 --   batch that has ended or takes no more chunks, records nothing)
 local cap, hint = tonumber(CAP), tonumber(HINT) or 0
 
--- One chunk's accept: its reply (without the trailing elements `reply`
--- adds). Its state changes are written before it returns.
-local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, FRAME, opts)
+-- The state fields this call read from Redis (`false` when absent). With
+-- what put() wrote (`written`), they let every chunk of the call read
+-- through one HMGET and write through one HSET: a further chunk's own
+-- fields are read with the first chunk's, and the rest were read or
+-- written by the chunks before it.
+local known = {}
+
+-- The values of `fields`: what this call wrote, else read, else one HMGET
+-- of the fields it has not seen.
+local function read(fields)
+  local missing, asked = {}, {}
+  for _, k in ipairs(fields) do
+    if written[k] == nil and known[k] == nil and not asked[k] then
+      missing[#missing + 1] = k
+      asked[k] = true
+    end
+  end
+  if #missing > 0 then
+    local v = redis.call('HMGET', STATE, unpack(missing))
+    for i, k in ipairs(missing) do
+      known[k] = v[i]
+    end
+  end
+  local values = {}
+  for i, k in ipairs(fields) do
+    local w = written[k]
+    if w == nil then
+      values[i] = known[k]
+    else
+      values[i] = w
+    end
+  end
+  return values
+end
+
+-- The fields a chunk's accept reads first, with `hint` its generation's
+-- guess.
+local function fields_of(seq)
   local hk = 'g:' .. hint .. ':'
-  local f = redis.call('HMGET', STATE, 's:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
+  local fields = {'s:' .. seq, 'last', 'max', 'gen', 'seqs', 'recipients',
     hk .. 'n', hk .. 'c', hk .. 'l', hk .. 'group', hk .. 'closed', hk .. 'reg',
     'x:' .. seq, 'report', 'closed', 'holes', 'rmax', 'r:' .. seq, 'rejected', 'duplicates', 'cancelled', 'opts',
-    'dlen', 'dstamp', 'k:create/' .. hint)
+    'dlen', 'dstamp', 'k:create/' .. hint}
+  return fields
+end
+
+-- One chunk's accept: its reply (without the trailing elements `reply`
+-- adds). Its state changes are put(), and flushed at the end of the call
+-- (or before a read that does not go through `read`).
+local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, FRAME, opts)
+  local f = read(fields_of(seq))
 
   local function refused(why)
     return {'refused', 'batch ' .. BATCH .. ' ' .. why}
   end
   local function rejected(kind, why, may_hole)
+    -- reject() reads the state from Redis: what the chunks before this one
+    -- put goes first.
+    flush()
     reject(seq, digest, why, may_hole, may_hole and is_last)
     return {kind, why}
   end
@@ -51,7 +97,7 @@ local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, 
     -- A repeat delivery: same content is a no-op, other content a conflict.
     local g, d = string.match(f[1], '^(%d+)|%d+|(.*)$')
     if d == digest then
-      local h = redis.call('HMGET', STATE, 'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq)
+      local h = read({'g:' .. g .. ':group', 'k:loaded/' .. g .. '/' .. seq})
       if f[21] and not h[2] then
         -- Cancelled before it was loaded: it never will be.
         return refused('was cancelled (' .. f[21] .. '): seq ' .. seq .. ' will not be loaded')
@@ -133,8 +179,7 @@ local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, 
   if gen == hint then
     g = {f[7], f[8], f[9], f[10], f[11], f[12], f[25]}
   else
-    g = redis.call('HMGET', STATE, gk .. 'n', gk .. 'c', gk .. 'l', gk .. 'group', gk .. 'closed', gk .. 'reg',
-      'k:create/' .. gen)
+    g = read({gk .. 'n', gk .. 'c', gk .. 'l', gk .. 'group', gk .. 'closed', gk .. 'reg', 'k:create/' .. gen})
   end
   local n, c, l, group, requested = num(g[1]), num(g[2]), num(g[3]), g[4], g[7]
 
@@ -203,9 +248,8 @@ local function accept_one(seq, is_last, count, digest, SEEN, STAMP, DUPLICATES, 
     emit('close/' .. gen, 'generation_closed', cmsgpack.pack({gen = gen, reason = 'final', chunks = c, recipients = n}))
     put(gk .. 'closed', 'final')
   end
-  flush()
   -- The next chunk of this call most likely goes to the same generation:
-  -- its fields are read with its first HMGET.
+  -- its fields are the ones this chunk read and wrote.
   hint = gen
   return {'assigned', tostring(gen), group or '', '0', positions}
 end
@@ -213,6 +257,15 @@ end
 -- The first chunk, then each further one while every one before it was
 -- assigned (a chunk after one that was not would be behind: its claim
 -- counts on the frame that was not appended).
+-- One HMGET for the first chunk's fields and every further chunk's own.
+local first = fields_of(tonumber(SEQ))
+for i = NAMED_ARGS + 1, #ARGV - 8, 9 do
+  local seq = tonumber(ARGV[i])
+  first[#first + 1] = 's:' .. seq
+  first[#first + 1] = 'x:' .. seq
+  first[#first + 1] = 'r:' .. seq
+end
+read(first)
 local replies = accept_one(tonumber(SEQ), LAST == '1', tonumber(COUNT), DIGEST, SEEN, STAMP,
   DUPLICATES, FRAME, OPTS)
 local went_on = replies[1] == 'assigned'
@@ -224,4 +277,5 @@ while went_on and i + 8 <= #ARGV do
   went_on = r[1] == 'assigned'
   i = i + 9
 end
+flush()
 return reply(replies)

@@ -16,9 +16,16 @@ local updates = {}
 local emitted = {}
 local last_key, last_id
 
+-- What put() wrote, by field, flushed or not: a script that reads a field
+-- again after writing it (accept.lua, for the further chunks of one call)
+-- reads it here instead of flushing and asking Redis.
+local written = {}
+
 local function put(field, value)
+  local v = tostring(value)
   updates[#updates + 1] = field
-  updates[#updates + 1] = tostring(value)
+  updates[#updates + 1] = v
+  written[field] = v
 end
 
 local function num(x)
