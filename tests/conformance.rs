@@ -2070,16 +2070,28 @@ async fn chunks_accepted_together_by_two_processes_name_every_copy() {
         .query_async(&mut conn)
         .await
         .expect("INFO");
-    let calls = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|l| l.split(',').next())
-        .and_then(|n| n.parse::<u32>().ok())
-        .unwrap_or(0);
+    let calls = calls_of(&stats, "evalsha");
     assert!(
         (1..chunks / 2).contains(&calls),
         "{calls} calls of accept.lua for {chunks} chunks"
     );
+    // And each call reads the batch's state once and writes it at most
+    // once, however many chunks it carries.
+    let (reads, writes) = (calls_of(&stats, "hmget"), calls_of(&stats, "hset"));
+    assert!(
+        reads <= calls && writes <= calls,
+        "{reads} HMGET and {writes} HSET for {calls} calls of accept.lua"
+    );
+}
+
+/// How many times `command` ran, from an `INFO commandstats` answer.
+fn calls_of(stats: &str, command: &str) -> u32 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The idempotency keys of a batch's events in the model, in order.
