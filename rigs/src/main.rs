@@ -20,11 +20,15 @@ fn main() -> ExitCode {
         Command::Bench(_) => "gc-bench",
         _ => "groupcast",
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .thread_name(name)
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Product(groupcast::cli::Command::Worker(w)) = &cli.command {
+        // A worker takes as many threads as it is told (`--threads`, 1 by
+        // default), not one per core: on a machine shared with other workers
+        // and Redis, idle runtime threads woken for every answer cost more
+        // CPU than they save (docs/benchmarks.md, "One thread a worker").
+        builder.worker_threads(usize::from(w.worker.threads));
+    }
+    let runtime = match builder.thread_name(name).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("groupcast: cannot start the async runtime: {e}");

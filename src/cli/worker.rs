@@ -24,6 +24,9 @@ pub struct WorkerArgs {
     pub worker: WorkerFlags,
 }
 
+/// A worker's runtime threads by default (`--threads`).
+pub const WORKER_THREADS: u16 = 1;
+
 /// The worker's own settings.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerFlags {
@@ -46,6 +49,13 @@ pub struct WorkerFlags {
     /// Entries handled at once per stream.
     #[arg(long, env = "GROUPCAST_CONCURRENCY", default_value_t = WorkerConfig::CONCURRENCY)]
     pub concurrency: usize,
+    /// Threads of the worker's runtime. A worker mostly waits on Redis and
+    /// the provider: one thread handles more recipients a second than a
+    /// provider accepts, and more threads than the machine has cores for
+    /// (counting the other workers and Redis on it) cost CPU, in threads
+    /// waking each other, rather than add any. For more, run more workers.
+    #[arg(long, env = "GROUPCAST_WORKER_THREADS", default_value_t = WORKER_THREADS, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: u16,
     /// Most recipients in one provider group (generation).
     #[arg(long, env = "GROUPCAST_GROUP_CAP", default_value_t = WorkerConfig::GROUP_CAP)]
     pub group_cap: u64,
