@@ -154,7 +154,7 @@ pub struct BenchArgs {
 /// What `--against` compares groupcast with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Against {
-    /// The BullMQ flow in `rigs/bullmq` (needs Node.js 20 and npm): one
+    /// The BullMQ flow in `rigs/bullmq` (needs Node.js 18 or newer and npm): one
     /// job per chunk, `group.create` as a waiting child, `group.send` by
     /// jobId, every provider call behind the queue's limiter.
     Bullmq,
