@@ -24,8 +24,8 @@ fn main() -> ExitCode {
     if let Command::Product(groupcast::cli::Command::Worker(w)) = &cli.command {
         // A worker takes as many threads as it is told (`--threads`, 1 by
         // default), not one per core: on a machine shared with other workers
-        // and Redis, idle runtime threads woken for every answer cost more
-        // CPU than they save (docs/benchmarks.md, "One thread a worker").
+        // and Redis, a thread per core measured slower and costlier than one
+        // (docs/benchmarks.md, "One thread a worker").
         builder.worker_threads(usize::from(w.worker.threads));
     }
     let runtime = match builder.thread_name(name).enable_all().build() {

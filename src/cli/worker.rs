@@ -51,9 +51,9 @@ pub struct WorkerFlags {
     pub concurrency: usize,
     /// Threads of the worker's runtime. A worker mostly waits on Redis and
     /// the provider: one thread handles more recipients a second than a
-    /// provider accepts, and more threads than the machine has cores for
-    /// (counting the other workers and Redis on it) cost CPU, in threads
-    /// waking each other, rather than add any. For more, run more workers.
+    /// provider accepts, and on a machine shared with other workers and
+    /// Redis a thread per core measured slower and costlier than one
+    /// (docs/benchmarks.md). For more, run more workers.
     #[arg(long, env = "GROUPCAST_WORKER_THREADS", default_value_t = WORKER_THREADS, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: u16,
     /// Most recipients in one provider group (generation).
