@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::summary::{commands_by_name, round};
-use super::user_path::{io, log_tail, reap, server_name, start_server, Files};
+use super::user_path::{
+    io, log_tail, not_starting, reap, server_name, start_server, Files, WORKERS_START,
+};
 use super::workload::Plan;
 use super::{cpu_now, info, ledger_summary, start_mock, BenchArgs, Procs, API_KEY, API_SECRET};
 use crate::redis_server::free_port;
@@ -42,9 +44,6 @@ const NODE_MIN_MAJOR: u32 = 18;
 
 /// The stream the flow's reports go to (one entry per batch).
 const REPORTS: &str = "bmq:reports";
-
-/// How long the Node workers may take to connect.
-const WORKERS_START: Duration = Duration::from_secs(30);
 
 /// What the bench needs to run the flow, checked before the groupcast run.
 #[derive(Debug, Clone)]
@@ -302,20 +301,14 @@ async fn start_workers(
         if ready == logs.len() {
             return Ok(pids);
         }
-        for (i, c) in procs.0[first..].iter_mut().enumerate() {
-            if let Ok(Some(status)) = c.try_wait() {
-                return Err(CliError::Failed(format!(
-                    "BullMQ worker {i} exited ({status}) before it was ready:\n{}",
-                    log_tail(&logs[i])
-                )));
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(CliError::Failed(format!(
-                "{ready} of {} BullMQ workers ready within {} s",
-                logs.len(),
-                WORKERS_START.as_secs()
-            )));
+        if let Some(e) = not_starting(
+            &mut procs.0[first..],
+            &logs,
+            ready,
+            deadline,
+            "BullMQ workers",
+        ) {
+            return Err(e);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -52,7 +52,7 @@ const WRITE_ROWS: usize = 100_000;
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// How long the workers may take to start.
-const WORKERS_START: Duration = Duration::from_secs(30);
+pub(super) const WORKERS_START: Duration = Duration::from_secs(30);
 
 /// This machine's clock, in ms since the epoch: the Redis server the events
 /// are stamped by runs on it too, and reading the server's would add a
@@ -252,23 +252,38 @@ async fn start_default_workers(
                 durability: durability.unwrap_or_default(),
             });
         }
-        for (i, c) in procs.0[first..].iter_mut().enumerate() {
-            if let Ok(Some(status)) = c.try_wait() {
-                return Err(CliError::Failed(format!(
-                    "worker {i} exited ({status}) before it started:\n{}",
-                    log_tail(&logs[i])
-                )));
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(CliError::Failed(format!(
-                "{ready} of {} workers started within {} s",
-                logs.len(),
-                WORKERS_START.as_secs()
-            )));
+        if let Some(e) = not_starting(&mut procs.0[first..], &logs, ready, deadline, "workers") {
+            return Err(e);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// While `what` (the processes `children`, logging to `logs`) start: the
+/// error when one of them exited, or when the deadline passed with only
+/// `ready` of them ready.
+pub(super) fn not_starting(
+    children: &mut [std::process::Child],
+    logs: &[PathBuf],
+    ready: usize,
+    deadline: Instant,
+    what: &str,
+) -> Option<CliError> {
+    for (i, c) in children.iter_mut().enumerate() {
+        if let Ok(Some(status)) = c.try_wait() {
+            return Some(CliError::Failed(format!(
+                "{what}: {i} exited ({status}) before it was ready:\n{}",
+                log_tail(&logs[i])
+            )));
+        }
+    }
+    (Instant::now() > deadline).then(|| {
+        CliError::Failed(format!(
+            "{ready} of {} {what} ready within {} s",
+            logs.len(),
+            WORKERS_START.as_secs()
+        ))
+    })
 }
 
 /// What one exited child used, from `wait4`.
