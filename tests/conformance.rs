@@ -1062,6 +1062,7 @@ async fn real(store: &Store, log: &BatchLog, cap: u64, call: &Call) -> Vec<Strin
             Completion::Completed => vec![s("completed")],
             Completion::Reported => vec![s("reported")],
             Completion::Duplicate => vec![s("duplicate")],
+            Completion::NotSent => vec![s("not_sent")],
         },
         Call::Append { key, event } => match log.append(key, event).await.expect(fail) {
             Appended::New(id) => vec![s("appended"), id],
@@ -1758,6 +1759,13 @@ async fn cancel_reads_thousands_of_generations_and_remembers_unseen_batches() {
     });
     calls.push(claim(5));
     calls.push(claim(700));
+    // The send claimed before the cancel goes out, and is recorded.
+    calls.push(Call::Sent {
+        gen: 700,
+        group: "G700".into(),
+        outcome: "sent".into(),
+        poll: b"poll|700".to_vec(),
+    });
     calls.push(Call::Completed {
         gen: 3,
         group: "G3".into(),

@@ -443,6 +443,182 @@ async fn a_send_whose_claim_is_lost_during_the_window_claims_again() {
     rig.stop().await;
 }
 
+/// `batch` reported, and verify fails nothing but the log's integrity
+/// (invariant 0: the acknowledged writes a roll-back took away).
+async fn reported_failing_only_integrity(rig: &common::Rig, batch: &str) {
+    let v = groupcast::verify::verify_batch(
+        &rig.store,
+        Some(&rig.provider),
+        batch,
+        rig.config.group_cap,
+    )
+    .await
+    .expect("verify");
+    assert!(v.reported);
+    let failed: Vec<_> = v.failures().into_iter().map(|c| c.invariant).collect();
+    assert!(failed.iter().all(|i| *i == 0), "{:#?}", v.failures());
+}
+
+/// Whether `log`'s state holds field `name`.
+async fn recorded(log: &groupcast::store::batch::BatchLog, name: String) -> bool {
+    log.fields(std::slice::from_ref(&name))
+        .await
+        .is_ok_and(|v| v[0].is_some())
+}
+
+/// Every key of the server with its `DUMP` (what a restart from disk goes
+/// back to).
+async fn snapshot(conn: &mut groupcast::store::RedisConn) -> BTreeMap<String, Vec<u8>> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("keys");
+    let mut all = BTreeMap::new();
+    for key in keys {
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .expect("dump");
+        all.extend(dump.map(|d| (key, d)));
+    }
+    all
+}
+
+/// Puts the server back to `snapshot` in one step: a restart from an AOF
+/// that lost everything written since.
+async fn roll_back(conn: &mut groupcast::store::RedisConn, snapshot: &BTreeMap<String, Vec<u8>>) {
+    let now: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("keys");
+    let mut restore = redis::pipe();
+    restore.atomic();
+    for key in now.iter().filter(|k| !snapshot.contains_key(*k)) {
+        restore.del(key).ignore();
+    }
+    for (key, dump) in snapshot {
+        restore.del(key).ignore();
+        restore
+            .cmd("RESTORE")
+            .arg(key)
+            .arg(0)
+            .arg(dump.as_slice())
+            .ignore();
+    }
+    let _: () = restore.query_async(conn).await.expect("restore");
+}
+
+/// A poll in hand outlives the send it came from: Redis goes back to before
+/// the generation's `send_triggered` (and the poll's own entry, and the
+/// send's acknowledgement) while a worker waits in place between two reads
+/// of the group. The poll then finds the group finished, and records
+/// nothing (`completed.lua` answers `not_sent`); the send item, pending
+/// again, is redelivered, finds the group sent and records the send, whose
+/// own poll completes the generation: the log shows the send before the
+/// completion, and verify finds nothing but the lost writes. Before, the
+/// poll recorded the group finished with no send on record and the batch
+/// reported; verify failed it (invariant 2, "batch reported but generation
+/// never sent"; chaos `chaos_waitaof_everysec`, seed 1796506387171339083).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_that_outlives_its_send_records_nothing_and_the_send_is_recorded_again() {
+    use groupcast::projection::{event_key, field};
+    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let store = connect(&server).await;
+    let config = WorkerConfig {
+        durable: DurableWait::Window(Duration::from_secs(2)),
+        // Reads of a sent group wait in place (up to a second each) rather
+        // than going through the delayed set: the poll stays in hand.
+        poll_interval: Duration::from_secs(2),
+        // The send's entry, pending again after the roll-back, is
+        // redelivered only once the poll has read the group finished (1.5 s
+        // after the send): first the poll finds no send on record.
+        visibility_timeout: Duration::from_secs(8),
+        ..common::test_config()
+    };
+    let mock = groupcast_rigs::mock::MockConfig {
+        complete_after: Duration::from_millis(1500),
+        ..common::mock_config()
+    };
+    let rig = common::Rig::start_on(server, store, 1, config, mock).await;
+    let batch = "poll-outlives-send".to_string();
+    let chunks =
+        groupcast::producer::cut(&batch, &common::template(), common::recipients(0, 10), 10);
+    groupcast::producer::append_chunks(&rig.store, &chunks)
+        .await
+        .expect("append");
+    let log = rig.store.batch(&batch);
+    let mut conn = rig.store.raw_conn();
+    let has = |name: String| recorded(&log, name);
+    // What the disk holds: the send claimed, its item pending, nothing sent
+    // (the send sleeps out its window, 2 s, before the provider call).
+    common::wait_until(Duration::from_secs(30), "the send claimed", || {
+        has(field::key(&event_key::claim(0)))
+    })
+    .await;
+    let before = snapshot(&mut conn).await;
+    assert!(
+        !has(field::key(&event_key::send(0))).await,
+        "the snapshot came after the send was recorded"
+    );
+    // Sent, and its poll read from the work stream (out of the delayed
+    // set, nothing left to deliver): in hand, reading the group in place,
+    // which stays SENDING for 1.5 s.
+    common::wait_until(Duration::from_secs(30), "the send recorded", || {
+        has(field::key(&event_key::send(0)))
+    })
+    .await;
+    let keys = Keyspace::new("gct", 1);
+    let (delayed, work) = (keys.delayed(0), keys.work(0));
+    common::wait_until(Duration::from_secs(30), "the poll in hand", || {
+        let mut conn = rig.store.raw_conn();
+        let (delayed, work) = (delayed.clone(), work.clone());
+        async move {
+            let scheduled: u64 = redis::cmd("ZCARD")
+                .arg(&delayed)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(1);
+            let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&work)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let delivered = !groups.is_empty()
+                && groups
+                    .iter()
+                    .all(|g| g.get("lag") == Some(&redis::Value::Int(0)));
+            scheduled == 0 && delivered
+        }
+    })
+    .await;
+    roll_back(&mut conn, &before).await;
+    // The premise: the provider could not have answered the poll COMPLETE
+    // yet, so it was still to record the completion.
+    let sent_at = rig.mock.ledger().groups[0].sent_at_ms.expect("sent");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    assert!(
+        now.saturating_sub(sent_at) < 1500,
+        "rolled back {} ms after the send: the poll may have finished",
+        now.saturating_sub(sent_at)
+    );
+    assert!(!has(field::key(&event_key::send(0))).await);
+    rig.wait_reported(std::slice::from_ref(&batch), Duration::from_secs(30))
+        .await;
+    let ledger = rig.mock.ledger();
+    assert_eq!(ledger.groups.len(), 1);
+    assert_eq!(ledger.groups[0].send_calls.len(), 1, "sent once");
+    // The send recorded again, before the completion (invariant 2).
+    reported_failing_only_integrity(&rig, &batch).await;
+    rig.stop().await;
+}
+
 /// Reading acknowledged events back (`witness::check`): events still there
 /// cost one `HMGET` per batch and are not reported; an event under another
 /// entry id, or gone, is; a batch whose whole state is gone only counts
@@ -613,14 +789,7 @@ async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
     assert_eq!(chunks.len(), 2);
     let log = rig.store.batch(&batch);
     let mut conn = rig.store.raw_conn();
-    let has = |name: String| {
-        let log = log.clone();
-        async move {
-            log.fields(std::slice::from_ref(&name))
-                .await
-                .is_ok_and(|v| v[0].is_some())
-        }
-    };
+    let has = |name: String| recorded(&log, name);
     // Chunk 0 first, through its group's creation and its load: chunk 1
     // then finds the group and loads straight from its ingest entry.
     groupcast::producer::append_chunks(&rig.store, &chunks[..1])
@@ -706,17 +875,7 @@ async fn a_chunk_whose_accept_is_lost_while_its_load_waits_is_accepted_again() {
     // log's integrity (invariant 0) names the acknowledged writes the
     // rollback took away: nothing else.
     rig.check_ledger(&BTreeMap::from([(batch.clone(), 20)]));
-    let v = groupcast::verify::verify_batch(
-        &rig.store,
-        Some(&rig.provider),
-        &batch,
-        rig.config.group_cap,
-    )
-    .await
-    .expect("verify");
-    assert!(v.reported);
-    let failed: Vec<_> = v.failures().into_iter().map(|c| c.invariant).collect();
-    assert!(failed.iter().all(|i| *i == 0), "{:#?}", v.failures());
+    reported_failing_only_integrity(&rig, &batch).await;
     rig.stop().await;
 }
 

@@ -346,7 +346,7 @@ fn configurations() -> Vec<Exhaustive> {
                 everysec: true,
                 ..base("everysec-lost-writes")
             },
-            mutants: &[SendWithoutMarker, AckWithoutCheck],
+            mutants: &[SendWithoutMarker, AckWithoutCheck, CompletedWithoutSend],
         },
         // An operator's cancel at any point, two generations racing it; a crash.
         Exhaustive {
@@ -592,6 +592,25 @@ fn mutant_park_after_the_end_is_caught() {
             ingest: vec![chunk(0, true, &[1])],
             cancels: 1,
             ..base("cancel-before-park")
+        },
+    );
+}
+
+/// Found by the chaos suite (`chaos_waitaof_everysec`, seed
+/// 1796506387171339083): Redis lost a generation's `send_triggered` while
+/// its poll, in hand, went on; the poll recorded the group finished and the
+/// batch reported with no send on record (property 15). `completed.lua`
+/// now answers `not_sent`; the mutant is the rule before.
+#[test]
+fn mutant_completed_without_its_send_is_caught() {
+    caught(
+        Mutant::CompletedWithoutSend,
+        Config {
+            workers: 1,
+            ingest: vec![chunk(0, true, &[1])],
+            redis_losses: 1,
+            everysec: true,
+            ..base("everysec-poll-outlives-its-send")
         },
     );
 }

@@ -25,12 +25,17 @@ pub struct CompletedArgs<'a> {
     pub sent_failed: u64,
 }
 
-/// `completed.lua`. Returns `completed`, `reported` or `duplicate`.
+/// `completed.lua`. Returns `completed`, `reported` or `duplicate`, or
+/// `not_sent`: the generation's send is not on record (Redis lost it with
+/// its unsynced writes while the poll went on), and nothing is recorded.
 pub fn completed(db: &mut Db, batch: &str, policy: &BatchPolicy, a: &CompletedArgs) -> Vec<String> {
     let mut r = Run::new(db, batch);
     let gen = a.gen;
     if r.get(&field::key(&event_key::done(gen))).is_some() {
         return reply(["duplicate"]);
+    }
+    if r.get(&field::key(&event_key::send(gen))).is_none() {
+        return reply(["not_sent"]);
     }
     let done = r.num(field::GENERATIONS_DONE);
     let (ss, sf) = (r.num(field::SENT_SUCCESS), r.num(field::SENT_FAILED));

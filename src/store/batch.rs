@@ -439,6 +439,10 @@ pub enum Completion {
     Reported,
     /// Recorded before.
     Duplicate,
+    /// Not recorded: the generation's send is not on record (Redis lost it
+    /// with its unsynced writes while the poll went on). The send item,
+    /// redelivered, records it and a poll of its own.
+    NotSent,
 }
 
 /// The log of one batch.
@@ -1311,6 +1315,7 @@ impl BatchLog {
             [t] if t == "completed" => Ok(Completion::Completed),
             [t] if t == "reported" => Ok(Completion::Reported),
             [t] if t == "duplicate" => Ok(Completion::Duplicate),
+            [t] if t == "not_sent" => Ok(Completion::NotSent),
             _ => Err(unexpected("completed", &r)),
         }
     }

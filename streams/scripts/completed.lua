@@ -7,13 +7,23 @@
 -- (src/worker/ops/track_delivery.rs) until each has one or the delivery
 -- window ends. Enqueued here, with the fact, so that no finished group goes
 -- untracked whatever crashes after.
--- Returns {'completed'} or {'reported'} or {'duplicate'}
+-- A generation whose send is not on record is not completed: Redis lost
+-- its `send_triggered` with its unsynced writes while this poll, already in
+-- hand, went on. Recording it would report a batch whose log never shows
+-- the send; the send item, redelivered, finds the group sent and records
+-- the send and a poll of its own, which completes it.
+-- Returns {'completed'} or {'reported'} or {'duplicate'}, or {'not_sent'}
+-- (nothing recorded)
 local gen, ss, sf = tonumber(GEN), tonumber(SENT_SUCCESS), tonumber(SENT_FAILED)
--- One read: this group's key, then the fields the report decision reads.
-local f = redis.call('HMGET', STATE, 'k:done/' .. gen, unpack(REPORT_FIELDS))
+-- One read: this group's keys, then the fields the report decision reads.
+local f = redis.call('HMGET', STATE, 'k:done/' .. gen, 'k:send/' .. gen, unpack(REPORT_FIELDS))
 if f[1] then
   return reply({'duplicate'})
 end
+if not f[2] then
+  return reply({'not_sent'})
+end
+table.remove(f, 1)
 table.remove(f, 1)
 emit('done/' .. gen, 'group_completed',
   cmsgpack.pack({gen = gen, group_id = GROUP, status = STATUS, sent_success = ss, sent_failed = sf}))

@@ -53,6 +53,11 @@ pub enum Mutant {
     /// `park.lua` without its check of the end: a chunk accepted before a
     /// cancel parks after it, asking for a group (events after the report).
     ParkAfterTheEnd,
+    /// `completed.lua` without its check of the send (the rule before it
+    /// had one): a poll in hand while Redis lost the generation's
+    /// `send_triggered` records it finished, and the batch reports with no
+    /// send on record.
+    CompletedWithoutSend,
     /// The claim decides no schedule (the rule before it did): the
     /// schedule is checked before the provider is read, then a claim taken
     /// later, with time passed in between, lets the send go.
@@ -506,6 +511,27 @@ impl World {
             .map(|(k, _)| &k[2..])
             .filter(|k| *k != "delivered" && !k.starts_with("discard/"))
             .collect()
+    }
+
+    /// A generation the provider finished (`completed.lua`: done
+    /// `COMPLETE` or `FAILED`) whose `send_triggered` is not recorded
+    /// before its `group_completed`.
+    pub(crate) fn done_without_send(&self) -> Option<u32> {
+        let b = self.redis.db.batch(BATCH)?;
+        let id = |k: String| {
+            let v = b.state.get(&k)?;
+            v.split('-').next().and_then(|n| n.parse::<u64>().ok())
+        };
+        let mut finished = (b.state.iter()).filter_map(|(k, v)| {
+            let gen = k.strip_prefix("g:")?.strip_suffix(":done")?;
+            matches!(v.as_str(), "COMPLETE" | "FAILED").then(|| gen.parse::<u32>().ok())?
+        });
+        finished.find(|g| {
+            !matches!(
+                (id(format!("k:send/{g}")), id(format!("k:done/{g}"))),
+                (Some(sent), Some(done)) if sent < done
+            )
+        })
     }
 
     fn field(&self, f: &str) -> Option<&str> {

@@ -294,7 +294,7 @@ pub const COMPLETED: Declaration = Declaration {
     name: "completed",
     layout: Layout::Settling,
     args: &["gen", "group", "status", "sent_success", "sent_failed"],
-    replies: &["completed", "duplicate", "reported"],
+    replies: &["completed", "duplicate", "reported", "not_sent"],
     appends: &[appends("done/<gen>", "group_completed")],
     next: &[Next::Enqueues(Op::Track)],
     ..PLAIN

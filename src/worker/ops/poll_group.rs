@@ -85,6 +85,14 @@ pub(crate) async fn run(
             group.count.sent_failed,
         )
         .await?;
+    if r == Completion::NotSent {
+        // The poll came from a send Redis has since lost (its writes were
+        // not yet on disk). The send item, redelivered with the lost
+        // acknowledgement, finds the group sent and records the send with a
+        // poll of its own; this one is stale.
+        tracing::warn!(batch = %item.batch, gen, group = %group_id, "poll of a generation whose send our events do not show (lost Redis writes?): dropped as stale");
+        return Ok(Outcome::Done);
+    }
     if r == Completion::Reported {
         metrics::counter!("groupcast_batches_reported_total").increment(1);
         let p = log

@@ -483,6 +483,14 @@ impl World {
                 }
                 // A sent group is finished by the time it is polled.
                 let policy = self.policy();
+                // The mutant: completed.lua without its check of the send
+                // (the marker is put in for the call, and taken out after).
+                let marker = format!("k:send/{}", job.gen);
+                let unsent = self.cfg.mutant == Some(Mutant::CompletedWithoutSend)
+                    && self.field(&marker).is_none();
+                if let (true, Some(b)) = (unsent, self.redis.db.batches.get_mut(BATCH)) {
+                    b.state.insert(marker.clone(), "0-0".into());
+                }
                 protocol::completed(
                     &mut self.redis.db,
                     BATCH,
@@ -495,6 +503,9 @@ impl World {
                         sent_failed: 0,
                     },
                 );
+                if let (true, Some(b)) = (unsent, self.redis.db.batches.get_mut(BATCH)) {
+                    b.state.remove(&marker);
+                }
                 self.sync_work();
                 job.pc = ACK;
             }

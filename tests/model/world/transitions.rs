@@ -364,6 +364,13 @@ impl Model for World {
                 ));
             }
         }
+        // 15. A group the provider finished is recorded so only after its
+        // send: the log never shows a generation done without it.
+        if let Some(gen) = self.done_without_send() {
+            return Some(format!(
+                "generation {gen} is recorded finished by the provider, with no send before it"
+            ));
+        }
         // 13. Nothing after the end: no event is appended after the report
         // but its delivery and the deletion of groups.
         let late = self.after_the_report();
