@@ -349,14 +349,12 @@ async fn zadd_calls(store: &Store) -> u64 {
 /// schedule at least 24 retries; the first polls and the tombstone are 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_the_window_adds_and_sends_wait_in_place() {
-    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let store = connect(&server).await;
     let config = WorkerConfig {
         durable: DurableWait::Window(Duration::from_millis(300)),
         group_cap: 500,
         ..common::test_config()
     };
-    let rig = common::Rig::start_on(server, store, 2, config, common::mock_config()).await;
+    let rig = rig_on_own_server(2, config, common::mock_config()).await;
     let batch = "window-batch".to_string();
     let chunks = common::shuffled_chunks(&batch, 0, 2_000, 100, 7);
     groupcast::producer::append_chunks(&rig.store, &chunks)
@@ -374,16 +372,30 @@ async fn under_the_window_adds_and_sends_wait_in_place() {
     rig.stop().await;
 }
 
-/// One worker on its own server waiting out a 2 s window before each add
-/// and send: time enough for a test to take facts away during the sleep.
-async fn window_rig() -> common::Rig {
+/// `workers` workers with `config`, and a mock provider with `mock`, on a
+/// private server.
+async fn rig_on_own_server(
+    workers: usize,
+    config: WorkerConfig,
+    mock: groupcast_rigs::mock::MockConfig,
+) -> common::Rig {
     let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
     let store = connect(&server).await;
-    let config = WorkerConfig {
+    common::Rig::start_on(server, store, workers, config, mock).await
+}
+
+/// Waiting out a 2 s window before each add and send: time enough for a
+/// test to take facts away during the sleep.
+fn window_config() -> WorkerConfig {
+    WorkerConfig {
         durable: DurableWait::Window(Duration::from_secs(2)),
         ..common::test_config()
-    };
-    common::Rig::start_on(server, store, 1, config, common::mock_config()).await
+    }
+}
+
+/// One worker on its own server with [`window_config`].
+async fn window_rig() -> common::Rig {
+    rig_on_own_server(1, window_config(), common::mock_config()).await
 }
 
 /// Under the window, age makes a fact durable only if Redis still has it
@@ -525,10 +537,7 @@ async fn roll_back(conn: &mut groupcast::store::RedisConn, snapshot: &BTreeMap<S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_that_outlives_its_send_records_nothing_and_the_send_is_recorded_again() {
     use groupcast::projection::{event_key, field};
-    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let store = connect(&server).await;
     let config = WorkerConfig {
-        durable: DurableWait::Window(Duration::from_secs(2)),
         // Reads of a sent group wait in place (up to a second each) rather
         // than going through the delayed set: the poll stays in hand.
         poll_interval: Duration::from_secs(2),
@@ -536,13 +545,13 @@ async fn a_poll_that_outlives_its_send_records_nothing_and_the_send_is_recorded_
         // redelivered only once the poll has read the group finished (1.5 s
         // after the send): first the poll finds no send on record.
         visibility_timeout: Duration::from_secs(8),
-        ..common::test_config()
+        ..window_config()
     };
     let mock = groupcast_rigs::mock::MockConfig {
         complete_after: Duration::from_millis(1500),
         ..common::mock_config()
     };
-    let rig = common::Rig::start_on(server, store, 1, config, mock).await;
+    let rig = rig_on_own_server(1, config, mock).await;
     let batch = "poll-outlives-send".to_string();
     let chunks =
         groupcast::producer::cut(&batch, &common::template(), common::recipients(0, 10), 10);
